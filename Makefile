@@ -1,0 +1,34 @@
+# make demo: run the main pipeline on an embedded Temporal dev server.
+# make test: lint, type-check, check the import layers, run the test suite.
+# Both create .venv and install what they need on first use (Python 3.11 and make are all it takes).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint unit bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,dev]"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/gangflow demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check engine workflows plugins examples tests
+	$(VENV)/bin/mypy engine/core engine/types workflows
+	$(VENV)/bin/lint-imports
+
+unit: $(STAMP)
+	$(PY) -m pytest -q
+
+test: lint unit
+
+bench: $(STAMP)
+	$(PY) tests/perf/bench_orchestration.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .gangflow

@@ -1,0 +1,42 @@
+"""gangflow: typed, durable ML pipelines on Temporal.
+
+    from engine import task, workflow, Resources, Retry, File, Directory
+"""
+
+from engine.core import (
+    DefinitionError,
+    GangflowError,
+    InputError,
+    PayloadTooLargeError,
+    Resources,
+    Retry,
+    TypeMismatchError,
+    task,
+    workflow,
+)
+from engine.types import Directory, File
+
+__all__ = [
+    "DefinitionError",
+    "Directory",
+    "File",
+    "GangflowError",
+    "InputError",
+    "PayloadTooLargeError",
+    "Resources",
+    "Retry",
+    "TypeMismatchError",
+    "run_local",
+    "task",
+    "workflow",
+]
+
+
+def __getattr__(name: str) -> object:
+    # run_local needs the artifact store (fsspec); import it on first use so ``import engine`` stays
+    # cheap and sandbox-safe for workflow modules.
+    if name == "run_local":
+        from engine.local import run_local
+
+        return run_local
+    raise AttributeError(name)

@@ -1,0 +1,262 @@
+"""The gangflow client: start, wait for, inspect, list and cancel runs.
+
+``start`` validates the inputs against the workflow's signature and packs the workflow's code into a
+content-addressed bundle *before* anything is sent to Temporal, so bad input leaves nothing behind and
+the run is pinned to the exact code it started with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import importlib
+import sys
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client as TemporalClient
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import TemporalError
+from temporalio.service import RPCError, RPCStatusCode
+
+from engine.artifacts import ArtifactStore, default_artifact_root, pack_code
+from engine.core.definitions import WorkflowDefinition, definition_of
+from engine.core.errors import InputError
+from engine.core.wire import CodeRef, Envelope, RunContext
+from engine.runtime.connection import PIPELINE, TASK_QUEUE, TENANT, Endpoint, connect
+from engine.runtime.history import TaskRecord, read_tasks
+from engine.types.codec import unpack
+from workflows.shell import PROGRESS_QUERY
+
+__all__ = ["Client", "RunInfo", "load_workflow_file", "to_jsonable"]
+
+_TRANSIENT = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNKNOWN)
+
+
+def load_workflow_file(target: str) -> WorkflowDefinition:
+    """``path/to/file.py:workflow_name`` → the workflow definition, importing the file the way its code
+    bundle will be imported (same module name, same root), so what runs locally is what ships."""
+    file, sep, name = target.rpartition(":")
+    if not sep or not file or not name:
+        raise InputError(f"expected FILE.py:WORKFLOW, got {target!r}")
+    if not Path(file).is_file():
+        raise InputError(f"{file}: no such file")
+    bundle = pack_code(file)
+    if str(bundle.root) not in sys.path:
+        sys.path.insert(0, str(bundle.root))
+    module = importlib.import_module(bundle.module)
+    defn = definition_of(getattr(module, name, None))
+    if not isinstance(defn, WorkflowDefinition):
+        found = sorted(k for k, v in vars(module).items() if isinstance(definition_of(v), WorkflowDefinition))
+        raise InputError(f"{file} has no @workflow named {name!r}; it has: {', '.join(found) or 'none'}")
+    return defn
+
+
+def to_jsonable(data: Any) -> Any:
+    """Wire data (msgpack) → JSON: bytes become base64 strings."""
+    if isinstance(data, bytes):
+        return base64.b64encode(data).decode()
+    if isinstance(data, dict):
+        return {str(k): to_jsonable(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [to_jsonable(v) for v in data]
+    return data
+
+
+@dataclass
+class RunInfo:
+    run_id: str
+    workflow: str
+    status: str
+    start_time: datetime | None
+    close_time: datetime | None
+    pipeline: str | None = None
+    tenant: str | None = None
+    tasks: list[TaskRecord] = field(default_factory=list)
+    error: str | None = None
+    result: Any = None                 # wire data (JSON-like), present when completed
+    progress: dict[str, Any] | None = None
+    artifacts: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status != "RUNNING"
+
+
+class Client:
+    """A connection to Temporal plus the artifact store runs write to."""
+
+    def __init__(self, temporal: TemporalClient, artifacts: str | None = None, task_queue: str = TASK_QUEUE) -> None:
+        self.temporal = temporal
+        self.artifacts = artifacts or default_artifact_root()
+        self.task_queue = task_queue
+
+    @classmethod
+    async def connect(
+        cls, address: str | None = None, namespace: str | None = None, artifacts: str | None = None
+    ) -> Client:
+        return cls(await connect(Endpoint.resolve(address, namespace)), artifacts)
+
+    # -- starting -------------------------------------------------------------------------------
+    def prepare(
+        self,
+        wf: Callable[..., Any] | WorkflowDefinition,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+        tenant: str = "default",
+        bundle: bool = True,
+    ) -> Envelope:
+        """Validate inputs and pack the code; raises InputError before anything is started."""
+        defn = wf if isinstance(wf, WorkflowDefinition) else definition_of(wf)
+        if not isinstance(defn, WorkflowDefinition):
+            raise InputError(f"{wf!r} is not a @workflow")
+        store = ArtifactStore(self.artifacts)
+        wire = defn.interface.inputs_to_wire(dict(inputs or {}), store.context(fetch=False))
+        code = CodeRef(defn.module, defn.qualname)
+        source = getattr(sys.modules.get(defn.module), "__file__", None)
+        if bundle and source:
+            packed = pack_code(source)
+            uri, sha = store.put_bytes(packed.data)
+            code = CodeRef(packed.module, defn.qualname, uri, sha)
+        run = RunContext(run_id or f"{defn.name}-{uuid.uuid4().hex[:8]}", defn.name, tenant, store.uri_root)
+        return Envelope(code, wire, run)
+
+    async def start(
+        self,
+        wf: Callable[..., Any] | WorkflowDefinition,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+        tenant: str = "default",
+        bundle: bool = True,
+    ) -> str:
+        """Start a run and return its id (the Temporal workflow id)."""
+        defn = wf if isinstance(wf, WorkflowDefinition) else definition_of(wf)
+        assert isinstance(defn, WorkflowDefinition) or defn is None
+        envelope = self.prepare(wf, inputs, run_id=run_id, tenant=tenant, bundle=bundle)
+        assert defn is not None
+        await self.temporal.start_workflow(
+            defn.name,
+            envelope.encode(f"the inputs of workflow {defn.name!r}"),
+            id=envelope.run.run_id,
+            task_queue=self.task_queue,
+            execution_timeout=defn.timeout,
+            memo={"gangflow": {"artifacts": envelope.run.artifacts, "bundle": envelope.code.bundle_sha}},
+            search_attributes=TypedSearchAttributes([SearchAttributePair(PIPELINE, defn.name), SearchAttributePair(TENANT, tenant)]),
+            static_summary=f"gangflow pipeline {defn.name}",
+            static_details=f"code: {envelope.code.module}.{envelope.code.qualname}"
+            + (f" (bundle {envelope.code.bundle_sha[:12]})" if envelope.code.bundle_sha else ""),
+        )
+        return envelope.run.run_id
+
+    # -- waiting --------------------------------------------------------------------------------
+    def handle(self, run_id: str) -> WorkflowHandle[Any, Any]:
+        return self.temporal.get_workflow_handle(run_id, result_type=bytes)
+
+    async def wait(self, run_id: str, *, outage_timeout: timedelta = timedelta(minutes=10)) -> Any:
+        """The run's result as wire data; waits through a Temporal outage (server restart) rather than
+        failing. Raises ``temporalio.client.WorkflowFailureError`` if the run failed."""
+        deadline = asyncio.get_running_loop().time() + outage_timeout.total_seconds()
+        while True:
+            try:
+                blob = await self.handle(run_id).result()
+                return unpack(blob)
+            except RPCError as exc:
+                if exc.status not in _TRANSIENT or asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
+
+    async def result(self, run_id: str, wf: Callable[..., Any] | WorkflowDefinition | None = None) -> Any:
+        """The run's result, decoded to its declared type when the workflow is given."""
+        data = await self.wait(run_id)
+        defn = wf if isinstance(wf, WorkflowDefinition) else definition_of(wf)
+        if isinstance(defn, WorkflowDefinition):
+            store = ArtifactStore(self.artifacts)
+            return defn.interface.output_from_wire(data, store.context(upload=False))
+        return data
+
+    async def progress(self, run_id: str) -> dict[str, Any] | None:
+        try:
+            return await self.handle(run_id).query(PROGRESS_QUERY)  # type: ignore[no-any-return]
+        except (RPCError, TemporalError):
+            return None
+
+    # -- inspecting -----------------------------------------------------------------------------
+    async def status(self, run_id: str, *, with_tasks: bool = True) -> RunInfo:
+        handle = self.handle(run_id)
+        desc = await handle.describe()
+        memo = (await desc.memo()).get("gangflow") or {}
+        status = desc.status.name if desc.status else "UNKNOWN"
+        info = RunInfo(
+            run_id=run_id,
+            workflow=desc.workflow_type,
+            status=status,
+            start_time=desc.start_time,
+            close_time=desc.close_time,
+            pipeline=desc.typed_search_attributes.get(PIPELINE),
+            tenant=desc.typed_search_attributes.get(TENANT),
+            artifacts=memo.get("artifacts"),
+        )
+        if with_tasks:
+            info.tasks, info.error = await read_tasks(handle)
+        if desc.status == WorkflowExecutionStatus.COMPLETED:
+            info.result = unpack(await handle.result())
+        elif desc.status == WorkflowExecutionStatus.RUNNING:
+            info.progress = await self.progress(run_id)
+        return info
+
+    async def runs(self, *, status: str | None = None, pipeline: str | None = None, limit: int = 20) -> list[RunInfo]:
+        clauses = [f"{PIPELINE.name} IS NOT NULL"]
+        if status:
+            clauses.append(f"ExecutionStatus = '{_status_name(status)}'")
+        if pipeline:
+            clauses.append(f"{PIPELINE.name} = '{pipeline}'")
+        found: list[RunInfo] = []
+        async for wf in self.temporal.list_workflows(" AND ".join(clauses), limit=limit):
+            found.append(
+                RunInfo(
+                    run_id=wf.id,
+                    workflow=wf.workflow_type,
+                    status=wf.status.name if wf.status else "UNKNOWN",
+                    start_time=wf.start_time,
+                    close_time=wf.close_time,
+                    pipeline=wf.typed_search_attributes.get(PIPELINE),
+                    tenant=wf.typed_search_attributes.get(TENANT),
+                )
+            )
+        return found
+
+    async def cancel(self, run_id: str) -> None:
+        await self.handle(run_id).cancel()
+
+    async def logs(self, run_id: str, task: str | None = None) -> list[tuple[str, str]]:
+        """(file name, text) of each captured task log of a run, oldest first."""
+        desc = await self.handle(run_id).describe()
+        root = ((await desc.memo()).get("gangflow") or {}).get("artifacts") or self.artifacts
+        store = ArtifactStore(root)
+        folder = store.log_path(run_id)
+        if not store.fs.exists(folder):
+            return []
+        entries = sorted(store.fs.ls(folder, detail=True), key=lambda e: (e.get("mtime") or 0, e["name"]))
+        out = []
+        for entry in entries:
+            name = entry["name"].rsplit("/", 1)[-1]
+            if task is None or name.split(".", 1)[0] == task:
+                with store.fs.open(entry["name"], "r") as handle:
+                    out.append((name, handle.read()))
+        return out
+
+
+def _status_name(status: str) -> str:
+    names = {s.name.lower(): s for s in WorkflowExecutionStatus}
+    names.update({"cancelled": WorkflowExecutionStatus.CANCELED, "failed": WorkflowExecutionStatus.FAILED})
+    key = status.lower().replace("-", "_")
+    if key not in names:
+        raise InputError(f"unknown status {status!r}; expected one of {', '.join(sorted(names))}")
+    return "".join(part.capitalize() for part in names[key].name.lower().split("_"))

@@ -1,0 +1,33 @@
+"""The authoring layer: @task, @workflow, typed interfaces, resources and retries (pure, sandbox-safe)."""
+
+from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, task, workflow
+from engine.core.dispatch import Dispatcher, current_dispatcher, using_dispatcher
+from engine.core.errors import (
+    DefinitionError,
+    GangflowError,
+    InputError,
+    PayloadTooLargeError,
+    TypeMismatchError,
+)
+from engine.core.interface import Interface, Param
+from engine.core.resources import Resources, Retry
+
+__all__ = [
+    "DefinitionError",
+    "Dispatcher",
+    "GangflowError",
+    "InputError",
+    "Interface",
+    "Param",
+    "PayloadTooLargeError",
+    "Resources",
+    "Retry",
+    "TaskDefinition",
+    "TypeMismatchError",
+    "WorkflowDefinition",
+    "current_dispatcher",
+    "definition_of",
+    "task",
+    "using_dispatcher",
+    "workflow",
+]

@@ -1,0 +1,222 @@
+"""``@task`` and ``@workflow``: validate eagerly, attach a frozen definition, stay callable as Python.
+
+The decorated function keeps its name, docstring and signature. Called inside a workflow run it is
+*dispatched* (scheduled durably); called anywhere else it simply runs, so unit tests can call tasks as
+plain functions and ``await my_workflow(...)`` runs a whole pipeline in-process.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, ParamSpec, TypeVar, overload
+
+from engine.core.dispatch import DirectDispatcher, current_dispatcher, using_dispatcher
+from engine.core.errors import DefinitionError
+from engine.core.interface import Interface
+from engine.core.resources import Resources, Retry, to_timedelta
+
+__all__ = [
+    "TaskDefinition",
+    "WorkflowDefinition",
+    "definition_of",
+    "task",
+    "workflow",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+_ATTR = "__gangflow__"
+
+#: default limit for one attempt of a plain task; long work should set ``timeout=`` explicitly
+DEFAULT_TASK_TIMEOUT = timedelta(hours=24)
+#: a heartbeating task whose worker vanished is noticed within this time
+DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+#: lightweight tasks run as local activities: short CPU work only
+DEFAULT_LIGHTWEIGHT_TIMEOUT = timedelta(minutes=1)
+
+
+def _check_name(name: str, what: str) -> str:
+    if not _NAME.match(name):
+        raise DefinitionError(f"{what} name {name!r} must start with a letter and use letters, digits, _ and -")
+    return name
+
+
+@dataclass(frozen=True)
+class TaskDefinition:
+    """Everything the engine needs to run a task, fixed at decoration time."""
+
+    name: str
+    fn: Callable[..., Any]
+    interface: Interface
+    module: str
+    qualname: str
+    version: str | None
+    resources: Resources
+    retry: Retry
+    timeout: timedelta
+    heartbeat_timeout: timedelta
+    lightweight: bool
+    plugin: Any
+    is_async: bool
+
+
+@dataclass(frozen=True)
+class WorkflowDefinition:
+    name: str
+    fn: Callable[..., Any]
+    interface: Interface
+    module: str
+    qualname: str
+    version: str | None
+    timeout: timedelta | None
+
+
+def definition_of(obj: Any) -> TaskDefinition | WorkflowDefinition | None:
+    """The definition attached by ``@task`` / ``@workflow``, or None for anything else."""
+    defn = getattr(obj, _ATTR, None)
+    return defn if isinstance(defn, TaskDefinition | WorkflowDefinition) else None
+
+
+@overload
+def task(fn: Callable[P, R], /) -> Callable[P, R]: ...
+
+
+@overload
+def task(
+    *,
+    name: str | None = None,
+    version: str | None = None,
+    resources: Resources | None = None,
+    retries: int | Retry = 0,
+    timeout: float | timedelta | None = None,
+    heartbeat_timeout: float | timedelta | None = None,
+    lightweight: bool = False,
+    plugin: Any = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+def task(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    version: str | None = None,
+    resources: Resources | None = None,
+    retries: int | Retry = 0,
+    timeout: float | timedelta | None = None,
+    heartbeat_timeout: float | timedelta | None = None,
+    lightweight: bool = False,
+    plugin: Any = None,
+) -> Any:
+    """Declare a typed task.
+
+    ``retries`` is an int (that many retries after the first try) or a :class:`Retry`. ``timeout`` bounds
+    one attempt (seconds or a timedelta). ``lightweight=True`` runs the task as a Temporal *local
+    activity* inside the workflow worker: still durable and retried, but without a round trip through
+    the task queue (a few ms instead of tens); meant for short CPU work. ``plugin`` makes it a
+    distributed task run as a gang of ranks.
+    """
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(func) or inspect.isclass(func):
+            raise DefinitionError(f"@task must decorate a function, got {func!r}")
+        task_name = _check_name(name or func.__name__, "task")
+        owner = f"task {task_name!r}"
+        try:
+            retry = Retry.coerce(retries)
+            limit = to_timedelta(timeout, f"{owner}: timeout")
+            beat = to_timedelta(heartbeat_timeout, f"{owner}: heartbeat_timeout")
+        except ValueError as exc:
+            raise DefinitionError(f"{owner}: {exc}") from None
+        if resources is not None and not isinstance(resources, Resources):
+            raise DefinitionError(f"{owner}: resources must be a Resources(...), got {resources!r}")
+        if lightweight and plugin is not None:
+            raise DefinitionError(f"{owner}: a distributed task (plugin=) cannot be lightweight")
+        if lightweight and resources is not None and resources.gpu:
+            raise DefinitionError(f"{owner}: a lightweight task runs in the workflow worker and cannot ask for GPUs")
+        defn = TaskDefinition(
+            name=task_name,
+            fn=func,
+            interface=Interface.from_function(func, owner),
+            module=func.__module__,
+            qualname=func.__qualname__,
+            version=version,
+            resources=resources or Resources(),
+            retry=retry,
+            timeout=limit or (DEFAULT_LIGHTWEIGHT_TIMEOUT if lightweight else DEFAULT_TASK_TIMEOUT),
+            heartbeat_timeout=beat or DEFAULT_HEARTBEAT_TIMEOUT,
+            lightweight=lightweight,
+            plugin=plugin,
+            is_async=inspect.iscoroutinefunction(func),
+        )
+
+        @functools.wraps(func)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            dispatcher = current_dispatcher()
+            if dispatcher is None:
+                return func(*args, **kwargs)
+            return dispatcher.run_task(defn, defn.interface.bind(args, kwargs))
+
+        setattr(call, _ATTR, defn)
+        return call
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def workflow(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    version: str | None = None,
+    timeout: float | timedelta | None = None,
+) -> Any:
+    """Declare a typed workflow: an ``async def`` whose body awaits tasks and other workflows.
+
+    The body is plain Python (``if``/``for``/``try``, ``asyncio.gather`` for parallel calls) and runs
+    durably: on Temporal it is replayed from history, so it must be deterministic. Do I/O in tasks.
+    """
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        wf_name = _check_name(name or getattr(func, "__name__", ""), "workflow")
+        owner = f"workflow {wf_name!r}"
+        if not inspect.iscoroutinefunction(func):
+            raise DefinitionError(f"{owner}: a workflow must be an 'async def' function")
+        try:
+            limit = to_timedelta(timeout, f"{owner}: timeout")
+        except ValueError as exc:
+            raise DefinitionError(str(exc)) from None
+        defn = WorkflowDefinition(
+            name=wf_name,
+            fn=func,
+            interface=Interface.from_function(func, owner),
+            module=func.__module__,
+            qualname=func.__qualname__,
+            version=version,
+            timeout=limit,
+        )
+
+        @functools.wraps(func)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            inputs = defn.interface.bind(args, kwargs)
+            dispatcher = current_dispatcher()
+            if dispatcher is not None:
+                return dispatcher.run_workflow(defn, inputs)
+            return _run_direct(defn, inputs)
+
+        setattr(call, _ATTR, defn)
+        return call
+
+    return decorate(fn) if fn is not None else decorate
+
+
+async def _run_direct(defn: WorkflowDefinition, inputs: dict[str, Any]) -> Any:
+    with using_dispatcher(DirectDispatcher()):
+        return await defn.fn(**inputs)

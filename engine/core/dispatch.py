@@ -1,0 +1,57 @@
+"""Where a task call goes: the dispatcher of the surrounding workflow run.
+
+Calling a task inside a workflow does not run its body; it asks the *current dispatcher* to schedule it.
+The Temporal workflow shell installs a dispatcher that schedules activities and child workflows;
+``engine.run_local`` installs one that runs tasks in-process. Outside any dispatcher a task is a plain
+Python function. The dispatcher lives in a context variable, so concurrent workflow runs in one worker
+process (each its own asyncio task) never see each other's.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from engine.core.definitions import TaskDefinition, WorkflowDefinition
+
+__all__ = ["DirectDispatcher", "Dispatcher", "current_dispatcher", "using_dispatcher"]
+
+
+class Dispatcher(Protocol):
+    async def run_task(self, task: TaskDefinition, inputs: dict[str, Any]) -> Any: ...
+
+    async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any: ...
+
+
+_current: contextvars.ContextVar[Dispatcher | None] = contextvars.ContextVar("gangflow_dispatcher", default=None)
+
+
+def current_dispatcher() -> Dispatcher | None:
+    return _current.get()
+
+
+@contextmanager
+def using_dispatcher(dispatcher: Dispatcher | None) -> Iterator[None]:
+    token = _current.set(dispatcher)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+class DirectDispatcher:
+    """Runs task bodies in-process with no encoding: what ``await my_workflow(...)`` does in plain Python."""
+
+    async def run_task(self, task: TaskDefinition, inputs: dict[str, Any]) -> Any:
+        with using_dispatcher(None):  # a task body calling another task runs it directly
+            result = task.fn(**inputs)
+            if inspect.isawaitable(result):
+                result = await result
+        return result
+
+    async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any:
+        return await wf.fn(**inputs)

@@ -1,0 +1,48 @@
+"""Errors raised by the authoring layer.
+
+They are plain exceptions (no Temporal import) so the pure packages and user code can raise and catch
+them; the runtime maps them onto Temporal failure types by their ``kind``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DefinitionError",
+    "GangflowError",
+    "InputError",
+    "PayloadTooLargeError",
+    "TypeMismatchError",
+]
+
+
+class GangflowError(Exception):
+    """Base class of every error gangflow raises on purpose."""
+
+    #: a stable name used as the Temporal failure type, so retry policies and the CLI can match it
+    kind = "GangflowError"
+    #: whether retrying the same call could ever succeed
+    retryable = False
+
+
+class DefinitionError(GangflowError, TypeError):
+    """A @task or @workflow definition is invalid (raised at import time by the decorator)."""
+
+    kind = "DefinitionError"
+
+
+class TypeMismatchError(GangflowError, TypeError):
+    """A value does not match the declared type of a parameter or result. Never retried."""
+
+    kind = "TypeMismatch"
+
+
+class InputError(TypeMismatchError):
+    """Inputs given to a task or workflow are missing, unknown or of the wrong type."""
+
+    kind = "InputError"
+
+
+class PayloadTooLargeError(GangflowError, ValueError):
+    """A value is too large to travel through Temporal; it should be a File or Directory."""
+
+    kind = "PayloadTooLarge"

@@ -1,0 +1,99 @@
+"""Resource requests and retry policies: frozen value objects used as task options."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+__all__ = ["Resources", "Retry", "parse_memory", "to_timedelta"]
+
+_MEM_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "ki": 2**10, "kib": 2**10,
+    "m": 10**6, "mb": 10**6, "mi": 2**20, "mib": 2**20,
+    "g": 10**9, "gb": 10**9, "gi": 2**30, "gib": 2**30,
+    "t": 10**12, "tb": 10**12, "ti": 2**40, "tib": 2**40,
+}
+
+
+def parse_memory(value: int | str | None) -> int | None:
+    """Bytes from ``4Gi``, ``512M``, ``1_000_000`` or an int (Kubernetes-style quantities)."""
+    if value is None or isinstance(value, int):
+        return value
+    match = re.fullmatch(r"\s*([0-9_.]+)\s*([a-zA-Z]*)\s*", value)
+    if not match or match.group(2).lower() not in _MEM_UNITS:
+        raise ValueError(f"memory {value!r} is not a quantity like '512Mi', '4G' or a number of bytes")
+    return int(float(match.group(1)) * _MEM_UNITS[match.group(2).lower()])
+
+
+def to_timedelta(value: float | int | timedelta | None, what: str) -> timedelta | None:
+    """Seconds or a timedelta, validated to be positive."""
+    if value is None:
+        return None
+    delta = value if isinstance(value, timedelta) else timedelta(seconds=float(value))
+    if delta <= timedelta(0):
+        raise ValueError(f"{what} must be positive, got {value!r}")
+    return delta
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one task call (or one rank of a distributed task) needs.
+
+    ``mem`` accepts Kubernetes-style quantities (``"4Gi"``) and is stored in bytes.
+    """
+
+    cpu: float = 1
+    mem: int | str | None = None
+    gpu: int = 0
+
+    def __post_init__(self) -> None:
+        if self.cpu <= 0:
+            raise ValueError(f"Resources.cpu must be positive, got {self.cpu!r}")
+        if not isinstance(self.gpu, int) or self.gpu < 0:
+            raise ValueError(f"Resources.gpu must be a non-negative int, got {self.gpu!r}")
+        object.__setattr__(self, "mem", parse_memory(self.mem))
+
+    @property
+    def mem_bytes(self) -> int | None:
+        assert self.mem is None or isinstance(self.mem, int)
+        return self.mem
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Retry policy of a task for *user* errors (an exception raised by the task body).
+
+    ``attempts`` counts every try, the first included (``Retry(attempts=3)`` = up to 2 retries);
+    ``retries=N`` on ``@task`` means ``Retry(attempts=N + 1)``. The wait before retry k is
+    ``backoff * 2**(k-1)`` capped at ``max_interval``. ``non_retryable`` names exception types
+    (classes or their names) that fail the task at once. Type mismatches are never retried.
+    System failures (a worker that died mid-task) are retried separately and do not spend this budget.
+    """
+
+    attempts: int = 1
+    backoff: float | timedelta = 1.0
+    max_interval: float | timedelta | None = None
+    non_retryable: tuple[str | type[BaseException], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ValueError(f"Retry.attempts must be an int >= 1, got {self.attempts!r}")
+        object.__setattr__(self, "backoff", to_timedelta(self.backoff, "Retry.backoff"))
+        object.__setattr__(self, "max_interval", to_timedelta(self.max_interval, "Retry.max_interval"))
+        object.__setattr__(self, "non_retryable", tuple(self.non_retryable))
+
+    @property
+    def non_retryable_names(self) -> tuple[str, ...]:
+        return tuple(n if isinstance(n, str) else n.__name__ for n in self.non_retryable)
+
+    @classmethod
+    def coerce(cls, value: int | Retry | None) -> Retry:
+        if value is None:
+            return cls()
+        if isinstance(value, Retry):
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"retries must be a non-negative int or a Retry, got {value!r}")
+        return cls(attempts=value + 1)

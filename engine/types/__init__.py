@@ -1,0 +1,16 @@
+"""Types that cross task boundaries: validation, wire encoding, File / Directory references (pure)."""
+
+from engine.types.codec import MAX_PAYLOAD_BYTES, ValueCodec, check_payload_size, pack, type_name, unpack
+from engine.types.files import Artifact, Directory, File
+
+__all__ = [
+    "MAX_PAYLOAD_BYTES",
+    "Artifact",
+    "Directory",
+    "File",
+    "ValueCodec",
+    "check_payload_size",
+    "pack",
+    "type_name",
+    "unpack",
+]

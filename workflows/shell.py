@@ -1,0 +1,255 @@
+"""The user-workflow shell: one dynamic Temporal workflow that runs any ``@workflow`` function.
+
+Its workflow type is the user's workflow name (so the Web UI shows ``pipeline``, not a generic name);
+its single argument is an :class:`~engine.core.wire.Envelope` naming the code bundle, the encoded inputs
+and the run context. Task calls inside the user's function are dispatched here onto activities (plain
+and lightweight tasks) or child workflows.
+
+The shell runs *without* Temporal's import sandbox. User modules come from code bundles that the worker
+loads once and caches by hash; the sandbox would re-import every such module (torch included, which it
+cannot load) on every run. Determinism is kept the way Temporal's own unsandboxed runner keeps it: all
+I/O happens in tasks, time and randomness must come from ``workflow.now()`` / ``workflow.random()``,
+and a replay that diverges fails with a non-determinism error. Pinning each run to its bundle removes
+the usual cause of those errors (code edited while a run is in flight).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, Protocol
+
+from temporalio import workflow
+from temporalio.common import RawValue, RetryPolicy
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    ChildWorkflowError,
+    FailureError,
+    TimeoutError,
+    TimeoutType,
+)
+
+from engine.core.definitions import TaskDefinition, WorkflowDefinition
+from engine.core.dispatch import using_dispatcher
+from engine.core.errors import GangflowError
+from engine.core.resources import Retry
+from engine.core.wire import CodeRef, Envelope
+from engine.types.codec import check_payload_size, pack, unpack
+
+__all__ = [
+    "NON_RETRYABLE_TYPES",
+    "PROGRESS_QUERY",
+    "SYSTEM_RETRIES",
+    "CodeResolver",
+    "UserWorkflow",
+    "configure",
+    "retry_policy",
+]
+
+PROGRESS_QUERY = "gangflow_progress"
+#: a task whose worker died (heartbeat timeout) is started again this many times, apart from its retries
+SYSTEM_RETRIES = 3
+#: failure types that no retry can fix
+NON_RETRYABLE_TYPES = ("TypeMismatch", "InputError", "PayloadTooLarge", "DefinitionError", "CodeNotFound")
+
+
+class CodeResolver(Protocol):
+    """Loads code by reference (the worker's bundle cache) and says how to reference a definition."""
+
+    def load(self, ref: CodeRef) -> TaskDefinition | WorkflowDefinition: ...
+
+    def ref_for(self, defn: TaskDefinition | WorkflowDefinition) -> CodeRef: ...
+
+
+_resolver: CodeResolver | None = None
+
+
+def configure(resolver: CodeResolver) -> None:
+    """Called once by the worker assembly (engine.runtime) before the worker starts."""
+    global _resolver
+    _resolver = resolver
+
+
+def _get_resolver() -> CodeResolver:
+    if _resolver is None:
+        raise ApplicationError("gangflow worker not configured: no code resolver", non_retryable=True)
+    return _resolver
+
+
+def retry_policy(retry: Retry) -> RetryPolicy:
+    assert isinstance(retry.backoff, timedelta)
+    assert retry.max_interval is None or isinstance(retry.max_interval, timedelta)
+    return RetryPolicy(
+        initial_interval=retry.backoff,
+        backoff_coefficient=2.0,
+        maximum_interval=retry.max_interval,
+        maximum_attempts=retry.attempts,
+        non_retryable_error_types=[*NON_RETRYABLE_TYPES, *retry.non_retryable_names],
+    )
+
+
+def _worker_lost(err: ActivityError) -> bool:
+    cause = err.cause
+    return isinstance(cause, TimeoutError) and cause.type == TimeoutType.HEARTBEAT
+
+
+def _describe_failure(err: FailureError) -> str:
+    cause: BaseException | None = err.cause
+    while isinstance(cause, ActivityError | ChildWorkflowError) and cause.cause is not None:
+        cause = cause.cause
+    if isinstance(cause, ApplicationError):
+        return f"{cause.type or 'Error'}: {cause.message}"
+    return str(cause or err)
+
+
+class _TemporalDispatcher:
+    """Schedules the task calls of one workflow run."""
+
+    def __init__(self, shell: UserWorkflow, envelope: Envelope) -> None:
+        self.shell = shell
+        self.envelope = envelope
+        self.resolver = _get_resolver()
+        self.child_seq = 0
+
+    async def run_task(self, task: TaskDefinition, inputs: dict[str, Any]) -> Any:
+        if task.plugin is not None:
+            raise ApplicationError(
+                f"task {task.name!r} is a distributed task (plugin={type(task.plugin).__name__}); "
+                "distributed execution is not available in this version of gangflow",
+                type="DefinitionError",
+                non_retryable=True,
+            )
+        wire = task.interface.inputs_to_wire(inputs)
+        blob = Envelope(self.resolver.ref_for(task), wire, self.envelope.run).encode(
+            f"the inputs of task {task.name!r}"
+        )
+        self.shell.task_started(task.name)
+        try:
+            result = await self._execute(task, blob)
+        except ActivityError as err:
+            self.shell.task_finished(task.name, failed=True)
+            exhausted = task.retry.attempts > 1 and "MAXIMUM_ATTEMPTS" in str(err.retry_state)
+            tries = f" after {task.retry.attempts} attempts" if exhausted else ""
+            raise ApplicationError(
+                f"task {task.name!r} failed{tries}: {_describe_failure(err)}", type="TaskFailed", non_retryable=True
+            ) from err
+        self.shell.task_finished(task.name, failed=False)
+        return task.interface.output_from_wire(unpack(result))
+
+    async def _execute(self, task: TaskDefinition, blob: bytes) -> bytes:
+        summary = task.name if task.version is None else f"{task.name} (v{task.version})"
+        if task.lightweight:
+            return await workflow.execute_local_activity(  # type: ignore[no-any-return]
+                task.name,
+                blob,
+                result_type=bytes,
+                start_to_close_timeout=task.timeout,
+                retry_policy=retry_policy(task.retry),
+                summary=summary,
+            )
+        for system_try in range(SYSTEM_RETRIES + 1):
+            try:
+                return await workflow.execute_activity(  # type: ignore[no-any-return]
+                    task.name,
+                    blob,
+                    result_type=bytes,
+                    task_queue=workflow.info().task_queue,
+                    start_to_close_timeout=task.timeout,
+                    heartbeat_timeout=task.heartbeat_timeout,
+                    retry_policy=retry_policy(task.retry),
+                    summary=summary if system_try == 0 else f"{summary} (restart {system_try}: worker lost)",
+                )
+            except ActivityError as err:
+                if not _worker_lost(err) or system_try == SYSTEM_RETRIES:
+                    raise
+                workflow.logger.warning("task %s lost its worker; starting it again", task.name)
+        raise AssertionError("unreachable")
+
+    async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any:
+        wire = wf.interface.inputs_to_wire(inputs)
+        blob = Envelope(self.resolver.ref_for(wf), wire, self.envelope.run).encode(
+            f"the inputs of workflow {wf.name!r}"
+        )
+        self.child_seq += 1
+        info = workflow.info()
+        self.shell.task_started(wf.name)
+        try:
+            result = await workflow.execute_child_workflow(
+                wf.name,
+                blob,
+                id=f"{info.workflow_id}.{wf.name}-{self.child_seq}",
+                task_queue=info.task_queue,
+                result_type=bytes,
+                search_attributes=info.typed_search_attributes,
+                execution_timeout=wf.timeout,
+            )
+        except ChildWorkflowError as err:
+            self.shell.task_finished(wf.name, failed=True)
+            raise ApplicationError(
+                f"workflow {wf.name!r} failed: {_describe_failure(err)}", type="WorkflowFailed", non_retryable=True
+            ) from err
+        self.shell.task_finished(wf.name, failed=False)
+        return wf.interface.output_from_wire(unpack(result))
+
+
+@workflow.defn(dynamic=True, sandboxed=False)
+class UserWorkflow:
+    """Runs one user workflow; its type name is the user's workflow name."""
+
+    def __init__(self) -> None:
+        self.running: list[str] = []
+        self.done = 0
+        self.failed = 0
+
+    def task_started(self, name: str) -> None:
+        self.running.append(name)
+        self._details()
+
+    def task_finished(self, name: str, *, failed: bool) -> None:
+        self.running.remove(name)
+        if failed:
+            self.failed += 1
+        else:
+            self.done += 1
+        self._details()
+
+    def _details(self) -> None:
+        now = ", ".join(sorted(set(self.running))) or "—"
+        workflow.set_current_details(f"**running:** {now} · **done:** {self.done} · **failed:** {self.failed}")
+
+    @workflow.query(name=PROGRESS_QUERY)
+    def progress(self) -> dict[str, Any]:
+        return {"running": list(self.running), "done": self.done, "failed": self.failed}
+
+    @workflow.run
+    async def run(self, args: Sequence[RawValue]) -> bytes:
+        blob = workflow.payload_converter().from_payload(args[0].payload, bytes)
+        envelope = Envelope.decode(blob)
+        try:
+            defn = _get_resolver().load(envelope.code)
+        except Exception as exc:
+            raise ApplicationError(f"cannot load workflow code: {exc}", type="CodeNotFound", non_retryable=True) from exc
+        if not isinstance(defn, WorkflowDefinition):
+            raise ApplicationError(f"{envelope.code.qualname} is not a @workflow", type="CodeNotFound", non_retryable=True)
+        try:
+            inputs = defn.interface.inputs_from_wire(envelope.inputs)
+            with using_dispatcher(_TemporalDispatcher(self, envelope)):
+                result = await defn.fn(**inputs)
+            return check_payload_size(pack(defn.interface.output_to_wire(result)), f"the result of {defn.name!r}")
+        except (FailureError, asyncio.CancelledError):
+            raise  # Temporal failures (task failed, cancelled, ...) already say what happened
+        except GangflowError as exc:
+            raise ApplicationError(str(exc), type=exc.kind, non_retryable=True) from exc
+        except Exception as exc:
+            # An exception in workflow code fails the run (Temporal's default would retry the workflow
+            # task forever, leaving the run hanging). The traceback travels in the failure details.
+            raise ApplicationError(
+                f"workflow {defn.name!r} raised {type(exc).__name__}: {exc}",
+                "".join(traceback.format_exception(exc)),
+                type=type(exc).__name__,
+                non_retryable=True,
+            ) from exc
