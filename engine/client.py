@@ -33,7 +33,7 @@ from engine.runtime.history import TaskRecord, read_tasks
 from engine.types.codec import unpack
 from workflows.shell import PROGRESS_QUERY
 
-__all__ = ["Client", "RunInfo", "load_workflow_file", "to_jsonable"]
+__all__ = ["Client", "RunInfo", "load_workflow_file", "prepare_run", "to_jsonable"]
 
 _TRANSIENT = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNKNOWN)
 
@@ -66,6 +66,32 @@ def to_jsonable(data: Any) -> Any:
     if isinstance(data, list):
         return [to_jsonable(v) for v in data]
     return data
+
+
+def prepare_run(
+    wf: Callable[..., Any] | WorkflowDefinition,
+    inputs: Mapping[str, Any] | None = None,
+    *,
+    artifacts: str | None = None,
+    run_id: str | None = None,
+    tenant: str = "default",
+    bundle: bool = True,
+) -> tuple[WorkflowDefinition, Envelope]:
+    """Validate the inputs and pack the code, without contacting Temporal: raises InputError (or
+    TypeMismatchError) for bad input, so nothing is started."""
+    defn = wf if isinstance(wf, WorkflowDefinition) else definition_of(wf)
+    if not isinstance(defn, WorkflowDefinition):
+        raise InputError(f"{wf!r} is not a @workflow")
+    store = ArtifactStore(artifacts or default_artifact_root())
+    wire = defn.interface.inputs_to_wire(dict(inputs or {}), store.context(fetch=False))
+    code = CodeRef(defn.module, defn.qualname)
+    source = getattr(sys.modules.get(defn.module), "__file__", None)
+    if bundle and source:
+        packed = pack_code(source)
+        uri, sha = store.put_bytes(packed.data)
+        code = CodeRef(packed.module, defn.qualname, uri, sha)
+    run = RunContext(run_id or f"{defn.name}-{uuid.uuid4().hex[:8]}", defn.name, tenant, store.uri_root)
+    return defn, Envelope(code, wire, run)
 
 
 @dataclass
@@ -107,25 +133,9 @@ class Client:
         self,
         wf: Callable[..., Any] | WorkflowDefinition,
         inputs: Mapping[str, Any] | None = None,
-        *,
-        run_id: str | None = None,
-        tenant: str = "default",
-        bundle: bool = True,
-    ) -> Envelope:
-        """Validate inputs and pack the code; raises InputError before anything is started."""
-        defn = wf if isinstance(wf, WorkflowDefinition) else definition_of(wf)
-        if not isinstance(defn, WorkflowDefinition):
-            raise InputError(f"{wf!r} is not a @workflow")
-        store = ArtifactStore(self.artifacts)
-        wire = defn.interface.inputs_to_wire(dict(inputs or {}), store.context(fetch=False))
-        code = CodeRef(defn.module, defn.qualname)
-        source = getattr(sys.modules.get(defn.module), "__file__", None)
-        if bundle and source:
-            packed = pack_code(source)
-            uri, sha = store.put_bytes(packed.data)
-            code = CodeRef(packed.module, defn.qualname, uri, sha)
-        run = RunContext(run_id or f"{defn.name}-{uuid.uuid4().hex[:8]}", defn.name, tenant, store.uri_root)
-        return Envelope(code, wire, run)
+        **options: Any,
+    ) -> tuple[WorkflowDefinition, Envelope]:
+        return prepare_run(wf, inputs, artifacts=self.artifacts, **options)
 
     async def start(
         self,
@@ -136,11 +146,11 @@ class Client:
         tenant: str = "default",
         bundle: bool = True,
     ) -> str:
-        """Start a run and return its id (the Temporal workflow id)."""
-        defn = wf if isinstance(wf, WorkflowDefinition) else definition_of(wf)
-        assert isinstance(defn, WorkflowDefinition) or defn is None
-        envelope = self.prepare(wf, inputs, run_id=run_id, tenant=tenant, bundle=bundle)
-        assert defn is not None
+        """Validate, pack and start a run; returns its id (the Temporal workflow id)."""
+        defn, envelope = self.prepare(wf, inputs, run_id=run_id, tenant=tenant, bundle=bundle)
+        return await self.start_prepared(defn, envelope)
+
+    async def start_prepared(self, defn: WorkflowDefinition, envelope: Envelope) -> str:
         await self.temporal.start_workflow(
             defn.name,
             envelope.encode(f"the inputs of workflow {defn.name!r}"),
@@ -148,7 +158,9 @@ class Client:
             task_queue=self.task_queue,
             execution_timeout=defn.timeout,
             memo={"gangflow": {"artifacts": envelope.run.artifacts, "bundle": envelope.code.bundle_sha}},
-            search_attributes=TypedSearchAttributes([SearchAttributePair(PIPELINE, defn.name), SearchAttributePair(TENANT, tenant)]),
+            search_attributes=TypedSearchAttributes(
+                [SearchAttributePair(PIPELINE, defn.name), SearchAttributePair(TENANT, envelope.run.tenant)]
+            ),
             static_summary=f"gangflow pipeline {defn.name}",
             static_details=f"code: {envelope.code.module}.{envelope.code.qualname}"
             + (f" (bundle {envelope.code.bundle_sha[:12]})" if envelope.code.bundle_sha else ""),

@@ -26,11 +26,11 @@ from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
-    CancelledError,
     ChildWorkflowError,
     FailureError,
     TimeoutError,
     TimeoutType,
+    is_cancelled_exception,
 )
 
 from engine.core.definitions import TaskDefinition, WorkflowDefinition
@@ -132,6 +132,8 @@ class _TemporalDispatcher:
             result = await self._execute(task, blob)
         except ActivityError as err:
             self.shell.task_finished(task.name, failed=True)
+            if is_cancelled_exception(err):
+                raise  # the run was cancelled: let Temporal record it as cancelled, not failed
             exhausted = task.retry.attempts > 1 and "MAXIMUM_ATTEMPTS" in str(err.retry_state)
             tries = f" after {task.retry.attempts} attempts" if exhausted else ""
             raise ApplicationError(
@@ -189,6 +191,8 @@ class _TemporalDispatcher:
             )
         except ChildWorkflowError as err:
             self.shell.task_finished(wf.name, failed=True)
+            if is_cancelled_exception(err):
+                raise
             raise ApplicationError(
                 f"workflow {wf.name!r} failed: {_describe_failure(err)}", type="WorkflowFailed", non_retryable=True
             ) from err

@@ -1,0 +1,318 @@
+"""The ``gangflow`` command: dev, worker, run, status, list, cancel, logs, demo.
+
+Exit codes: 0 success, 1 a failed run (or an unreachable server), 2 bad input (nothing was started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from temporalio.client import WorkflowFailureError
+from temporalio.service import RPCError
+
+from engine.client import Client, load_workflow_file, prepare_run, to_jsonable
+from engine.core.errors import DefinitionError, GangflowError
+from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
+from engine.runtime.history import read_tasks
+
+from .params import parse_params
+from .render import console, err_console, print_json, run_json, show_runs, show_status
+
+__all__ = ["build_parser", "main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _connection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", help="Temporal host:port (default $GANGFLOW_ADDRESS or localhost:7233)")
+    p.add_argument("--namespace", help="Temporal namespace (default $GANGFLOW_NAMESPACE or default)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gangflow", description="Typed, durable ML pipelines on Temporal.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("dev", help="run an embedded Temporal dev server (with Web UI) and a worker")
+    p.add_argument("--port", type=int, default=7233)
+    p.add_argument("--ui-port", type=int, default=8233)
+    p.add_argument("--state-dir", default=".gangflow", help="sqlite state and artifacts (default .gangflow)")
+    p.add_argument("--headless", action="store_true", help="no Web UI")
+
+    p = sub.add_parser("worker", help="run a workflow + CPU task worker against a running Temporal")
+    _connection_args(p)
+    p.add_argument("--load", action="append", default=[], metavar="PKG", help="preload a package of workflows")
+    p.add_argument("--task-queue", default=TASK_QUEUE, help=f"queue to poll (default {TASK_QUEUE})")
+
+    p = sub.add_parser("run", help="run FILE.py:WORKFLOW [--param value ...]")
+    p.add_argument("target", metavar="FILE.py:WORKFLOW")
+    _connection_args(p)
+    p.add_argument("--input-json", help="inputs as one JSON object")
+    p.add_argument("--artifacts", help="artifact store URI (default $GANGFLOW_ARTIFACTS or .gangflow/artifacts)")
+    p.add_argument("--tenant", default="default")
+    p.add_argument("--task-queue", default=TASK_QUEUE, help="the workers' queue (default %(default)s)")
+    p.add_argument("--run-id", help="choose the run id (default <workflow>-<random>)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: run_id, status, result")
+    p.add_argument("--detach", action="store_true", help="start the run and exit")
+
+    p = sub.add_parser("status", help="show a run: status, tasks, result or error")
+    p.add_argument("run_id")
+    _connection_args(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("list", help="list runs")
+    _connection_args(p)
+    p.add_argument("--status", help="running, completed, failed, canceled, terminated, timed_out")
+    p.add_argument("--pipeline")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("cancel", help="cancel a run (its running tasks are cancelled too)")
+    p.add_argument("run_id")
+    _connection_args(p)
+
+    p = sub.add_parser("logs", help="print the captured output of a run's tasks")
+    p.add_argument("run_id")
+    p.add_argument("--task", help="only this task")
+    _connection_args(p)
+
+    p = sub.add_parser("demo", help="run examples/quickstart.py on a throwaway embedded stack")
+    p.add_argument("--file", help="the pipeline to run (default examples/quickstart.py:pipeline)")
+    p.add_argument("--keep", action="store_true", help="leave the stack up after the run (Ctrl-C stops it)")
+    p.add_argument("--headless", action="store_true", help="no Web UI")
+    return parser
+
+
+async def _client(args: argparse.Namespace, artifacts: str | None = None) -> Client:
+    endpoint = Endpoint.resolve(args.address, args.namespace)
+    try:
+        return Client(await connect(endpoint), artifacts)
+    except RuntimeError as exc:
+        raise CliError(
+            f"cannot reach Temporal at {endpoint.address} ({exc}); start one with 'gangflow dev' "
+            "or pass --address / set GANGFLOW_ADDRESS"
+        ) from None
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def _follow(client: Client, run_id: str, quiet: bool) -> Any:
+    """Wait for the result, showing live progress; returns wire data or raises WorkflowFailureError."""
+    waiter = asyncio.ensure_future(client.wait(run_id))
+    if quiet:
+        return await waiter
+    with console.status(f"{run_id}: starting") as spinner:
+        while not waiter.done():
+            progress = await client.progress(run_id)
+            if progress:
+                running = ", ".join(sorted(set(progress["running"]))) or "—"
+                spinner.update(f"{run_id}: running [bold]{running}[/] · {progress['done']} done")
+            await asyncio.wait({waiter}, timeout=0.5)
+    return waiter.result()
+
+
+async def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    try:
+        defn = load_workflow_file(args.target)
+        inputs = parse_params(defn.interface, extra, args.input_json)
+        defn, envelope = prepare_run(defn, inputs, artifacts=args.artifacts, run_id=args.run_id, tenant=args.tenant)
+    except (GangflowError, DefinitionError) as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    client = await _client(args, envelope.run.artifacts)
+    client.task_queue = args.task_queue
+    run_id = await client.start_prepared(defn, envelope)
+    if args.detach:
+        if args.json:
+            print_json({"run_id": run_id, "status": "RUNNING"})
+        else:
+            console.print(f"started [bold]{run_id}[/]; follow it with: gangflow status {run_id}")
+        return EXIT_OK
+    try:
+        data = await _follow(client, run_id, quiet=args.json)
+    except WorkflowFailureError:
+        _, error = await read_tasks(client.handle(run_id))
+        if args.json:
+            print_json({"run_id": run_id, "status": "FAILED", "error": error})
+        else:
+            err_console.print(f"[bold red]{run_id} failed[/]")
+            err_console.print(error or "", markup=False)
+        return EXIT_FAILED
+    if args.json:
+        print_json({"run_id": run_id, "status": "COMPLETED", "result": to_jsonable(data)})
+    else:
+        result = defn.interface.output_from_wire(data)
+        console.print(f"[green]{run_id} completed[/]")
+        console.print(result)
+    return EXIT_OK
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    client = await _client(args)
+    try:
+        info = await client.status(args.run_id)
+    except RPCError as exc:
+        raise CliError(f"run {args.run_id!r}: {exc.message}") from None
+    if args.json:
+        print_json(run_json(info))
+    else:
+        show_status(info)
+    return EXIT_OK
+
+
+async def cmd_list(args: argparse.Namespace) -> int:
+    client = await _client(args)
+    try:
+        runs = await client.runs(status=args.status, pipeline=args.pipeline, limit=args.limit)
+    except GangflowError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    if args.json:
+        print_json([run_json(r) for r in runs])
+    else:
+        show_runs(runs)
+    return EXIT_OK
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    client = await _client(args)
+    try:
+        await client.cancel(args.run_id)
+    except RPCError as exc:
+        raise CliError(f"run {args.run_id!r}: {exc.message}") from None
+    console.print(f"cancel requested for {args.run_id}")
+    return EXIT_OK
+
+
+async def cmd_logs(args: argparse.Namespace) -> int:
+    client = await _client(args)
+    files = await client.logs(args.run_id, args.task)
+    if not files:
+        raise CliError(f"no logs for run {args.run_id}" + (f" task {args.task}" if args.task else ""))
+    for name, text in files:
+        console.rule(name)
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+async def _serve(endpoint: Endpoint, modules: Sequence[str] = (), task_queue: str = TASK_QUEUE) -> None:
+    temporal = await connect(endpoint)
+    await ensure_search_attributes(temporal)
+    preload(modules)
+    async with build_worker(temporal, task_queue=task_queue):
+        await _until_signalled()
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    endpoint = Endpoint.resolve(args.address, args.namespace)
+    try:
+        await connect(endpoint)
+    except RuntimeError as exc:
+        raise CliError(f"cannot reach Temporal at {endpoint.address}: {exc}") from None
+    console.print(f"gangflow worker on {endpoint.address} (namespace {endpoint.namespace}, queue {args.task_queue})")
+    await _serve(endpoint, args.load, args.task_queue)
+    return EXIT_OK
+
+
+async def cmd_dev(args: argparse.Namespace) -> int:
+    state = Path(args.state_dir).resolve()
+    server = DevServer(state, port=args.port, ui_port=args.ui_port, ui=not args.headless)
+    try:
+        server.start()
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        raise CliError(str(exc)) from None
+    try:
+        console.print(f"[bold]gangflow dev[/]: Temporal on {server.address}" + ("" if args.headless else f", Web UI {server.ui_url}"))
+        console.print(f"state in {state}; in another shell:")
+        console.print(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
+        console.print("  gangflow run examples/quickstart.py:pipeline")
+        await _serve(Endpoint.resolve(server.address, "default"))
+    finally:
+        server.stop()
+    return EXIT_OK
+
+
+def _default_demo_file() -> str:
+    here = Path.cwd() / "examples" / "quickstart.py"
+    repo = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
+    return f"{here if here.exists() else repo}:pipeline"
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    target = args.file or _default_demo_file()
+    state = Path(tempfile.mkdtemp(prefix="gangflow-demo-"))
+    try:
+        defn = load_workflow_file(target)
+        defn, envelope = prepare_run(defn, {}, artifacts=str(state / "artifacts"))
+    except GangflowError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    server = DevServer(state, ui=not args.headless).start()
+    try:
+        temporal = await connect(Endpoint.resolve(server.address, "default"))
+        client = Client(temporal, envelope.run.artifacts)
+        async with build_worker(temporal):
+            console.print(f"[bold]gangflow demo[/]: Temporal on {server.address}, state in {state}")
+            run_id = await client.start_prepared(defn, envelope)
+            if not args.headless:
+                console.print(f"watch it: {server.ui_url}/namespaces/default/workflows/{run_id}")
+            try:
+                data = await _follow(client, run_id, quiet=False)
+            except WorkflowFailureError:
+                _, error = await read_tasks(client.handle(run_id))
+                err_console.print(f"[bold red]{run_id} failed[/]")
+                err_console.print(error or "", markup=False)
+                return EXIT_FAILED
+            show_status(await client.status(run_id))
+            console.print(defn.interface.output_from_wire(data))
+            if args.keep:
+                console.print(f"stack left up: GANGFLOW_ADDRESS={server.address}; Ctrl-C to stop")
+                await _until_signalled()
+    finally:
+        server.stop()
+    return EXIT_OK
+
+
+_COMMANDS = {"status": cmd_status, "list": cmd_list, "cancel": cmd_cancel, "logs": cmd_logs,
+             "worker": cmd_worker, "dev": cmd_dev, "demo": cmd_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "run":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        if args.command == "run":
+            code = asyncio.run(cmd_run(args, extra))
+        else:
+            code = asyncio.run(_COMMANDS[args.command](args))
+    except CliError as exc:
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
+        code = exc.code
+    except KeyboardInterrupt:
+        code = 130
+    # The temporalio core can abort during interpreter shutdown (sdk-python#300); exit directly with
+    # the real status once all output is flushed.
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,82 @@
+"""Terminal output of the CLI (rich tables) and its JSON forms."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from engine.client import RunInfo, to_jsonable
+
+__all__ = ["console", "err_console", "print_json", "run_json", "show_runs", "show_status"]
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+_STYLE = {
+    "COMPLETED": "green", "completed": "green",
+    "RUNNING": "cyan", "running": "cyan", "scheduled": "cyan",
+    "FAILED": "red", "failed": "red", "TIMED_OUT": "red", "timed out": "red",
+    "CANCELED": "yellow", "cancelled": "yellow", "TERMINATED": "yellow", "terminated": "yellow",
+}
+
+
+def _styled(status: str) -> str:
+    return f"[{_STYLE.get(status, 'white')}]{status}[/]"
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, default=str))
+
+
+def run_json(info: RunInfo) -> dict[str, Any]:
+    return {
+        "run_id": info.run_id,
+        "workflow": info.workflow,
+        "status": info.status,
+        "tenant": info.tenant,
+        "start_time": info.start_time.isoformat() if info.start_time else None,
+        "close_time": info.close_time.isoformat() if info.close_time else None,
+        "result": to_jsonable(info.result),
+        "error": info.error,
+        "progress": info.progress,
+        "tasks": [
+            {"name": t.name, "kind": t.kind, "status": t.status, "attempt": t.attempt, "seconds": t.seconds, "error": t.error}
+            for t in info.tasks
+        ],
+    }
+
+
+def show_status(info: RunInfo) -> None:
+    console.print(f"[bold]{info.run_id}[/]  workflow [bold]{info.workflow}[/]  {_styled(info.status)}  tenant {info.tenant}")
+    if info.progress:
+        running = ", ".join(info.progress.get("running") or []) or "—"
+        console.print(f"running: {running} · done: {info.progress.get('done', 0)}")
+    if info.tasks:
+        table = Table(show_edge=False, header_style="bold")
+        for column in ("#", "task", "kind", "status", "attempt", "seconds"):
+            table.add_column(column)
+        for n, t in enumerate(info.tasks, 1):
+            seconds = f"{t.seconds:.2f}" if t.seconds is not None else ""
+            table.add_row(str(n), t.name, t.kind, _styled(t.status), str(t.attempt), seconds)
+        console.print(table)
+    if info.status == "COMPLETED":
+        console.print("[bold]result:[/]", to_jsonable(info.result))
+    if info.error:
+        console.print("[bold red]error:[/]")
+        console.print(info.error, markup=False)
+
+
+def show_runs(runs: list[RunInfo]) -> None:
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("run", "workflow", "status", "tenant", "started", "closed"):
+        table.add_column(column)
+    for r in runs:
+        table.add_row(
+            r.run_id, r.workflow, _styled(r.status), r.tenant or "",
+            r.start_time.strftime("%Y-%m-%d %H:%M:%S") if r.start_time else "",
+            r.close_time.strftime("%H:%M:%S") if r.close_time else "",
+        )
+    console.print(table if runs else "no runs")

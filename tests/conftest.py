@@ -1,0 +1,117 @@
+"""Shared fixtures: a real Temporal dev server and real gangflow worker processes.
+
+The temporalio core can abort the interpreter at exit (sdk-python#300, exit code 134) after every test
+passed; ``pytest_unconfigure`` below ends the process with the test run's own exit status instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+
+from engine.runtime.devserver import DevServer  # noqa: E402
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+# -- exit status (see module docstring) --------------------------------------------------------
+_exit_status: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _exit_status and os.environ.get("GANGFLOW_PYTEST_NO_OS_EXIT") != "1":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status[-1])
+
+
+# -- servers and workers -----------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def state_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("gangflow")
+    os.environ["GANGFLOW_CACHE"] = str(root / "client-cache")
+    return root
+
+
+@pytest.fixture(scope="session")
+def server(state_root: Path) -> Iterator[DevServer]:
+    srv = DevServer(state_root / "temporal", ui=False).start()
+    yield srv
+    srv.stop()
+
+
+class WorkerProcess:
+    """``gangflow worker`` as a real child process (its own code cache, so it loads bundles itself)."""
+
+    def __init__(self, address: str, queue: str, home: Path) -> None:
+        self.address, self.queue, self.home = address, queue, home
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = home / f"worker-{queue}.log"
+
+    def start(self) -> WorkerProcess:
+        self.home.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, GANGFLOW_CACHE=str(self.home / "cache"), PYTHONUNBUFFERED="1", TMPDIR=str(self.home))
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "engine.cli", "worker", "--address", self.address, "--task-queue", self.queue],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.home, start_new_session=True,
+            )
+        deadline = time.monotonic() + 30
+        while b"gangflow worker on" not in self.log.read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker did not start:\n{self.log.read_text()}")
+            time.sleep(0.05)
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(15)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+
+@pytest.fixture(scope="session")
+def worker(server: DevServer, state_root: Path) -> Iterator[WorkerProcess]:
+    proc = WorkerProcess(server.address, "gangflow", state_root / "worker").start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def spawn_worker(server: DevServer, tmp_path: Path) -> Iterator[Callable[[str], WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def spawn(queue: str) -> WorkerProcess:
+        started.append(WorkerProcess(server.address, queue, tmp_path / f"w{len(started)}").start())
+        return started[-1]
+
+    yield spawn
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture
+def artifacts(state_root: Path) -> str:
+    return str(state_root / "artifacts")
