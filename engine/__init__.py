@@ -1,6 +1,6 @@
 """gangflow: typed, durable ML pipelines on Temporal.
 
-    from engine import task, workflow, Resources, Retry, File, Directory
+from engine import task, workflow, Resources, Retry, File, Directory
 """
 
 from engine.core import (

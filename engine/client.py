@@ -105,7 +105,7 @@ class RunInfo:
     tenant: str | None = None
     tasks: list[TaskRecord] = field(default_factory=list)
     error: str | None = None
-    result: Any = None                 # wire data (JSON-like), present when completed
+    result: Any = None  # wire data (JSON-like), present when completed
     progress: dict[str, Any] | None = None
     artifacts: str | None = None
 

@@ -87,7 +87,9 @@ def train(data: Directory, epochs: int = 1, lr: float = 0.003, seed: int = 0) ->
         accuracy = (net(x).argmax(1) == y).float().mean().item()
     path = Path(tempfile.mkdtemp(prefix="model-")) / "model.pt"
     torch.save(net.state_dict(), path)
-    return Model(weights=File(path), metrics=TrainMetrics(epochs=epochs, final_loss=loss.item(), train_accuracy=accuracy))
+    return Model(
+        weights=File(path), metrics=TrainMetrics(epochs=epochs, final_loss=loss.item(), train_accuracy=accuracy)
+    )
 
 
 @task

@@ -74,7 +74,11 @@ class WorkerProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "engine.cli", "worker", "--address", self.address, "--task-queue", self.queue],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.home, start_new_session=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.home,
+                start_new_session=True,
             )
         deadline = time.monotonic() + 30
         while b"gangflow worker on" not in self.log.read_bytes():

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import flows
@@ -35,11 +34,23 @@ def _gangflow(*args: str, server: Any, artifacts: str, timeout: float = 120) -> 
 
 
 def _everything() -> flows.Everything:
-    when = dt.datetime(2026, 11, 30, 12, 30, tzinfo=dt.timezone.utc)
+    when = dt.datetime(2026, 11, 30, 12, 30, tzinfo=dt.UTC)
     return flows.Everything(
-        i=7, f=2.5, b=True, s="héllo", raw=b"\x00\xff\x10", nothing=None, maybe=None, either="text",
-        items=[1, 2, 3], mapping={"a": 1.5}, pair=(1, "one"), unique={3, 1, 2}, color=flows.Color.BLUE,
-        when=when, point=flows.Point(1.0, -2.0),
+        i=7,
+        f=2.5,
+        b=True,
+        s="héllo",
+        raw=b"\x00\xff\x10",
+        nothing=None,
+        maybe=None,
+        either="text",
+        items=[1, 2, 3],
+        mapping={"a": 1.5},
+        pair=(1, "one"),
+        unique={3, 1, 2},
+        color=flows.Color.BLUE,
+        when=when,
+        point=flows.Point(1.0, -2.0),
         metrics=flows.Metrics(loss=0.1, tags=["x"], at=when, nested={"p": flows.Point(0.5, 0.25)}),
     )
 
@@ -155,7 +166,9 @@ def test_bad_cli_input_exits_2_and_starts_nothing(server, artifacts):
 
     async def count() -> int:
         client = await _client(server, artifacts)
-        return (await client.temporal.count_workflows("GangflowPipeline = 'pipeline' AND ExecutionStatus != 'Completed'")).count
+        return (
+            await client.temporal.count_workflows("GangflowPipeline = 'pipeline' AND ExecutionStatus != 'Completed'")
+        ).count
 
     assert run(count()) == 0
 

@@ -236,9 +236,13 @@ class UserWorkflow:
         try:
             defn = _get_resolver().load(envelope.code)
         except Exception as exc:
-            raise ApplicationError(f"cannot load workflow code: {exc}", type="CodeNotFound", non_retryable=True) from exc
+            raise ApplicationError(
+                f"cannot load workflow code: {exc}", type="CodeNotFound", non_retryable=True
+            ) from exc
         if not isinstance(defn, WorkflowDefinition):
-            raise ApplicationError(f"{envelope.code.qualname} is not a @workflow", type="CodeNotFound", non_retryable=True)
+            raise ApplicationError(
+                f"{envelope.code.qualname} is not a @workflow", type="CodeNotFound", non_retryable=True
+            )
         try:
             inputs = defn.interface.inputs_from_wire(envelope.inputs)
             with using_dispatcher(_TemporalDispatcher(self, envelope)):

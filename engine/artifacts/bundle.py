@@ -23,9 +23,9 @@ _MAX_BUNDLE_BYTES = 20 * 1024 * 1024
 
 @dataclass(frozen=True)
 class CodeBundle:
-    data: bytes        # the zip
-    module: str        # the entry module's dotted name inside the bundle
-    root: Path         # the folder the bundle is relative to
+    data: bytes  # the zip
+    module: str  # the entry module's dotted name inside the bundle
+    root: Path  # the folder the bundle is relative to
 
 
 def _package_files(folder: Path, root: Path) -> list[Path]:

@@ -170,4 +170,3 @@ class ArtifactStore:
         if fetch:
             ctx["fetch"] = self.fetch
         return ctx
-

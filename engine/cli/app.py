@@ -241,7 +241,10 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     except (OSError, RuntimeError, TimeoutError) as exc:
         raise CliError(str(exc)) from None
     try:
-        console.print(f"[bold]gangflow dev[/]: Temporal on {server.address}" + ("" if args.headless else f", Web UI {server.ui_url}"))
+        console.print(
+            f"[bold]gangflow dev[/]: Temporal on {server.address}"
+            + ("" if args.headless else f", Web UI {server.ui_url}")
+        )
         console.print(f"state in {state}; in another shell:")
         console.print(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
         console.print("  gangflow run examples/quickstart.py:pipeline")
@@ -291,8 +294,15 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"status": cmd_status, "list": cmd_list, "cancel": cmd_cancel, "logs": cmd_logs,
-             "worker": cmd_worker, "dev": cmd_dev, "demo": cmd_demo}
+_COMMANDS = {
+    "status": cmd_status,
+    "list": cmd_list,
+    "cancel": cmd_cancel,
+    "logs": cmd_logs,
+    "worker": cmd_worker,
+    "dev": cmd_dev,
+    "demo": cmd_demo,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

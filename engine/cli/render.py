@@ -16,10 +16,19 @@ console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 _STYLE = {
-    "COMPLETED": "green", "completed": "green",
-    "RUNNING": "cyan", "running": "cyan", "scheduled": "cyan",
-    "FAILED": "red", "failed": "red", "TIMED_OUT": "red", "timed out": "red",
-    "CANCELED": "yellow", "cancelled": "yellow", "TERMINATED": "yellow", "terminated": "yellow",
+    "COMPLETED": "green",
+    "completed": "green",
+    "RUNNING": "cyan",
+    "running": "cyan",
+    "scheduled": "cyan",
+    "FAILED": "red",
+    "failed": "red",
+    "TIMED_OUT": "red",
+    "timed out": "red",
+    "CANCELED": "yellow",
+    "cancelled": "yellow",
+    "TERMINATED": "yellow",
+    "terminated": "yellow",
 }
 
 
@@ -43,14 +52,23 @@ def run_json(info: RunInfo) -> dict[str, Any]:
         "error": info.error,
         "progress": info.progress,
         "tasks": [
-            {"name": t.name, "kind": t.kind, "status": t.status, "attempt": t.attempt, "seconds": t.seconds, "error": t.error}
+            {
+                "name": t.name,
+                "kind": t.kind,
+                "status": t.status,
+                "attempt": t.attempt,
+                "seconds": t.seconds,
+                "error": t.error,
+            }
             for t in info.tasks
         ],
     }
 
 
 def show_status(info: RunInfo) -> None:
-    console.print(f"[bold]{info.run_id}[/]  workflow [bold]{info.workflow}[/]  {_styled(info.status)}  tenant {info.tenant}")
+    console.print(
+        f"[bold]{info.run_id}[/]  workflow [bold]{info.workflow}[/]  {_styled(info.status)}  tenant {info.tenant}"
+    )
     if info.progress:
         running = ", ".join(info.progress.get("running") or []) or "—"
         console.print(f"running: {running} · done: {info.progress.get('done', 0)}")
@@ -75,7 +93,10 @@ def show_runs(runs: list[RunInfo]) -> None:
         table.add_column(column)
     for r in runs:
         table.add_row(
-            r.run_id, r.workflow, _styled(r.status), r.tenant or "",
+            r.run_id,
+            r.workflow,
+            _styled(r.status),
+            r.tenant or "",
             r.start_time.strftime("%Y-%m-%d %H:%M:%S") if r.start_time else "",
             r.close_time.strftime("%H:%M:%S") if r.close_time else "",
         )

@@ -185,7 +185,7 @@ def workflow(
     """
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        wf_name = _check_name(name or getattr(func, "__name__", ""), "workflow")
+        wf_name = _check_name(name or str(getattr(func, "__name__", "")), "workflow")
         owner = f"workflow {wf_name!r}"
         if not inspect.iscoroutinefunction(func):
             raise DefinitionError(f"{owner}: a workflow must be an 'async def' function")

@@ -108,15 +108,11 @@ class Interface:
     def validate_inputs(self, inputs: Mapping[str, Any], context: dict[str, Any] | None = None) -> dict[str, Any]:
         """Inputs checked and coerced to their declared types, defaults filled in."""
         full = self._complete(inputs)
-        return {
-            p.name: p.codec.validate(full[p.name], f"{self.owner}: input {p.name!r}", context) for p in self.params
-        }
+        return {p.name: p.codec.validate(full[p.name], f"{self.owner}: input {p.name!r}", context) for p in self.params}
 
     def inputs_to_wire(self, inputs: Mapping[str, Any], context: dict[str, Any] | None = None) -> dict[str, Any]:
         full = self._complete(inputs)
-        return {
-            p.name: p.codec.to_wire(full[p.name], f"{self.owner}: input {p.name!r}", context) for p in self.params
-        }
+        return {p.name: p.codec.to_wire(full[p.name], f"{self.owner}: input {p.name!r}", context) for p in self.params}
 
     def inputs_from_wire(self, data: Mapping[str, Any], context: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.validate_inputs(data, context)
@@ -129,7 +125,5 @@ class Interface:
 
     def describe(self) -> str:
         """``rows: int = 10000, epochs: int = 3 -> Metrics`` for help texts."""
-        parts = [
-            f"{p.name}: {p.codec.name}" + ("" if p.required else f" = {p.default!r}") for p in self.params
-        ]
+        parts = [f"{p.name}: {p.codec.name}" + ("" if p.required else f" = {p.default!r}") for p in self.params]
         return f"({', '.join(parts)}) -> {self.output.name}"

@@ -68,7 +68,7 @@ def _open_log(store: ArtifactStore, envelope: Envelope, defn: TaskDefinition) ->
     if store.local:
         path = store.log_path(envelope.run.run_id, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        return open(path, "w", encoding="utf-8", buffering=1), None  # noqa: SIM115
+        return open(path, "w", encoding="utf-8", buffering=1), None
     handle = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False, encoding="utf-8")  # noqa: SIM115
     return handle, store.log_path(envelope.run.run_id, name)
 

@@ -25,7 +25,7 @@ from engine.artifacts.store import cache_dir
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
 from engine.core.wire import CodeRef
 
-__all__ = ["BUNDLE_PREFIX", "CodeLoader", "CodeNotFoundError", "LOADER"]
+__all__ = ["BUNDLE_PREFIX", "LOADER", "CodeLoader", "CodeNotFoundError"]
 
 BUNDLE_PREFIX = "_gangflow_bundle_"
 

@@ -60,6 +60,8 @@ async def ensure_search_attributes(client: Client) -> None:
         await client.operator_service.add_search_attributes(
             AddSearchAttributesRequest(
                 namespace=client.namespace,
-                search_attributes={n: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{t.upper()}") for n, t in missing.items()},
+                search_attributes={
+                    n: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{t.upper()}") for n, t in missing.items()
+                },
             )
         )

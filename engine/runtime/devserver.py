@@ -90,13 +90,21 @@ class DevServer:
             raise OSError(f"port {self.port} is already in use; is another Temporal server running?")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
-            find_temporal_binary(), "server", "start-dev",
-            "--db-filename", str(self.state_dir / "temporal.sqlite"),
-            "--ip", "127.0.0.1",
-            "--port", str(self.port),
-            "--ui-port", str(self.ui_port),
-            "--namespace", self.namespace,
-            "--log-level", "error",
+            find_temporal_binary(),
+            "server",
+            "start-dev",
+            "--db-filename",
+            str(self.state_dir / "temporal.sqlite"),
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--ui-port",
+            str(self.ui_port),
+            "--namespace",
+            self.namespace,
+            "--log-level",
+            "error",
         ]
         for name, kind in SEARCH_ATTRIBUTES.items():
             cmd += ["--search-attribute", f"{name}={kind}"]
@@ -104,7 +112,10 @@ class DevServer:
             cmd.append("--headless")
         with open(self.log_file, "ab") as log:
             self.process = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 preexec_fn=set_parent_death_signal,
             )
         deadline = time.monotonic() + timeout

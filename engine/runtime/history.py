@@ -20,8 +20,8 @@ __all__ = ["TaskRecord", "format_failure", "read_tasks"]
 @dataclass
 class TaskRecord:
     name: str
-    kind: str                      # "task", "lightweight" or "workflow"
-    status: str = "scheduled"      # scheduled, running, completed, failed, timed out, cancelled
+    kind: str  # "task", "lightweight" or "workflow"
+    status: str = "scheduled"  # scheduled, running, completed, failed, timed out, cancelled
     attempt: int = 1
     scheduled: datetime | None = None
     started: datetime | None = None
@@ -86,8 +86,9 @@ async def read_tasks(handle: WorkflowHandle) -> tuple[list[TaskRecord], str | No
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
             rec = records[event.activity_task_canceled_event_attributes.scheduled_event_id]
             rec.status, rec.finished = "cancelled", when
-        elif et == EventType.EVENT_TYPE_MARKER_RECORDED and event.marker_recorded_event_attributes.marker_name.startswith(
-            "core_local_activity"
+        elif (
+            et == EventType.EVENT_TYPE_MARKER_RECORDED
+            and event.marker_recorded_event_attributes.marker_name.startswith("core_local_activity")
         ):
             attrs = event.marker_recorded_event_attributes
             rec = TaskRecord(_local_activity_name(event), "lightweight", scheduled=when, finished=when)
@@ -113,9 +114,24 @@ async def read_tasks(handle: WorkflowHandle) -> tuple[list[TaskRecord], str | No
 
 
 _CHILD_CLOSED = {
-    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED: ("completed", "child_workflow_execution_completed_event_attributes"),
-    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_FAILED: ("failed", "child_workflow_execution_failed_event_attributes"),
-    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_CANCELED: ("cancelled", "child_workflow_execution_canceled_event_attributes"),
-    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TIMED_OUT: ("timed out", "child_workflow_execution_timed_out_event_attributes"),
-    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TERMINATED: ("terminated", "child_workflow_execution_terminated_event_attributes"),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED: (
+        "completed",
+        "child_workflow_execution_completed_event_attributes",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_FAILED: (
+        "failed",
+        "child_workflow_execution_failed_event_attributes",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_CANCELED: (
+        "cancelled",
+        "child_workflow_execution_canceled_event_attributes",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TIMED_OUT: (
+        "timed out",
+        "child_workflow_execution_timed_out_event_attributes",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TERMINATED: (
+        "terminated",
+        "child_workflow_execution_terminated_event_attributes",
+    ),
 }

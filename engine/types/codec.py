@@ -118,7 +118,8 @@ class ValueCodec:
         try:
             return _plain(self.adapter.dump_python(checked, mode="python", context=context))
         except (ValueError, TypeError) as exc:
-            raise TypeMismatchError(f"{where}: cannot encode value as {self.name}: {exc}") from None
+            reason = str(exc).removeprefix("Error calling function `_serialize`: ")
+            raise TypeMismatchError(f"{where}: cannot encode value as {self.name}: {reason}") from None
 
     def from_wire(self, data: Any, where: str, context: dict[str, Any] | None = None) -> Any:
         return self.validate(data, where, context)

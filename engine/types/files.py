@@ -119,9 +119,7 @@ class Artifact(os.PathLike[str]):
         if value.uri is None:
             upload: Callable[[Artifact], None] | None = (info.context or {}).get("upload")
             if upload is None:
-                raise ValueError(
-                    f"{value!r} is a local path and cannot be uploaded here; create Files inside tasks"
-                )
+                raise ValueError(f"{value!r} is a local path and cannot be uploaded here; create Files inside tasks")
             upload(value)
         return value.ref()
 
@@ -133,7 +131,7 @@ class File(Artifact):
     __slots__ = ()
 
     def open(self, mode: str = "rb") -> Any:
-        return open(self.path, mode)  # noqa: SIM115 - the caller owns the handle
+        return open(self.path, mode)
 
     def read_bytes(self) -> bytes:
         with open(self.path, "rb") as handle:
