@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -284,13 +285,14 @@ async def cmd_demo(args: argparse.Namespace) -> int:
                 err_console.print(f"[bold red]{run_id} failed[/]")
                 err_console.print(error or "", markup=False)
                 return EXIT_FAILED
-            show_status(await client.status(run_id))
+            show_status(await client.status(run_id), result=False)
             console.print(defn.interface.output_from_wire(data))
             if args.keep:
                 console.print(f"stack left up: GANGFLOW_ADDRESS={server.address}; Ctrl-C to stop")
                 await _until_signalled()
     finally:
         server.stop()
+        shutil.rmtree(state, ignore_errors=True)
     return EXIT_OK
 
 

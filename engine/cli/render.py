@@ -65,7 +65,7 @@ def run_json(info: RunInfo) -> dict[str, Any]:
     }
 
 
-def show_status(info: RunInfo) -> None:
+def show_status(info: RunInfo, *, result: bool = True) -> None:
     console.print(
         f"[bold]{info.run_id}[/]  workflow [bold]{info.workflow}[/]  {_styled(info.status)}  tenant {info.tenant}"
     )
@@ -80,7 +80,7 @@ def show_status(info: RunInfo) -> None:
             seconds = f"{t.seconds:.2f}" if t.seconds is not None else ""
             table.add_row(str(n), t.name, t.kind, _styled(t.status), str(t.attempt), seconds)
         console.print(table)
-    if info.status == "COMPLETED":
+    if result and info.status == "COMPLETED":
         console.print("[bold]result:[/]", to_jsonable(info.result))
     if info.error:
         console.print("[bold red]error:[/]")

@@ -1,0 +1,177 @@
+"""`gangflow dev` as a user runs it: start, run a detached pipeline, stop the whole stack mid-run,
+start it again on the same state dir, and the run completes; no process is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import ROOT
+
+from engine.runtime import free_port
+
+
+def _children(pid: int) -> list[int]:
+    """Every live descendant of pid (from /proc)."""
+    found, frontier = [], [pid]
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            parents.setdefault(ppid, []).append(int(entry.name))
+    while frontier:
+        kids = parents.get(frontier.pop(), [])
+        found += kids
+        frontier += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+class DevStack:
+    def __init__(self, state: Path, port: int, ui_port: int) -> None:
+        self.state, self.port, self.ui_port = state, port, ui_port
+        self.env = dict(
+            os.environ,
+            GANGFLOW_ADDRESS=f"127.0.0.1:{port}",
+            GANGFLOW_ARTIFACTS=str(state / "artifacts"),
+            GANGFLOW_CACHE=str(state / "cache"),
+            PYTHONUNBUFFERED="1",
+        )
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "dev",
+            "--headless",
+            "--port",
+            str(self.port),
+            "--ui-port",
+            str(self.ui_port),
+            "--state-dir",
+            str(self.state),
+        ]
+        self.log = open(self.state.parent / f"dev-{self.port}.log", "a")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True, env=self.env, cwd=ROOT)
+        deadline = time.monotonic() + 30
+        while "gangflow run" not in Path(self.log.name).read_text():
+            assert self.proc.poll() is None and time.monotonic() < deadline, Path(self.log.name).read_text()
+            time.sleep(0.1)
+        time.sleep(0.5)  # the worker starts polling right after the banner
+
+    def stop(self) -> list[int]:
+        """SIGTERM, as a service manager would; returns the descendants that were alive before."""
+        assert self.proc is not None
+        kids = _children(self.proc.pid)
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(20) == 0
+        self.log.close()
+        return kids
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "engine.cli", *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=ROOT,
+            timeout=timeout,
+        )
+
+
+def test_dev_stack_restart_keeps_detached_run_and_leaves_no_orphans(tmp_path):
+    stack = DevStack(tmp_path / "state", free_port(), free_port())
+    stack.start()
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    started = stack.cli(
+        "run",
+        "tests/fixtures/flows.py:steps",
+        "--marker-dir",
+        str(markers),
+        "--count",
+        "4",
+        "--seconds",
+        "1",
+        "--detach",
+        "--json",
+    )
+    assert started.returncode == 0, started.stderr
+    run_id = json.loads(started.stdout)["run_id"]
+    deadline = time.monotonic() + 30
+    while not list(markers.glob("step1.*")):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+    before = stack.stop()  # the whole stack goes down mid-run
+    assert before, "gangflow dev should have started the temporal server as a child"
+    time.sleep(0.5)
+    assert [pid for pid in before if _alive(pid)] == []  # no orphan server or worker
+
+    stack.start()  # same state dir: history, search attributes and artifacts are all still there
+    listed = stack.cli("list", "--status", "running", "--json")
+    assert run_id in [r["run_id"] for r in json.loads(listed.stdout)]
+    status = stack.cli("status", run_id, "--json")
+    assert json.loads(status.stdout)["status"] == "RUNNING"
+    deadline = time.monotonic() + 60
+    while json.loads(stack.cli("status", run_id, "--json").stdout)["status"] == "RUNNING":
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    final = json.loads(stack.cli("status", run_id, "--json").stdout)
+    assert final["status"] == "COMPLETED" and final["result"] == [0, 1, 2, 3]
+    assert len(list(markers.glob("step0.*"))) == 1  # finished before the restart: not run again
+    human = stack.cli("status", run_id)
+    assert "COMPLETED" in human.stdout and "step" in human.stdout
+
+    cancelled = stack.cli(
+        "run", "tests/fixtures/flows.py:steps", "--marker-dir", str(markers), "--count", "9", "--detach", "--json"
+    )
+    other = json.loads(cancelled.stdout)["run_id"]
+    assert stack.cli("cancel", other).returncode == 0
+    deadline = time.monotonic() + 30
+    while json.loads(stack.cli("status", other, "--json").stdout)["status"] == "RUNNING":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    assert json.loads(stack.cli("status", other, "--json").stdout)["status"] == "CANCELED"
+    assert stack.cli("status", "no-such-run").returncode == 1
+    stack.stop()
+
+
+def test_failed_run_exits_1_with_the_error(server, worker, artifacts):
+    env = dict(os.environ, GANGFLOW_ADDRESS=server.address, GANGFLOW_ARTIFACTS=artifacts)
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "run", "tests/fixtures/flows.py:failing"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "task 'boom' failed: ValueError: bad things" in done.stderr
+
+
+def test_unreachable_server_is_a_clear_error():
+    env = dict(os.environ, GANGFLOW_ADDRESS=f"127.0.0.1:{free_port()}")
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "list"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
+    )
+    assert done.returncode == 1 and "cannot reach Temporal" in done.stderr
