@@ -26,8 +26,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from engine.artifacts import ArtifactStore, default_artifact_root, pack_code
 from engine.core.definitions import WorkflowDefinition, definition_of
-from engine.core.errors import InputError
 from engine.core.wire import CodeRef, Envelope, RunContext
+from engine.errors import InputError
 from engine.runtime.connection import PIPELINE, TASK_QUEUE, TENANT, Endpoint, connect
 from engine.runtime.history import TaskRecord, read_tasks
 from engine.types.codec import unpack

@@ -14,7 +14,7 @@ from typing import Any
 from engine.artifacts.store import ArtifactStore
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
 from engine.core.dispatch import using_dispatcher
-from engine.core.errors import InputError
+from engine.errors import InputError
 from engine.types.codec import check_payload_size, pack, unpack
 
 __all__ = ["LocalDispatcher", "run_local"]

@@ -35,9 +35,9 @@ from temporalio.exceptions import (
 
 from engine.core.definitions import TaskDefinition, WorkflowDefinition
 from engine.core.dispatch import using_dispatcher
-from engine.core.errors import GangflowError
 from engine.core.resources import Retry
 from engine.core.wire import CodeRef, Envelope
+from engine.errors import GangflowError
 from engine.types.codec import check_payload_size, pack, unpack
 
 __all__ = [

@@ -22,7 +22,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 
 from engine.client import Client, load_workflow_file, prepare_run, to_jsonable
-from engine.core.errors import DefinitionError, GangflowError
+from engine.errors import DefinitionError, GangflowError
 from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
 from engine.runtime.history import read_tasks
 

@@ -13,8 +13,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from engine.core.errors import InputError
 from engine.core.interface import Interface, Param
+from engine.errors import InputError
 
 __all__ = ["parse_params"]
 

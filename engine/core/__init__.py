@@ -2,15 +2,15 @@
 
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, task, workflow
 from engine.core.dispatch import Dispatcher, current_dispatcher, using_dispatcher
-from engine.core.errors import (
+from engine.core.interface import Interface, Param
+from engine.core.resources import Resources, Retry
+from engine.errors import (
     DefinitionError,
     GangflowError,
     InputError,
     PayloadTooLargeError,
     TypeMismatchError,
 )
-from engine.core.interface import Interface, Param
-from engine.core.resources import Resources, Retry
 
 __all__ = [
     "DefinitionError",

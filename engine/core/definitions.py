@@ -16,9 +16,9 @@ from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 from engine.core.dispatch import DirectDispatcher, current_dispatcher, using_dispatcher
-from engine.core.errors import DefinitionError
 from engine.core.interface import Interface
 from engine.core.resources import Resources, Retry, to_timedelta
+from engine.errors import DefinitionError
 
 __all__ = [
     "TaskDefinition",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.core.errors import DefinitionError, InputError
+from engine.errors import DefinitionError, InputError
 from engine.types.codec import ValueCodec
 
 __all__ = ["Interface", "Param"]

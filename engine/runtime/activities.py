@@ -23,8 +23,8 @@ from temporalio.exceptions import ApplicationError
 
 from engine.artifacts.store import ArtifactStore
 from engine.core.definitions import TaskDefinition
-from engine.core.errors import GangflowError
 from engine.core.wire import Envelope
+from engine.errors import GangflowError
 from engine.runtime import logs
 from engine.runtime.code import LOADER, CodeNotFoundError
 from engine.types.codec import check_payload_size, pack

@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
-from engine.core.errors import PayloadTooLargeError, TypeMismatchError
+from engine.errors import PayloadTooLargeError, TypeMismatchError
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",

@@ -1,4 +1,4 @@
-"""Errors raised by the authoring layer.
+"""Errors gangflow raises on purpose (a leaf module: the pure packages and user code import it).
 
 They are plain exceptions (no Temporal import) so the pure packages and user code can raise and catch
 them; the runtime maps them onto Temporal failure types by their ``kind``.
