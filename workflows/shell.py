@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import traceback
+from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Protocol
@@ -205,16 +206,18 @@ class UserWorkflow:
     """Runs one user workflow; its type name is the user's workflow name."""
 
     def __init__(self) -> None:
-        self.running: list[str] = []
+        self.running: Counter[str] = Counter()  # task name -> calls in flight
         self.done = 0
         self.failed = 0
 
     def task_started(self, name: str) -> None:
-        self.running.append(name)
+        self.running[name] += 1
         self._details()
 
     def task_finished(self, name: str, *, failed: bool) -> None:
-        self.running.remove(name)
+        self.running[name] -= 1
+        if not self.running[name]:
+            del self.running[name]
         if failed:
             self.failed += 1
         else:
@@ -222,12 +225,17 @@ class UserWorkflow:
         self._details()
 
     def _details(self) -> None:
-        now = ", ".join(sorted(set(self.running))) or "—"
+        now = ", ".join(f"{n} ×{c}" if c > 1 else n for n, c in sorted(self.running.items())) or "—"
         workflow.set_current_details(f"**running:** {now} · **done:** {self.done} · **failed:** {self.failed}")
 
     @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> dict[str, Any]:
-        return {"running": list(self.running), "done": self.done, "failed": self.failed}
+        return {
+            "running": sorted(self.running),
+            "in_flight": sum(self.running.values()),
+            "done": self.done,
+            "failed": self.failed,
+        }
 
     @workflow.run
     async def run(self, args: Sequence[RawValue]) -> bytes:

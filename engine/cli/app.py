@@ -127,7 +127,7 @@ async def _follow(client: Client, run_id: str, quiet: bool) -> Any:
         while not waiter.done():
             progress = await client.progress(run_id)
             if progress:
-                running = ", ".join(sorted(set(progress["running"]))) or "—"
+                running = ", ".join(progress["running"]) or "—"
                 spinner.update(f"{run_id}: running [bold]{running}[/] · {progress['done']} done")
             await asyncio.wait({waiter}, timeout=0.5)
     return waiter.result()

@@ -15,7 +15,8 @@ import inspect
 import os
 import tempfile
 from collections.abc import Sequence
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TextIO
 
 from temporalio import activity
 from temporalio.common import RawValue
@@ -29,7 +30,7 @@ from engine.runtime import logs
 from engine.runtime.code import LOADER, CodeNotFoundError
 from engine.types.codec import check_payload_size, pack
 
-__all__ = ["run_task", "store_for"]
+__all__ = ["configure_threads", "run_task", "store_for"]
 
 
 @functools.lru_cache(maxsize=32)
@@ -37,8 +38,19 @@ def store_for(root: str) -> ArtifactStore:
     return ArtifactStore(root)
 
 
+_threads: ThreadPoolExecutor | None = None
+
+
+def configure_threads(count: int) -> None:
+    """Size the pool that runs task bodies to the worker's activity limit (asyncio's default pool has
+    only cores + 4 threads, which would cap a 2-core worker at 6 concurrent tasks)."""
+    global _threads
+    if _threads is None or _threads._max_workers != count:
+        _threads = ThreadPoolExecutor(max_workers=count, thread_name_prefix="gangflow-task")
+
+
 def _call(defn: TaskDefinition, inputs: dict[str, Any]) -> Any:
-    """Runs in a worker thread: the task body, with its own event loop if it is async."""
+    """The task body, with its own event loop if it is async."""
     if defn.is_async:
         return asyncio.run(defn.fn(**inputs))
     result = defn.fn(**inputs)
@@ -47,58 +59,78 @@ def _call(defn: TaskDefinition, inputs: dict[str, Any]) -> Any:
     return result
 
 
-async def _run_heartbeating(defn: TaskDefinition, inputs: dict[str, Any], log: Any) -> Any:
-    info = activity.info()
-    with logs.capture(log):  # the copied context carries the log into the task's thread
-        context = contextvars.copy_context()
-    work = asyncio.ensure_future(asyncio.to_thread(context.run, _call, defn, inputs))
-    if info.is_local:
-        return await work
-    interval = max(0.5, min(5.0, defn.heartbeat_timeout.total_seconds() / 4))
-    while True:
-        done, _ = await asyncio.wait({work}, timeout=interval)
-        if done:
-            return work.result()
-        activity.heartbeat()
+class _TaskLog:
+    """A task attempt's log file, created on the first write (most tasks print nothing; opening a file
+    per task would be the biggest per-task cost of a fan-out). Remote stores get the file on close."""
+
+    def __init__(self, store: ArtifactStore, run_id: str, task: str, info: activity.Info) -> None:
+        self.store = store
+        self.target = store.log_path(run_id, f"{task}.{info.activity_id}.attempt{info.attempt}.log")
+        self.handle: TextIO | None = None
+
+    def write(self, text: str) -> int:
+        if self.handle is None:
+            if self.store.local:
+                os.makedirs(os.path.dirname(self.target), exist_ok=True)
+                self.handle = open(self.target, "w", encoding="utf-8", buffering=1)  # noqa: SIM115
+            else:
+                self.handle = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False, encoding="utf-8")  # noqa: SIM115
+        return self.handle.write(text)
+
+    def flush(self) -> None:
+        if self.handle is not None:
+            self.handle.flush()
+
+    def close(self) -> None:
+        if self.handle is None:
+            return
+        self.handle.close()
+        if not self.store.local:
+            self.store.fs.put_file(self.handle.name, self.target)
+            os.unlink(self.handle.name)
 
 
-def _open_log(store: ArtifactStore, envelope: Envelope, defn: TaskDefinition) -> tuple[Any, str | None]:
-    info = activity.info()
-    name = f"{defn.name}.{info.activity_id}.attempt{info.attempt}.log"
-    if store.local:
-        path = store.log_path(envelope.run.run_id, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return open(path, "w", encoding="utf-8", buffering=1), None
-    handle = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False, encoding="utf-8")  # noqa: SIM115
-    return handle, store.log_path(envelope.run.run_id, name)
+def _non_retryable(exc: GangflowError | CodeNotFoundError) -> ApplicationError:
+    kind = exc.kind if isinstance(exc, GangflowError) else "CodeNotFound"
+    return ApplicationError(str(exc), type=kind, non_retryable=True)
+
+
+def _execute(envelope: Envelope, info: activity.Info) -> bytes:
+    """Everything that blocks, on a task thread, so the worker's event loop (which also runs workflows
+    and heartbeats) never waits on code loading, downloads, the task body or uploads."""
+    try:
+        defn = LOADER.load(envelope.code)
+        if not isinstance(defn, TaskDefinition):
+            raise CodeNotFoundError(f"{envelope.code.qualname} is not a @task")
+        store = store_for(envelope.run.artifacts)
+        context = store.context()
+        inputs = defn.interface.inputs_from_wire(envelope.inputs, context)
+    except (GangflowError, CodeNotFoundError) as exc:
+        raise _non_retryable(exc) from exc
+    log = _TaskLog(store, envelope.run.run_id, defn.name, info)
+    try:
+        with logs.capture(log):  # type: ignore[arg-type]
+            result = _call(defn, inputs)
+    finally:
+        log.close()
+    try:
+        wire = defn.interface.output_to_wire(result, context)
+        return check_payload_size(pack(wire), f"the return value of task {defn.name!r}")
+    except GangflowError as exc:
+        raise _non_retryable(exc) from exc
 
 
 @activity.defn(dynamic=True)
 async def run_task(args: Sequence[RawValue]) -> bytes:
     envelope = Envelope.decode(activity.payload_converter().from_payload(args[0].payload, bytes))
-    try:
-        defn = LOADER.load(envelope.code)
-    except CodeNotFoundError as exc:
-        raise ApplicationError(str(exc), type="CodeNotFound", non_retryable=True) from exc
-    if not isinstance(defn, TaskDefinition):
-        raise ApplicationError(f"{envelope.code.qualname} is not a @task", type="CodeNotFound", non_retryable=True)
-    store = store_for(envelope.run.artifacts)
-    context = store.context()
-    try:
-        inputs = defn.interface.inputs_from_wire(envelope.inputs, context)
-    except GangflowError as exc:
-        raise ApplicationError(str(exc), type=exc.kind, non_retryable=True) from exc
-    log, remote = _open_log(store, envelope, defn)
-    try:
-        result = await _run_heartbeating(defn, inputs, log)
-    finally:
-        log.close()
-        if remote is not None:
-            store.fs.put_file(log.name, remote)
-            os.unlink(log.name)
-    try:
-        return check_payload_size(
-            pack(defn.interface.output_to_wire(result, context)), f"the return value of task {defn.name!r}"
-        )
-    except GangflowError as exc:
-        raise ApplicationError(str(exc), type=exc.kind, non_retryable=True) from exc
+    info = activity.info()
+    loop = asyncio.get_running_loop()
+    work = loop.run_in_executor(_threads, contextvars.copy_context().run, _execute, envelope, info)
+    if info.is_local or not info.heartbeat_timeout:
+        return await work
+    interval = max(0.5, min(5.0, info.heartbeat_timeout.total_seconds() / 4))
+    while True:
+        done, _ = await asyncio.wait({work}, timeout=interval)
+        if done:
+            return work.result()
+        activity.heartbeat()

@@ -10,7 +10,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from engine.runtime import logs
-from engine.runtime.activities import run_task
+from engine.runtime.activities import configure_threads, run_task
 from engine.runtime.code import LOADER
 from engine.runtime.connection import TASK_QUEUE
 from workflows.shell import UserWorkflow, configure
@@ -37,6 +37,7 @@ def build_worker(
     (eager activity dispatch), which roughly halves the per-task latency.
     """
     configure(LOADER)
+    configure_threads(max_concurrent_activities)
     logs.install()
     return Worker(
         client,

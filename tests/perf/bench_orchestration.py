@@ -184,7 +184,10 @@ def main() -> None:
                 handles = await asyncio.gather(
                     *(
                         tc.start_workflow(
-                            "BaselineSingle", k, id=f"single-{uuid.uuid4().hex[:8]}", task_queue=BASELINE_QUEUE,
+                            "BaselineSingle",
+                            k,
+                            id=f"single-{uuid.uuid4().hex[:8]}",
+                            task_queue=BASELINE_QUEUE,
                             result_type=int,
                         )
                         for k in range(WORKFLOWS_N)
@@ -264,15 +267,18 @@ async def profile_history(client, workflow_id: str, label: str, log) -> None:  #
     """Mean gap (ms) between consecutive history events, by (previous, next) event type: shows whether
     time goes to the worker (workflow task / activity processing) or to the server."""
     from collections import defaultdict
+    from itertools import pairwise
 
     from temporalio.api.enums.v1 import EventType
+
+    def name(event) -> str:  # type: ignore[no-untyped-def]
+        return str(EventType.Name(event.event_type)).removeprefix("EVENT_TYPE_")
 
     history = await client.get_workflow_handle(workflow_id).fetch_history()
     events = list(history.events)
     gaps: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for prev, cur in zip(events, events[1:], strict=False):
+    for prev, cur in pairwise(events):
         dt = (cur.event_time.ToDatetime() - prev.event_time.ToDatetime()).total_seconds() * 1000
-        name = lambda e: EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")  # noqa: E731
         gaps[(name(prev), name(cur))].append(dt)
     total = (events[-1].event_time.ToDatetime() - events[0].event_time.ToDatetime()).total_seconds() * 1000
     log(f"\n[{label}] {workflow_id}: {len(events)} events, {total:.0f} ms first→last event")
