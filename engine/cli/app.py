@@ -216,7 +216,7 @@ async def cmd_logs(args: argparse.Namespace) -> int:
 
 
 async def _serve(endpoint: Endpoint, modules: Sequence[str] = (), task_queue: str = TASK_QUEUE) -> None:
-    temporal = await connect(endpoint)
+    temporal = await connect(endpoint, wait=30)
     await ensure_search_attributes(temporal)
     preload(modules)
     async with build_worker(temporal, task_queue=task_queue):
@@ -226,7 +226,7 @@ async def _serve(endpoint: Endpoint, modules: Sequence[str] = (), task_queue: st
 async def cmd_worker(args: argparse.Namespace) -> int:
     endpoint = Endpoint.resolve(args.address, args.namespace)
     try:
-        await connect(endpoint)
+        await connect(endpoint, wait=30)
     except RuntimeError as exc:
         raise CliError(f"cannot reach Temporal at {endpoint.address}: {exc}") from None
     console.print(f"gangflow worker on {endpoint.address} (namespace {endpoint.namespace}, queue {args.task_queue})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass
 
@@ -45,8 +46,18 @@ class Endpoint:
         )
 
 
-async def connect(endpoint: Endpoint) -> Client:
-    return await Client.connect(endpoint.address, namespace=endpoint.namespace)
+async def connect(endpoint: Endpoint, *, wait: float = 0.0) -> Client:
+    """Connect; with ``wait`` > 0 keep trying that many seconds (a worker started beside a server that
+    is still booting, or restarting, should wait for it rather than exit)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while True:
+        try:
+            return await Client.connect(endpoint.address, namespace=endpoint.namespace)
+        except RuntimeError:
+            if loop.time() >= deadline:
+                raise
+            await asyncio.sleep(0.25)
 
 
 async def ensure_search_attributes(client: Client) -> None:

@@ -119,15 +119,27 @@ class DevServer:
                 preexec_fn=set_parent_death_signal,
             )
         deadline = time.monotonic() + timeout
-        while not _port_open(self.port):
+        # The port opens before the frontend serves (clients then get "Frontend is not healthy yet"):
+        # wait for the server's own health check to say SERVING.
+        while not (_port_open(self.port) and self._healthy()):
             if self.process.poll() is not None:
                 tail = self.log_file.read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"the Temporal dev server exited with code {self.process.returncode}:\n{tail}")
             if time.monotonic() > deadline:
                 self.stop()
-                raise TimeoutError(f"the Temporal dev server did not open port {self.port} within {timeout:.0f} s")
+                raise TimeoutError(f"the Temporal dev server was not healthy within {timeout:.0f} s")
             time.sleep(0.05)
         return self
+
+    def _healthy(self) -> bool:
+        check = subprocess.run(
+            [find_temporal_binary(), "operator", "cluster", "health", "--address", self.address],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        return "SERVING" in check.stdout
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.process = self.process, None
