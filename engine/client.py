@@ -31,6 +31,7 @@ from engine.errors import InputError
 from engine.runtime.connection import PIPELINE, TASK_QUEUE, TENANT, Endpoint, connect
 from engine.runtime.history import TaskRecord, read_tasks
 from engine.types.codec import unpack
+from workflows.scheduler import SCHEDULER_ID
 from workflows.shell import PROGRESS_QUERY
 
 __all__ = ["Client", "RunInfo", "load_workflow_file", "prepare_run", "to_jsonable"]
@@ -244,11 +245,17 @@ class Client:
             )
         return found
 
+    async def queue(self) -> dict[str, Any]:
+        """The Scheduler's view: nodes, free and used GPUs, running gangs, the pending queue."""
+        handle = self.temporal.get_workflow_handle(SCHEDULER_ID)
+        return await handle.query("describe")  # type: ignore[no-any-return]
+
     async def cancel(self, run_id: str) -> None:
         await self.handle(run_id).cancel()
 
-    async def logs(self, run_id: str, task: str | None = None) -> list[tuple[str, str]]:
-        """(file name, text) of each captured task log of a run, oldest first."""
+    async def logs(self, run_id: str, task: str | None = None, rank: int | None = None) -> list[tuple[str, str]]:
+        """(file name, text) of each captured task log of a run, oldest first; ``rank`` picks one rank's
+        log of a distributed task."""
         desc = await self.handle(run_id).describe()
         root = ((await desc.memo()).get("gangflow") or {}).get("artifacts") or self.artifacts
         store = ArtifactStore(root)
@@ -259,7 +266,8 @@ class Client:
         out = []
         for entry in entries:
             name = entry["name"].rsplit("/", 1)[-1]
-            if task is None or name.split(".", 1)[0] == task:
+            stem = name.split(".", 1)[0]  # "<task>" for plain tasks, "<task>-<call>" for distributed ones
+            if (task is None or task in (stem, stem.rsplit("-", 1)[0])) and (rank is None or f".rank{rank}." in name):
                 with store.fs.open(entry["name"], "r") as handle:
                     out.append((name, handle.read()))
         return out

@@ -116,6 +116,70 @@ def spawn_worker(server: DevServer, tmp_path: Path) -> Iterator[Callable[[str], 
         proc.stop()
 
 
+class NodeAgent:
+    """``gangflow node`` as a real child process standing in for one GPU server."""
+
+    def __init__(self, address: str, node_id: str, gpus: int, home: Path) -> None:
+        self.node_id = node_id
+        home.mkdir(parents=True, exist_ok=True)
+        self.log = home / f"{node_id}.log"
+        env = dict(os.environ, GANGFLOW_CACHE=str(home / "cache"), PYTHONUNBUFFERED="1")
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "engine.cli",
+                    "node",
+                    "--node-id",
+                    node_id,
+                    "--gpus",
+                    str(gpus),
+                    "--cpus",
+                    "4",
+                    "--address",
+                    address,
+                    "--advertise-addr",
+                    "127.0.0.1",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
+
+
+@pytest.fixture(scope="session")
+def cluster(server: DevServer, worker: WorkerProcess, state_root: Path) -> Iterator[list[NodeAgent]]:
+    """Two node agents with two GPU slots each, registered with the Scheduler."""
+    import asyncio
+
+    from engine.client import Client
+    from engine.runtime import Endpoint, connect
+
+    nodes = [NodeAgent(server.address, f"node-{i}", 2, state_root / "nodes") for i in range(2)]
+
+    async def registered() -> int:
+        client = Client(await connect(Endpoint.resolve(server.address)))
+        try:
+            return int((await client.queue())["totals"]["alive_nodes"])
+        except Exception:
+            return 0
+
+    deadline = time.monotonic() + 60
+    while asyncio.run(registered()) < 2:
+        assert time.monotonic() < deadline, "node agents did not register"
+        time.sleep(0.3)
+    yield nodes
+    for node in nodes:
+        node.stop()
+
+
 @pytest.fixture
 def artifacts(state_root: Path) -> str:
     return str(state_root / "artifacts")

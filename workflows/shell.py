@@ -40,6 +40,7 @@ from engine.core.resources import Retry
 from engine.core.wire import CodeRef, Envelope
 from engine.errors import GangflowError
 from engine.types.codec import check_payload_size, pack, unpack
+from workflows.gang import GANG_TYPE, GangSpec
 
 __all__ = [
     "NON_RETRYABLE_TYPES",
@@ -115,23 +116,17 @@ class _TemporalDispatcher:
         self.envelope = envelope
         self.resolver = _get_resolver()
         self.child_seq = 0
+        self.calls: dict[str, int] = {}
 
     async def run_task(self, task: TaskDefinition, inputs: dict[str, Any]) -> Any:
-        if task.plugin is not None:
-            raise ApplicationError(
-                f"task {task.name!r} is a distributed task (plugin={type(task.plugin).__name__}); "
-                "distributed execution is not available in this version of gangflow",
-                type="DefinitionError",
-                non_retryable=True,
-            )
         wire = task.interface.inputs_to_wire(inputs)
         blob = Envelope(self.resolver.ref_for(task), wire, self.envelope.run).encode(
             f"the inputs of task {task.name!r}"
         )
         self.shell.task_started(task.name)
         try:
-            result = await self._execute(task, blob)
-        except ActivityError as err:
+            result = await (self._run_gang(task, blob) if task.gang is not None else self._execute(task, blob))
+        except (ActivityError, ChildWorkflowError) as err:
             self.shell.task_finished(task.name, failed=True)
             if is_cancelled_exception(err):
                 raise  # the run was cancelled: let Temporal record it as cancelled, not failed
@@ -142,6 +137,34 @@ class _TemporalDispatcher:
             ) from err
         self.shell.task_finished(task.name, failed=False)
         return task.interface.output_from_wire(unpack(result))
+
+    async def _run_gang(self, task: TaskDefinition, blob: bytes) -> bytes:
+        """A distributed task: a GangRun child workflow places and launches its ranks."""
+        assert task.gang is not None
+        self.calls[task.name] = self.calls.get(task.name, 0) + 1
+        call = f"{task.name}-{self.calls[task.name]}"
+        info = workflow.info()
+        spec = GangSpec(
+            task=task.name,
+            call=call,
+            nnodes=task.gang.nnodes,
+            nproc_per_node=task.gang.nproc_per_node,
+            gpus_per_node=task.gang.gpus_per_node,
+            cpus_per_node=task.gang.cpus_per_node,
+            mem_per_node=task.gang.mem_per_node,
+            timeout_s=task.timeout.total_seconds(),
+            heartbeat_timeout_s=task.heartbeat_timeout.total_seconds(),
+            tenant=self.envelope.run.tenant,
+        )
+        return await workflow.execute_child_workflow(  # type: ignore[no-any-return]
+            GANG_TYPE,
+            args=[spec, blob],
+            id=f"{info.workflow_id}.{call}",
+            task_queue=info.task_queue,
+            result_type=bytes,
+            memo={"gangflow_task": task.name},
+            static_summary=f"{task.name}: {task.gang.nnodes} node(s) × {task.gang.nproc_per_node} rank(s)",
+        )
 
     async def _execute(self, task: TaskDefinition, blob: bytes) -> bytes:
         summary = task.name if task.version is None else f"{task.name} (v{task.version})"

@@ -11,6 +11,8 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -19,15 +21,20 @@ from typing import Any
 
 from rich.markup import escape
 from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError
 
 from engine.client import Client, load_workflow_file, prepare_run, to_jsonable
+from engine.core.resources import parse_memory
 from engine.errors import DefinitionError, GangflowError
+from engine.executor.gpus import detect_gpus
+from engine.executor.process import set_parent_death_signal
 from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
 from engine.runtime.history import read_tasks
+from engine.runtime.node import NodeConfig, run_node
 
 from .params import parse_params
-from .render import console, err_console, print_json, run_json, show_runs, show_status
+from .render import console, err_console, print_json, run_json, show_queue, show_runs, show_status
 
 __all__ = ["build_parser", "main"]
 
@@ -54,6 +61,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ui-port", type=int, default=8233)
     p.add_argument("--state-dir", default=".gangflow", help="sqlite state and artifacts (default .gangflow)")
     p.add_argument("--headless", action="store_true", help="no Web UI")
+    p.add_argument("--nodes", type=int, default=0, help="node agents to start on this machine (default 0)")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="GPU slots per node agent (logical on a CPU box)")
+
+    p = sub.add_parser("node", help="run a node agent: the executor of distributed tasks on this machine")
+    p.add_argument("--node-id", required=True)
+    p.add_argument("--gpus", type=int, help="GPUs to offer (default: what nvidia-smi reports, else 0)")
+    p.add_argument("--cpus", type=float, help="CPUs to offer (default: all)")
+    p.add_argument("--mem", help="memory to offer, e.g. 64Gi (default: all)")
+    p.add_argument("--advertise-addr", help="address other nodes reach this one at (default: this host's IP)")
+    p.add_argument("--task-queue", default=TASK_QUEUE, help="the workflow workers' queue (default %(default)s)")
+    _connection_args(p)
+
+    p = sub.add_parser("queue", help="nodes, free and used GPUs, running gangs and the pending queue")
+    _connection_args(p)
+    p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("worker", help="run a workflow + CPU task worker against a running Temporal")
     _connection_args(p)
@@ -90,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("logs", help="print the captured output of a run's tasks")
     p.add_argument("run_id")
     p.add_argument("--task", help="only this task")
+    p.add_argument("--rank", type=int, help="only this rank of a distributed task")
     _connection_args(p)
 
     p = sub.add_parser("demo", help="run examples/quickstart.py on a throwaway embedded stack")
@@ -206,9 +229,10 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
 
 async def cmd_logs(args: argparse.Namespace) -> int:
     client = await _client(args)
-    files = await client.logs(args.run_id, args.task)
+    files = await client.logs(args.run_id, args.task, args.rank)
     if not files:
-        raise CliError(f"no logs for run {args.run_id}" + (f" task {args.task}" if args.task else ""))
+        what = (f" task {args.task}" if args.task else "") + (f" rank {args.rank}" if args.rank is not None else "")
+        raise CliError(f"no logs for run {args.run_id}{what}")
     for name, text in files:
         console.rule(name)
         sys.stdout.write(text)
@@ -234,6 +258,105 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _host_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _total_memory() -> int | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+async def cmd_node(args: argparse.Namespace) -> int:
+    try:
+        config = NodeConfig(
+            node_id=args.node_id,
+            address=args.advertise_addr or _host_address(),
+            gpus=detect_gpus() if args.gpus is None else args.gpus,
+            cpus=float(args.cpus or os.cpu_count() or 1),
+            mem=parse_memory(args.mem) if args.mem else _total_memory(),
+            scheduler_queue=args.task_queue,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    endpoint = Endpoint.resolve(args.address, args.namespace)
+    try:
+        client = await connect(endpoint, wait=30)
+    except RuntimeError as exc:
+        raise CliError(f"cannot reach Temporal at {endpoint.address}: {exc}") from None
+    console.print(
+        f"gangflow node {config.node_id} on {endpoint.address}: {config.gpus} GPU(s), {config.cpus:g} CPU(s), "
+        f"reachable at {config.address}; queue node/{config.node_id}"
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await run_node(client, config, stop)
+    return EXIT_OK
+
+
+async def cmd_queue(args: argparse.Namespace) -> int:
+    client = await _client(args)
+    try:
+        data = await client.queue()
+    except (RPCError, TemporalError) as exc:
+        raise CliError(f"no scheduler answered ({exc}); are node agents running?") from None
+    if args.json:
+        print_json(data)
+    else:
+        show_queue(data)
+    return EXIT_OK
+
+
+def _spawn_nodes(address: str, count: int, gpus: int, state: Path) -> list[subprocess.Popen[bytes]]:
+    """Node agents beside the dev worker, each a real ``gangflow node`` process standing in for a server."""
+    procs = []
+    for i in range(count):
+        log = open(state / f"node-{i}.log", "ab")  # noqa: SIM115 - owned by the child
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "engine.cli",
+                    "node",
+                    "--node-id",
+                    f"node-{i}",
+                    "--gpus",
+                    str(gpus),
+                    "--address",
+                    address,
+                    "--advertise-addr",
+                    "127.0.0.1",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=set_parent_death_signal,
+            )
+        )
+    return procs
+
+
+def _stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 15.0) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 async def cmd_dev(args: argparse.Namespace) -> int:
     state = Path(args.state_dir).resolve()
     server = DevServer(state, port=args.port, ui_port=args.ui_port, ui=not args.headless)
@@ -249,7 +372,15 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         console.print(f"state in {state}; in another shell:")
         console.print(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
         console.print("  gangflow run examples/quickstart.py:pipeline")
-        await _serve(Endpoint.resolve(server.address, "default"))
+        nodes = _spawn_nodes(server.address, args.nodes, args.gpus_per_node, state)
+        if nodes:
+            console.print(
+                f"{len(nodes)} node agent(s) with {args.gpus_per_node} GPU slot(s) each; see 'gangflow queue'"
+            )
+        try:
+            await _serve(Endpoint.resolve(server.address, "default"))
+        finally:
+            _stop_all(nodes)
     finally:
         server.stop()
     return EXIT_OK
@@ -297,6 +428,8 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {
+    "node": cmd_node,
+    "queue": cmd_queue,
     "status": cmd_status,
     "list": cmd_list,
     "cancel": cmd_cancel,

@@ -101,3 +101,35 @@ def show_runs(runs: list[RunInfo]) -> None:
             r.close_time.strftime("%H:%M:%S") if r.close_time else "",
         )
     console.print(table if runs else "no runs")
+
+
+def show_queue(data: dict[str, Any]) -> None:
+    nodes = Table(title="nodes", show_edge=False, header_style="bold")
+    for column in ("node", "address", "alive", "GPUs free/total", "free ids", "CPUs free/total", "gangs"):
+        nodes.add_column(column)
+    for n in data.get("nodes", []):
+        nodes.add_row(
+            n["node_id"],
+            n["address"],
+            "[green]yes[/]" if n["alive"] else "[red]lost[/]",
+            f"{n['gpus_free']}/{n['gpus_total']}",
+            ",".join(map(str, n["free_gpu_ids"])),
+            f"{n['cpus_free']:g}/{n['cpus_total']:g}",
+            ", ".join(n["gangs"]),
+        )
+    console.print(nodes if data.get("nodes") else "no nodes registered")
+    if data.get("running"):
+        running = Table(title="running gangs", show_edge=False, header_style="bold")
+        for column in ("gang", "tenant", "placement"):
+            running.add_column(column)
+        for g in data["running"]:
+            where = "; ".join(f"{a['node_id']} gpus {a['gpu_ids']}" for a in g["nodes"])
+            running.add_row(g["gang_id"], g["tenant"], where)
+        console.print(running)
+    if data.get("pending"):
+        pending = Table(title="pending", show_edge=False, header_style="bold")
+        for column in ("#", "gang", "tenant", "why"):
+            pending.add_column(column)
+        for q in data["pending"]:
+            pending.add_row(str(q["position"]), q["gang_id"], q.get("tenant", ""), q.get("reason", ""))
+        console.print(pending)

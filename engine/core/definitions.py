@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 from engine.core.dispatch import DirectDispatcher, current_dispatcher, using_dispatcher
+from engine.core.gang import GangShape, gang_shape
 from engine.core.interface import Interface
 from engine.core.resources import Resources, Retry, to_timedelta
 from engine.errors import DefinitionError
@@ -64,6 +65,7 @@ class TaskDefinition:
     heartbeat_timeout: timedelta
     lightweight: bool
     plugin: Any
+    gang: GangShape | None
     is_async: bool
 
 
@@ -141,6 +143,7 @@ def task(
             raise DefinitionError(f"{owner}: a distributed task (plugin=) cannot be lightweight")
         if lightweight and resources is not None and resources.gpu:
             raise DefinitionError(f"{owner}: a lightweight task runs in the workflow worker and cannot ask for GPUs")
+        shape = gang_shape(plugin, resources or Resources(), owner) if plugin is not None else None
         defn = TaskDefinition(
             name=task_name,
             fn=func,
@@ -154,6 +157,7 @@ def task(
             heartbeat_timeout=beat or DEFAULT_HEARTBEAT_TIMEOUT,
             lightweight=lightweight,
             plugin=plugin,
+            gang=shape,
             is_async=inspect.iscoroutinefunction(func),
         )
 

@@ -22,12 +22,12 @@ from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
+from engine.artifacts.loader import LOADER, CodeNotFoundError
 from engine.artifacts.store import ArtifactStore
 from engine.core.definitions import TaskDefinition
 from engine.core.wire import Envelope
 from engine.errors import GangflowError
 from engine.runtime import logs
-from engine.runtime.code import LOADER, CodeNotFoundError
 from engine.types.codec import check_payload_size, pack
 
 __all__ = ["configure_threads", "run_task", "store_for"]

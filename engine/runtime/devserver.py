@@ -6,8 +6,6 @@ It runs as a child process that dies with its parent (a parent-death signal), ke
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -17,17 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+from engine.executor.process import set_parent_death_signal
 from engine.runtime.connection import SEARCH_ATTRIBUTES
 
-__all__ = ["DevServer", "find_temporal_binary", "free_port", "set_parent_death_signal"]
-
-_PR_SET_PDEATHSIG = 1
-
-
-def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent dies (used as a preexec_fn)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+__all__ = ["DevServer", "find_temporal_binary", "free_port"]
 
 
 def free_port() -> int:

@@ -97,7 +97,11 @@ async def read_tasks(handle: WorkflowHandle) -> tuple[list[TaskRecord], str | No
             records[event.event_id] = rec
         elif et == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
             attrs = event.start_child_workflow_execution_initiated_event_attributes
-            records[event.event_id] = TaskRecord(attrs.workflow_type.name, "workflow", scheduled=when)
+            task = attrs.memo.fields.get("gangflow_task")
+            if task is not None:  # a distributed task runs as a GangRun child workflow
+                records[event.event_id] = TaskRecord(json.loads(task.data), "gang", scheduled=when)
+            else:
+                records[event.event_id] = TaskRecord(attrs.workflow_type.name, "workflow", scheduled=when)
         elif et == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED:
             rec = records[event.child_workflow_execution_started_event_attributes.initiated_event_id]
             rec.status, rec.started = "running", when

@@ -9,10 +9,12 @@ from datetime import timedelta
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from engine.artifacts.loader import LOADER
 from engine.runtime import logs
 from engine.runtime.activities import configure_threads, run_task
-from engine.runtime.code import LOADER
 from engine.runtime.connection import TASK_QUEUE
+from workflows.gang import GangRun
+from workflows.scheduler import Scheduler
 from workflows.shell import UserWorkflow, configure
 
 __all__ = ["build_worker", "preload"]
@@ -42,7 +44,7 @@ def build_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[UserWorkflow],
+        workflows=[UserWorkflow, GangRun, Scheduler],
         activities=[run_task],
         max_concurrent_activities=max_concurrent_activities,
         max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,

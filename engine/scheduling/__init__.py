@@ -1,0 +1,56 @@
+"""The scheduling policy: node inventory, a strict-FIFO gang queue, all-or-nothing admission, placement.
+
+Pure and deterministic (standard library and pydantic only): the Scheduler workflow feeds it events and
+sends out its decisions; tests and simulations drive it without Temporal. See ``policy`` for the rules.
+"""
+
+from engine.scheduling.capacity import NodeUsage, usage
+from engine.scheduling.describe import describe
+from engine.scheduling.events import (
+    Admitted,
+    Decision,
+    Event,
+    GangReleased,
+    GangSubmitted,
+    NodeLost,
+    NodeRegistered,
+    Pending,
+    Rejected,
+)
+from engine.scheduling.model import (
+    Allocation,
+    ClusterState,
+    GangRequest,
+    NodeAssignment,
+    NodeSpec,
+    NodeState,
+    Placement,
+    QueuedGang,
+)
+from engine.scheduling.policy import pending_reasons, place, step
+
+__all__ = [
+    "Admitted",
+    "Allocation",
+    "ClusterState",
+    "Decision",
+    "Event",
+    "GangReleased",
+    "GangRequest",
+    "GangSubmitted",
+    "NodeAssignment",
+    "NodeLost",
+    "NodeRegistered",
+    "NodeSpec",
+    "NodeState",
+    "NodeUsage",
+    "Pending",
+    "Placement",
+    "QueuedGang",
+    "Rejected",
+    "describe",
+    "pending_reasons",
+    "place",
+    "step",
+    "usage",
+]

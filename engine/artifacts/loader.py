@@ -83,6 +83,12 @@ class CodeLoader:
             return importlib.import_module(f"{package}.{ref.module}")
         return importlib.import_module(ref.module)
 
+    def folder_for(self, ref: CodeRef) -> Path | None:
+        """Where a bundle's files were extracted (None for code that is not from a bundle)."""
+        if not (ref.bundle and ref.bundle_sha):
+            return None
+        return self._bundles[self._package_for(ref.bundle, ref.bundle_sha)][2]
+
     def load(self, ref: CodeRef) -> TaskDefinition | WorkflowDefinition:
         try:
             obj: object = self.import_module(ref)

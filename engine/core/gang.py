@@ -1,0 +1,197 @@
+"""Distributed tasks: the plugin contract and the rank environment every backend gives a rank.
+
+A *plugin* (``@task(plugin=PyTorch(nnodes=2, nproc_per_node=2))``) describes a gang: how many nodes,
+how many ranks per node, the framework's environment variables and, optionally, its own rank command;
+inside each rank it sets the framework up before the task body runs and tears it down after. Plugins
+are plain config objects: they never import Temporal or process machinery, and import their framework
+only inside a rank, so a workflow module that names one stays cheap to import.
+
+The rank environment is the same on every backend, so one training script runs under gangflow,
+torchrun and Kubeflow Trainer unchanged (DESIGN.md, "Contracts").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from engine.core.resources import Resources
+from engine.errors import DefinitionError
+
+__all__ = ["GangShape", "NodeLaunch", "Plugin", "RankContext", "base_rank_env", "gang_shape"]
+
+
+@dataclass(frozen=True)
+class GangShape:
+    """How a distributed task is laid out: ``nnodes`` nodes with ``nproc_per_node`` ranks each.
+    ``resources`` of the task are per node (as per pod in Flyte and Kubeflow); GPUs are split evenly
+    between the node's ranks."""
+
+    nnodes: int
+    nproc_per_node: int
+    gpus_per_node: int
+    cpus_per_node: float
+    mem_per_node: int | None
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def gpus_per_rank(self) -> int:
+        return self.gpus_per_node // self.nproc_per_node
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Where one rank sits in its gang (what the environment variables say, as one object)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+    gpu_ids: tuple[int, ...]
+    run_id: str
+    attempt: int
+    checkpoint_dir: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RankContext:
+        e = os.environ if env is None else env
+        gpus = e.get("GANGFLOW_GPU_IDS", "")
+        return cls(
+            rank=int(e["RANK"]),
+            local_rank=int(e["LOCAL_RANK"]),
+            world_size=int(e["WORLD_SIZE"]),
+            local_world_size=int(e["LOCAL_WORLD_SIZE"]),
+            node_rank=int(e["NODE_RANK"]),
+            nnodes=int(e["GANGFLOW_NNODES"]),
+            master_addr=e["MASTER_ADDR"],
+            master_port=int(e["MASTER_PORT"]),
+            gpu_ids=tuple(int(g) for g in gpus.split(",") if g),
+            run_id=e.get("GANGFLOW_RUN_ID", ""),
+            attempt=int(e.get("GANGFLOW_ATTEMPT", "0")),
+            checkpoint_dir=e.get("GANGFLOW_CHECKPOINT_DIR", ""),
+        )
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    """What a distributed-task plugin provides. See docs/plugins.md."""
+
+    nnodes: int
+    nproc_per_node: int
+
+    def rank_env(self, rank: RankContext) -> dict[str, str]:
+        """Framework variables for one rank, added to the base rank environment."""
+        ...
+
+    def command(self, rank: RankContext) -> list[str] | None:
+        """The rank's command, or None to run the task body through gangflow's rank runner."""
+        ...
+
+    def setup(self, rank: RankContext) -> None:
+        """Inside the rank, before the task body (e.g. init the process group)."""
+        ...
+
+    def teardown(self, rank: RankContext) -> None:
+        """Inside the rank, after the task body, also when it raised."""
+        ...
+
+
+def gang_shape(plugin: Any, resources: Resources, owner: str) -> GangShape:
+    """Validate a plugin's layout against the task's resources (at decoration time)."""
+    if not isinstance(plugin, Plugin):
+        raise DefinitionError(
+            f"{owner}: plugin {plugin!r} is not a gangflow plugin (it needs nnodes, nproc_per_node, "
+            "rank_env, command, setup and teardown)"
+        )
+    nnodes, nproc = plugin.nnodes, plugin.nproc_per_node
+    if not (isinstance(nnodes, int) and nnodes >= 1 and isinstance(nproc, int) and nproc >= 1):
+        raise DefinitionError(f"{owner}: nnodes and nproc_per_node must be ints >= 1, got {nnodes}, {nproc}")
+    if resources.gpu % nproc:
+        raise DefinitionError(
+            f"{owner}: resources.gpu={resources.gpu} is per node and must split evenly over nproc_per_node={nproc}"
+        )
+    return GangShape(nnodes, nproc, resources.gpu, float(resources.cpu), resources.mem_bytes)
+
+
+def base_rank_env(rank: RankContext, *, cpus_per_rank: float) -> dict[str, str]:
+    """The environment every rank gets, whatever the framework: torchrun's names, Kubeflow Trainer's
+    ``PET_*`` names, GPU pinning and gangflow's own."""
+    group = str(rank.node_rank)
+    return {
+        "RANK": str(rank.rank),
+        "LOCAL_RANK": str(rank.local_rank),
+        "WORLD_SIZE": str(rank.world_size),
+        "LOCAL_WORLD_SIZE": str(rank.local_world_size),
+        "GROUP_RANK": group,
+        "NODE_RANK": group,
+        "GROUP_WORLD_SIZE": str(rank.nnodes),
+        "ROLE_RANK": str(rank.rank),
+        "ROLE_WORLD_SIZE": str(rank.world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": rank.master_addr,
+        "MASTER_PORT": str(rank.master_port),
+        "PET_NNODES": str(rank.nnodes),
+        "PET_NPROC_PER_NODE": str(rank.local_world_size),
+        "PET_NODE_RANK": group,
+        "PET_MASTER_ADDR": rank.master_addr,
+        "PET_MASTER_PORT": str(rank.master_port),
+        "OMP_NUM_THREADS": str(max(1, int(cpus_per_rank))),
+        # a rank that asked for no GPU must not see (and grab) the node's GPUs
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in rank.gpu_ids),
+        "GANGFLOW_GPU_IDS": ",".join(str(g) for g in rank.gpu_ids),
+        "GANGFLOW_NNODES": str(rank.nnodes),
+        "GANGFLOW_RUN_ID": rank.run_id,
+        "GANGFLOW_ATTEMPT": str(rank.attempt),
+        "GANGFLOW_CHECKPOINT_DIR": rank.checkpoint_dir,
+        "TORCHELASTIC_RUN_ID": rank.run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(rank.attempt),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """What one node agent is asked to start for one attempt of a gang (sent as activity input)."""
+
+    gang_id: str
+    task: str
+    node_id: str
+    node_rank: int
+    nnodes: int
+    nproc_per_node: int
+    gpu_ids: list[int]
+    cpus_per_node: float
+    master_addr: str
+    master_port: int
+    attempt: int
+    checkpoint_dir: str
+    log_name: str
+
+    def contexts(self, run_id: str) -> list[RankContext]:
+        per_rank = len(self.gpu_ids) // self.nproc_per_node
+        return [
+            RankContext(
+                rank=self.node_rank * self.nproc_per_node + local,
+                local_rank=local,
+                world_size=self.nnodes * self.nproc_per_node,
+                local_world_size=self.nproc_per_node,
+                node_rank=self.node_rank,
+                nnodes=self.nnodes,
+                master_addr=self.master_addr,
+                master_port=self.master_port,
+                gpu_ids=tuple(self.gpu_ids[local * per_rank : (local + 1) * per_rank]),
+                run_id=run_id,
+                attempt=self.attempt,
+                checkpoint_dir=self.checkpoint_dir,
+            )
+            for local in range(self.nproc_per_node)
+        ]

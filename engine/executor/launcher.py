@@ -1,0 +1,157 @@
+"""Starting, watching and stopping the ranks a node hosts for one gang attempt.
+
+Each rank is its own process in its own process group (so a kill reaches the workers it forks), pinned
+to its GPUs through ``CUDA_VISIBLE_DEVICES``, with stdout and stderr captured to one log file. Ranks get
+SIGKILL from Linux if the node agent dies (parent-death signal), so no rank outlives its agent. A stop is
+SIGTERM to every rank's group ("save and exit"), a grace period, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.core.gang import RankContext
+from engine.executor.process import set_parent_death_signal
+
+__all__ = ["NodeGang", "RankFailure", "RankLaunch", "runner_command"]
+
+_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class RankLaunch:
+    context: RankContext
+    command: list[str]
+    env: dict[str, str]
+    log_path: str
+    runner: bool  # True: gangflow's rank runner (done markers count), False: a plugin's own command
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    local_rank: int
+    node_id: str
+    returncode: int
+    error: str | None
+    log_tail: str
+
+    @property
+    def how(self) -> str:
+        if self.returncode < 0:
+            try:
+                return f"was killed by {signal.Signals(-self.returncode).name}"
+            except ValueError:
+                return f"was killed by signal {-self.returncode}"
+        return f"exited with code {self.returncode}"
+
+    @property
+    def user_error(self) -> bool:
+        """An exception in the task body (or a plugin script's own non-zero exit), as opposed to a
+        signal from outside (OOM killer, preemption, a hung rank that was stopped)."""
+        return self.returncode > 0
+
+    def describe(self) -> str:
+        head = f"rank {self.rank} (node {self.node_id}, local rank {self.local_rank}) {self.how}"
+        if self.error:
+            head += f": {self.error.splitlines()[0]}"
+        return f"{head}\n--- last lines of rank {self.rank}'s log ---\n{self.log_tail}"
+
+
+def _tail(path: str, lines: int = _TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 16_384))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class NodeGang:
+    """The ranks of one gang attempt on this node."""
+
+    def __init__(self, node_id: str, ranks: Sequence[RankLaunch], workdir: Path, cwd: str | None = None) -> None:
+        self.node_id = node_id
+        self.ranks = list(ranks)
+        self.workdir = workdir
+        self.cwd = cwd
+        self.done_dir = workdir / "done"
+        self.error_dir = workdir / "errors"
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        self.done_dir.mkdir(parents=True, exist_ok=True)
+        self.error_dir.mkdir(parents=True, exist_ok=True)
+        for launch in self.ranks:
+            Path(launch.log_path).parent.mkdir(parents=True, exist_ok=True)
+            with open(launch.log_path, "ab") as log:
+                self.procs.append(
+                    subprocess.Popen(
+                        launch.command,
+                        env=launch.env,
+                        cwd=self.cwd,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),
+                    )
+                )
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def _succeeded(self, launch: RankLaunch, code: int) -> bool:
+        if code == 0:
+            return True
+        # finished its work (result written) but the framework aborted during interpreter shutdown
+        return launch.runner and (self.done_dir / f"rank{launch.context.rank}").exists()
+
+    def poll(self) -> RankFailure | bool:
+        """A failure as soon as one rank failed; True once every rank finished; False while running."""
+        finished = 0
+        for launch, proc in zip(self.ranks, self.procs, strict=True):
+            code = proc.poll()
+            if code is None:
+                continue
+            if not self._succeeded(launch, code):
+                error_file = self.error_dir / f"rank{launch.context.rank}"
+                error = error_file.read_text(errors="replace") if error_file.exists() else None
+                return RankFailure(
+                    launch.context.rank, launch.context.local_rank, self.node_id, code, error, _tail(launch.log_path)
+                )
+            finished += 1
+        return finished == len(self.procs)
+
+    def terminate(self, grace: float = 5.0) -> None:
+        """SIGTERM every rank's process group, wait up to ``grace`` seconds, then SIGKILL what is left."""
+        live = [p for p in self.procs if p.poll() is None]
+        for proc in live:
+            _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while any(p.poll() is None for p in live) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for proc in self.procs:  # the group may hold children even when the rank itself has exited
+            _signal_group(proc.pid, signal.SIGKILL)
+        for proc in live:
+            proc.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def runner_command(spec_path: str) -> list[str]:
+    return [sys.executable, "-m", "engine.executor.rank", spec_path]

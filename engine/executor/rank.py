@@ -1,0 +1,73 @@
+"""The rank runner: ``python -m engine.executor.rank SPEC`` is what each rank process executes.
+
+It loads the task from the run's code bundle, lets the plugin set the framework up (process group,
+coordinator), runs the task body, and hands the result back through files written *before* the
+framework is torn down: rank 0 writes the encoded result, every rank writes a done marker. The process
+then leaves with ``os._exit`` so a framework's noisy abort during interpreter shutdown cannot turn a
+finished rank into a failure (torch/gloo sometimes abort at exit after a correct run).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from engine.artifacts.loader import LOADER
+from engine.artifacts.store import ArtifactStore
+from engine.core.definitions import TaskDefinition
+from engine.core.gang import RankContext
+from engine.core.wire import Envelope
+from engine.types.codec import check_payload_size, pack, unpack
+
+__all__ = ["main", "write_atomic"]
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _run(spec: dict[str, Any], rank: RankContext) -> None:
+    envelope = Envelope.decode(spec["envelope"])
+    defn = LOADER.load(envelope.code)
+    assert isinstance(defn, TaskDefinition) and defn.plugin is not None
+    store = ArtifactStore(envelope.run.artifacts)
+    context = store.context()
+    inputs = defn.interface.inputs_from_wire(envelope.inputs, context)
+    defn.plugin.setup(rank)
+    try:
+        result = defn.fn(**inputs)
+        if rank.rank == 0:
+            wire = defn.interface.output_to_wire(result, context)
+            write_atomic(spec["result_path"], check_payload_size(pack(wire), f"the return value of {defn.name!r}"))
+        Path(spec["done_dir"], f"rank{rank.rank}").touch()
+    finally:
+        defn.plugin.teardown(rank)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    spec = unpack(Path(args[0]).read_bytes())
+    rank = RankContext.from_env()
+    code = 0
+    try:
+        _run(spec, rank)
+    except BaseException as exc:
+        traceback.print_exc()
+        report = f"{type(exc).__name__}: {exc}\n{''.join(traceback.format_exception(exc))}"
+        write_atomic(Path(spec["error_dir"], f"rank{rank.rank}"), report.encode())
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The executor on real node agents: 2 nodes × 2 GPU slots, real rank processes, gloo DDP on CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import gangs
+import pytest
+from conftest import run
+from temporalio.client import WorkflowFailureError
+
+from engine.client import Client
+from engine.runtime import Endpoint, connect
+
+
+async def _client(server, artifacts: str) -> Client:
+    return Client(await connect(Endpoint.resolve(server.address)), artifacts)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_ddp_on_two_nodes_gives_each_rank_its_environment(server, worker, cluster, artifacts):
+    async def main() -> dict:
+        client = await _client(server, artifacts)
+        run_id = await client.start(gangs.ddp, {"steps": 5})
+        result = await client.result(run_id, gangs.ddp)
+        status = await client.status(run_id)
+        assert [(t.name, t.kind, t.status) for t in status.tasks] == [("ddp_train", "gang", "completed")]
+        logs = await client.logs(run_id, "ddp_train", rank=3)
+        assert len(logs) == 1 and "rank 3 done" in logs[0][1]
+        return result
+
+    result = run(main())
+    assert result["identical"] is True  # DDP kept the four replicas in sync
+    envs = result["envs"]
+    assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "0", "1"]
+    assert [e["NODE_RANK"] for e in envs] == ["0", "0", "1", "1"] == [e["PET_NODE_RANK"] for e in envs]
+    assert {e["WORLD_SIZE"] for e in envs} == {"4"} and {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
+    assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"} and len({e["MASTER_PORT"] for e in envs}) == 1
+    assert {e["PET_NNODES"] for e in envs} == {"2"} and {e["OMP_NUM_THREADS"] for e in envs} == {"1"}
+    # each rank is pinned to its own GPU slot on its node
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "0", "1"]
+    assert {e["GANGFLOW_ATTEMPT"] for e in envs} == {"0"}
+    assert len({e["GANGFLOW_CHECKPOINT_DIR"] for e in envs}) == 1
+
+
+def test_rank_exception_fails_the_gang_with_rank_and_log_tail(server, worker, cluster, artifacts):
+    async def main() -> str:
+        client = await _client(server, artifacts)
+        started = time.monotonic()
+        run_id = await client.start(gangs.broken, {"bad_rank": 1})
+        with pytest.raises(WorkflowFailureError):
+            await client.wait(run_id)
+        assert time.monotonic() - started < 25  # the survivors (sleeping 30 s) were stopped, not awaited
+        return (await client.status(run_id)).error
+
+    error = run(main())
+    assert "task 'rank_raises' failed" in error
+    assert "rank 1 (node node-0, local rank 1) exited with code 1: ValueError: rank 1 cannot read its shard" in error
+    assert "about to fail on purpose" in error  # the tail of that rank's log
+
+
+def test_cancel_leaves_no_rank_process_behind(server, worker, cluster, artifacts, tmp_path):
+    async def main() -> list[int]:
+        client = await _client(server, artifacts)
+        run_id = await client.start(gangs.hold, {"marker_dir": str(tmp_path), "seconds": 120})
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("pid.*"))) < 4:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+        pids = [int(p.name.split(".")[1]) for p in tmp_path.glob("pid.*")]
+        assert all(_alive(pid) for pid in pids)
+        cancelled = time.monotonic()
+        await client.cancel(run_id)
+        while any(_alive(pid) for pid in pids):
+            assert time.monotonic() - cancelled < 5, "ranks must be gone within 5 s of the cancel"
+            await asyncio.sleep(0.1)
+        with pytest.raises(WorkflowFailureError):
+            await client.wait(run_id)
+        assert (await client.status(run_id)).status == "CANCELED"
+        return pids
+
+    run(main())
+
+
+def test_gangs_that_each_need_the_whole_cluster_never_overlap(server, worker, cluster, artifacts, tmp_path):
+    async def main() -> None:
+        client = await _client(server, artifacts)
+        first = await client.start(gangs.exclusive, {"marker_dir": str(tmp_path), "tag": "a"})
+        second = await client.start(gangs.exclusive, {"marker_dir": str(tmp_path), "tag": "b"})
+        assert {await client.wait(first), await client.wait(second)} == {"a", "b"}
+
+    run(main())
+    spans = sorted(
+        (float((tmp_path / f"{t}.start").read_text()), float((tmp_path / f"{t}.end").read_text())) for t in "ab"
+    )
+    assert spans[0][1] <= spans[1][0], f"the gangs overlapped: {spans}"
+
+
+def test_gang_larger_than_the_cluster_fails_at_once(server, worker, cluster, artifacts):
+    async def main() -> str:
+        client = await _client(server, artifacts)
+        started = time.monotonic()
+        run_id = await client.start(gangs.oversized_gang, {})
+        with pytest.raises(WorkflowFailureError):
+            await client.wait(run_id)
+        assert time.monotonic() - started < 10
+        return (await client.status(run_id)).error
+
+    error = run(main())
+    assert "Unschedulable" in error and "3" in error
