@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import importlib
 import sys
 import uuid
@@ -218,6 +219,11 @@ class Client:
         )
         if with_tasks:
             info.tasks, info.error = await read_tasks(handle)
+            for record in info.tasks:
+                if record.kind == "gang" and record.child_id and record.status in ("scheduled", "running"):
+                    with contextlib.suppress(RPCError, TemporalError):
+                        gang = await self.temporal.get_workflow_handle(record.child_id).query("status")
+                        record.detail = gang.get("phase")
         if desc.status == WorkflowExecutionStatus.COMPLETED:
             info.result = unpack(await handle.result())
         elif desc.status == WorkflowExecutionStatus.RUNNING:

@@ -7,6 +7,9 @@ reasons the cluster adds (durability, placement), not for types or serialization
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import subprocess
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +17,7 @@ from typing import Any
 from engine.artifacts.store import ArtifactStore
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
 from engine.core.dispatch import using_dispatcher
+from engine.core.gang import RankContext, base_rank_env
 from engine.errors import InputError
 from engine.types.codec import check_payload_size, pack, unpack
 
@@ -34,12 +38,43 @@ class LocalDispatcher:
         wire = self._roundtrip(task.interface.inputs_to_wire(inputs, ctx), f"the inputs of task {task.name!r}")
         args = task.interface.inputs_from_wire(wire, ctx)
         with using_dispatcher(None):
-            if task.is_async:
+            if task.gang is not None:
+                result = await asyncio.to_thread(self._single_rank, task, args)
+            elif task.is_async:
                 result = await task.fn(**args)
             else:
                 result = await asyncio.to_thread(task.fn, **args)
         out = self._roundtrip(task.interface.output_to_wire(result, ctx), f"the return value of task {task.name!r}")
         return task.interface.output_from_wire(out, ctx)
+
+    def _single_rank(self, task: TaskDefinition, args: dict[str, Any]) -> Any:
+        """A distributed task as one process (world size 1): the plugin sets its framework up as it
+        would on a node, so the same body runs unchanged, just without peers."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        rank = RankContext(
+            0, 0, 1, 1, 0, 1, "127.0.0.1", port, (), "local", 0, tempfile.mkdtemp(prefix="gangflow-checkpoints-")
+        )
+        env = {**base_rank_env(rank, cpus_per_rank=os.cpu_count() or 1), **task.plugin.rank_env(rank)}
+        command = task.plugin.command(rank)
+        if command is not None:
+            subprocess.run(command, env={**os.environ, **env}, check=True)
+            return None
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            task.plugin.setup(rank)
+            try:
+                return task.fn(**args)
+            finally:
+                task.plugin.teardown(rank)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any:
         ctx = self.store.context()

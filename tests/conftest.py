@@ -120,33 +120,27 @@ class NodeAgent:
     """``gangflow node`` as a real child process standing in for one GPU server."""
 
     def __init__(self, address: str, node_id: str, gpus: int, home: Path) -> None:
-        self.node_id = node_id
+        self.address, self.node_id, self.gpus, self.home = address, node_id, gpus, home
         home.mkdir(parents=True, exist_ok=True)
         self.log = home / f"{node_id}.log"
-        env = dict(os.environ, GANGFLOW_CACHE=str(home / "cache"), PYTHONUNBUFFERED="1")
+        self.start()
+
+    def start(self) -> None:
+        env = dict(os.environ, GANGFLOW_CACHE=str(self.home / "cache"), PYTHONUNBUFFERED="1")
+        cmd = ["node", "--node-id", self.node_id, "--gpus", str(self.gpus), "--cpus", "4"]
+        cmd += ["--address", self.address, "--advertise-addr", "127.0.0.1"]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "engine.cli",
-                    "node",
-                    "--node-id",
-                    node_id,
-                    "--gpus",
-                    str(gpus),
-                    "--cpus",
-                    "4",
-                    "--address",
-                    address,
-                    "--advertise-addr",
-                    "127.0.0.1",
-                ],
+                [sys.executable, "-m", "engine.cli", *cmd],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
             )
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import gangs
 import pytest
-from conftest import run
+from conftest import ROOT, run
 from temporalio.client import WorkflowFailureError
 
 from engine.client import Client
@@ -53,6 +57,30 @@ def test_ddp_on_two_nodes_gives_each_rank_its_environment(server, worker, cluste
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "0", "1"]
     assert {e["GANGFLOW_ATTEMPT"] for e in envs} == {"0"}
     assert len({e["GANGFLOW_CHECKPOINT_DIR"] for e in envs}) == 1
+
+
+def test_ddp_pipeline_example_end_to_end(server, worker, cluster, artifacts):
+    env = dict(os.environ, GANGFLOW_ADDRESS=server.address, GANGFLOW_ARTIFACTS=artifacts)
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "run", "examples/ddp_pipeline.py:pipeline", "--epochs", "2", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["result"]["metrics"]["world_size"] == 4 and out["result"]["accuracy"] > 0.8
+    logs = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "logs", out["run_id"], "--task", "train", "--rank", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert "epoch 2/2" in logs.stdout
 
 
 def test_rank_exception_fails_the_gang_with_rank_and_log_tail(server, worker, cluster, artifacts):
@@ -120,3 +148,81 @@ def test_gang_larger_than_the_cluster_fails_at_once(server, worker, cluster, art
 
     error = run(main())
     assert "Unschedulable" in error and "3" in error
+
+
+def test_torchrun_style_script_runs_unchanged(server, worker, cluster, artifacts):
+    async def main() -> str:
+        client = await _client(server, artifacts)
+        run_id = await client.start(gangs.scripted, {})
+        assert await client.wait(run_id) is None
+        return run_id
+
+    run_id = run(main())
+    folder = Path(artifacts, "checkpoints", run_id, "allreduce-1")
+    assert sorted(p.name for p in folder.iterdir()) == [f"sum.rank{r}" for r in range(4)]
+    assert {p.read_text() for p in folder.iterdir()} == {"10.0"}  # 1 + 2 + 3 + 4 on every rank
+
+
+def test_pending_gang_says_why_and_queue_shows_it(server, worker, cluster, artifacts, tmp_path):
+    env = dict(os.environ, GANGFLOW_ADDRESS=server.address, GANGFLOW_ARTIFACTS=artifacts)
+
+    def cli(*args: str) -> dict:
+        done = subprocess.run(
+            [sys.executable, "-m", "engine.cli", *args, "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    async def main() -> None:
+        client = await _client(server, artifacts)
+        holder = await client.start(gangs.exclusive, {"marker_dir": str(tmp_path), "tag": "holder"})
+        while not (tmp_path / "holder.start").exists():
+            await asyncio.sleep(0.2)
+        waiting = await client.start(gangs.ddp, {"steps": 1})
+        deadline = time.monotonic() + 20
+        while True:
+            tasks = cli("status", waiting)["tasks"]
+            if tasks and (tasks[0]["detail"] or "").startswith("pending"):
+                break
+            assert time.monotonic() < deadline, tasks
+            await asyncio.sleep(0.3)
+        assert "needs 4 GPUs on 2 nodes" in tasks[0]["detail"]
+        queue = cli("queue")
+        assert [g["gang_id"] for g in queue["running"]] == [f"{holder}.whole_cluster-1"]
+        assert [g["gang_id"] for g in queue["pending"]] == [f"{waiting}.ddp_train-1"]
+        assert queue["totals"]["gpus_free"] == 0
+        assert (await client.result(waiting, gangs.ddp))["identical"]  # admitted once the holder finished
+
+    run(main())
+
+
+def test_ranks_die_with_their_node_agent(server, worker, cluster, artifacts, tmp_path):
+    """SIGKILL of a node agent takes its ranks with it (parent-death signal), within a second or two."""
+    node = cluster[1]
+
+    async def main() -> None:
+        client = await _client(server, artifacts)
+        run_id = await client.start(gangs.hold, {"marker_dir": str(tmp_path), "seconds": 120})
+        while len(list(tmp_path.glob("pid.*"))) < 4:
+            await asyncio.sleep(0.2)
+        on_node = {int(p.name.split(".")[1]) for p in tmp_path.glob("pid.*") if p.read_text() in ("2", "3")}
+        node.stop(signal.SIGKILL)
+        killed = time.monotonic()
+        while any(_alive(pid) for pid in on_node):
+            assert time.monotonic() - killed < 3, "ranks outlived their node agent"
+            await asyncio.sleep(0.05)
+        await client.cancel(run_id)
+        with pytest.raises(WorkflowFailureError):
+            await client.wait(run_id)
+        pids = [int(p.name.split(".")[1]) for p in tmp_path.glob("pid.*")]
+        assert not any(_alive(pid) for pid in pids)
+
+    try:
+        run(main())
+    finally:
+        node.restart()

@@ -25,7 +25,9 @@ from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError
 
 from engine.client import Client, load_workflow_file, prepare_run, to_jsonable
+from engine.core.definitions import WorkflowDefinition
 from engine.core.resources import parse_memory
+from engine.core.wire import Envelope
 from engine.errors import DefinitionError, GangflowError
 from engine.executor.gpus import detect_gpus
 from engine.executor.process import set_parent_death_signal
@@ -39,6 +41,8 @@ from .render import console, err_console, print_json, run_json, show_queue, show
 __all__ = ["build_parser", "main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+#: the demo stands in for a 2-server cluster with 2 GPUs each
+DEMO_NODES, DEMO_GPUS = 2, 2
 
 
 class CliError(Exception):
@@ -115,8 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, help="only this rank of a distributed task")
     _connection_args(p)
 
-    p = sub.add_parser("demo", help="run examples/quickstart.py on a throwaway embedded stack")
-    p.add_argument("--file", help="the pipeline to run (default examples/quickstart.py:pipeline)")
+    p = sub.add_parser("demo", help="run examples/ddp_pipeline.py on a throwaway stack with 2 node agents")
+    p.add_argument("--file", help="the pipeline to run (default examples/ddp_pipeline.py:pipeline)")
+    p.add_argument("--nodes", type=int, default=DEMO_NODES, help="node agents to start (default %(default)s)")
     p.add_argument("--keep", action="store_true", help="leave the stack up after the run (Ctrl-C stops it)")
     p.add_argument("--headless", action="store_true", help="no Web UI")
     return parser
@@ -387,9 +392,20 @@ async def cmd_dev(args: argparse.Namespace) -> int:
 
 
 def _default_demo_file() -> str:
-    here = Path.cwd() / "examples" / "quickstart.py"
-    repo = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
+    here = Path.cwd() / "examples" / "ddp_pipeline.py"
+    repo = Path(__file__).resolve().parents[2] / "examples" / "ddp_pipeline.py"
     return f"{here if here.exists() else repo}:pipeline"
+
+
+async def _wait_for_nodes(client: Client, count: int, timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        with contextlib.suppress(RPCError, TemporalError):
+            if (await client.queue())["totals"]["alive_nodes"] >= count:
+                return
+        if asyncio.get_running_loop().time() > deadline:
+            raise CliError(f"{count} node agent(s) did not register within {timeout:.0f} s")
+        await asyncio.sleep(0.2)
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
@@ -401,29 +417,42 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     except GangflowError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
     server = DevServer(state, ui=not args.headless).start()
+    nodes = _spawn_nodes(server.address, args.nodes, DEMO_GPUS, state)
     try:
         temporal = await connect(Endpoint.resolve(server.address, "default"))
         client = Client(temporal, envelope.run.artifacts)
         async with build_worker(temporal):
-            console.print(f"[bold]gangflow demo[/]: Temporal on {server.address}, state in {state}")
-            run_id = await client.start_prepared(defn, envelope)
-            if not args.headless:
-                console.print(f"watch it: {server.ui_url}/namespaces/default/workflows/{run_id}")
-            try:
-                data = await _follow(client, run_id, quiet=False)
-            except WorkflowFailureError:
-                _, error = await read_tasks(client.handle(run_id))
-                err_console.print(f"[bold red]{run_id} failed[/]")
-                err_console.print(error or "", markup=False)
-                return EXIT_FAILED
-            show_status(await client.status(run_id), result=False)
-            console.print(defn.interface.output_from_wire(data))
-            if args.keep:
-                console.print(f"stack left up: GANGFLOW_ADDRESS={server.address}; Ctrl-C to stop")
-                await _until_signalled()
+            console.print(
+                f"[bold]gangflow demo[/]: Temporal on {server.address}, {args.nodes} node agent(s) × {DEMO_GPUS} "
+                f"GPU slot(s), state in {state}"
+            )
+            if args.nodes:
+                await _wait_for_nodes(client, args.nodes)
+            return await _demo_run(args, client, server, defn, envelope)
     finally:
+        _stop_all(nodes)
         server.stop()
         shutil.rmtree(state, ignore_errors=True)
+
+
+async def _demo_run(
+    args: argparse.Namespace, client: Client, server: DevServer, defn: WorkflowDefinition, envelope: Envelope
+) -> int:
+    run_id = await client.start_prepared(defn, envelope)
+    if not args.headless:
+        console.print(f"watch it: {server.ui_url}/namespaces/default/workflows/{run_id}")
+    try:
+        data = await _follow(client, run_id, quiet=False)
+    except WorkflowFailureError:
+        _, error = await read_tasks(client.handle(run_id))
+        err_console.print(f"[bold red]{run_id} failed[/]")
+        err_console.print(error or "", markup=False)
+        return EXIT_FAILED
+    show_status(await client.status(run_id), result=False)
+    console.print(defn.interface.output_from_wire(data))
+    if args.keep:
+        console.print(f"stack left up: GANGFLOW_ADDRESS={server.address}; Ctrl-C to stop")
+        await _until_signalled()
     return EXIT_OK
 
 

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from engine.client import RunInfo, to_jsonable
@@ -59,6 +60,7 @@ def run_json(info: RunInfo) -> dict[str, Any]:
                 "attempt": t.attempt,
                 "seconds": t.seconds,
                 "error": t.error,
+                "detail": t.detail,
             }
             for t in info.tasks
         ],
@@ -76,9 +78,10 @@ def show_status(info: RunInfo, *, result: bool = True) -> None:
         table = Table(show_edge=False, header_style="bold")
         for column in ("#", "task", "kind", "status", "attempt", "seconds"):
             table.add_column(column)
+        table.add_column("detail")
         for n, t in enumerate(info.tasks, 1):
             seconds = f"{t.seconds:.2f}" if t.seconds is not None else ""
-            table.add_row(str(n), t.name, t.kind, _styled(t.status), str(t.attempt), seconds)
+            table.add_row(str(n), t.name, t.kind, _styled(t.status), str(t.attempt), seconds, escape(t.detail or ""))
         console.print(table)
     if result and info.status == "COMPLETED":
         console.print("[bold]result:[/]", to_jsonable(info.result))

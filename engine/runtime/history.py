@@ -6,7 +6,7 @@ Used by ``gangflow status`` and the tests; works on finished runs and without an
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from temporalio.api.enums.v1 import EventType
@@ -28,7 +28,8 @@ class TaskRecord:
     finished: datetime | None = None
     error: str | None = None
     summary: str | None = None
-    events: list[int] = field(default_factory=list)
+    child_id: str | None = None  # the child workflow (GangRun for a distributed task)
+    detail: str | None = None  # live state, e.g. why a distributed task is still pending
 
     @property
     def seconds(self) -> float | None:
@@ -98,10 +99,8 @@ async def read_tasks(handle: WorkflowHandle) -> tuple[list[TaskRecord], str | No
         elif et == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
             attrs = event.start_child_workflow_execution_initiated_event_attributes
             task = attrs.memo.fields.get("gangflow_task")
-            if task is not None:  # a distributed task runs as a GangRun child workflow
-                records[event.event_id] = TaskRecord(json.loads(task.data), "gang", scheduled=when)
-            else:
-                records[event.event_id] = TaskRecord(attrs.workflow_type.name, "workflow", scheduled=when)
+            name, kind = (json.loads(task.data), "gang") if task is not None else (attrs.workflow_type.name, "workflow")
+            records[event.event_id] = TaskRecord(name, kind, scheduled=when, child_id=attrs.workflow_id)
         elif et == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED:
             rec = records[event.child_workflow_execution_started_event_attributes.initiated_event_id]
             rec.status, rec.started = "running", when

@@ -93,6 +93,8 @@ class NodeActivities:
                 }
             )
         )
+        if "://" not in launch.checkpoint_dir:  # a shared filesystem path: make sure it exists
+            os.makedirs(launch.checkpoint_dir, exist_ok=True)
         local_logs = not store.local
         ranks = []
         for ctx in launch.contexts(envelope.run.run_id):
@@ -126,8 +128,8 @@ class NodeActivities:
                     type="RankFailed" if state.user_error else "RankKilled",
                     non_retryable=True,
                 )
-            result = workdir / "result"
-            return result.read_bytes() if result.exists() else b""
+            result = workdir / "result"  # written by rank 0's runner; a plugin's own script returns None
+            return result.read_bytes() if result.exists() else pack(None)
         except asyncio.CancelledError:
             await asyncio.shield(asyncio.to_thread(gang.terminate, STOP_GRACE_S))
             raise
