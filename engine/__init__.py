@@ -14,6 +14,7 @@ from engine.core import (
     task,
     workflow,
 )
+from engine.progress import report
 from engine.types import Directory, File
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "Resources",
     "Retry",
     "TypeMismatchError",
+    "checkpoint",
+    "report",
     "run_local",
     "task",
     "workflow",

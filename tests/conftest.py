@@ -127,7 +127,8 @@ class NodeAgent:
 
     def start(self) -> None:
         env = dict(os.environ, GANGFLOW_CACHE=str(self.home / "cache"), PYTHONUNBUFFERED="1")
-        cmd = ["node", "--node-id", self.node_id, "--gpus", str(self.gpus), "--cpus", "4"]
+        cmd = ["node", "--node-id", self.node_id, "--cpus", "4"]
+        cmd += ["--gpus", str(self.gpus)] if self.gpus >= 0 else []  # negative: detect with nvidia-smi
         cmd += ["--address", self.address, "--advertise-addr", "127.0.0.1"]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(

@@ -1,11 +1,18 @@
 """GangRun: one distributed task call, run as a gang of rank processes on the nodes the Scheduler gives.
 
-request a placement → reserve a rendezvous port on node rank 0 → start one activity per node on that
-node's own queue (``node/<id>``) → wait; the first rank failure stops every other node's ranks → give
-the placement back (always, also when cancelled) → rank 0's encoded result is the task's result.
+Each attempt: request a placement → reserve a fresh rendezvous port on node rank 0 → start one activity
+per node on that node's own queue (``node/<id>``) → wait; the first failure stops every other node's
+ranks → give the placement back (always, also when cancelled). Rank 0's encoded result is the result.
+
+When an attempt fails, the failure is classified. A *system* failure (a node lost: heartbeat or
+schedule-to-start timeout; a rank killed by a signal; a hung gang) spends the restart budget
+(``max_restarts``): lost nodes are reported to the Scheduler, and every rank is relaunched on a new
+placement with ``GANGFLOW_ATTEMPT`` + 1 and the same checkpoint folder. A *user* error (an exception in
+the task body) is retried only as far as the task's retry policy says. The budget and the attempt list
+live in workflow state, so they survive any crash of workers or server.
 
 The node activities get no retries from Temporal (``maximum_attempts=1``): a retry would be queued on
-the same node's queue, which may belong to a dead machine. This workflow owns what happens next.
+the same node's queue, which may belong to a dead machine. This workflow owns every retry.
 """
 
 from __future__ import annotations
@@ -17,7 +24,13 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    TimeoutError,
+    TimeoutType,
+    is_cancelled_exception,
+)
 from temporalio.workflow import ActivityCancellationType, ActivityHandle
 
 from engine.core.gang import NodeLaunch
@@ -50,13 +63,38 @@ class GangSpec:
     timeout_s: float
     heartbeat_timeout_s: float
     tenant: str
+    max_restarts: int = 3
+    user_attempts: int = 1
+    retry_backoff_s: float = 1.0
+    hang_timeout_s: float | None = None
 
 
-def _rank_failure(err: ActivityError) -> str:
+class _AttemptFailed(Exception):
+    def __init__(self, system: bool, reason: str, lost_nodes: list[str]) -> None:
+        super().__init__(reason)
+        self.system, self.reason, self.lost_nodes = system, reason, lost_nodes
+
+
+_SYSTEM_TYPES = ("RankKilled", "RankHung")
+_NODE_LOST = (TimeoutType.HEARTBEAT, TimeoutType.SCHEDULE_TO_START, TimeoutType.SCHEDULE_TO_CLOSE)
+
+
+def _classify(err: BaseException, node_id: str) -> tuple[bool, str, bool] | None:
+    """(system?, reason, node lost?) for one node's failure; None when it was only our own cancel."""
+    if not isinstance(err, ActivityError) or is_cancelled_exception(err):
+        return None
     cause = err.cause
+    if isinstance(cause, TimeoutError):
+        if cause.type in _NODE_LOST:
+            return True, f"node {node_id} lost ({cause.type.name.lower().replace('_', '-')} timeout)", True
+        return False, f"the task exceeded its timeout on node {node_id}", False
     if isinstance(cause, ApplicationError):
-        return cause.message
-    return f"{err.message}: {cause}" if cause else err.message
+        return cause.type in _SYSTEM_TYPES, cause.message, False
+    return True, f"node {node_id}: {err.message}: {cause}", False
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else text
 
 
 @workflow.defn(name=GANG_TYPE, sandboxed=False)
@@ -66,6 +104,8 @@ class GangRun:
         self.rejected: str | None = None
         self.pending: str | None = None
         self.phase = "submitted"
+        self.attempts: list[dict[str, Any]] = []  # one entry per failed attempt
+        self.restarts = 0
 
     @workflow.signal(name=PLACEMENT_SIGNAL)
     def on_placement(self, placement: dict[str, Any]) -> None:
@@ -86,6 +126,8 @@ class GangRun:
             "phase": self.phase,
             "pending": self.pending,
             "placement": self.placement.model_dump(mode="json") if self.placement else None,
+            "restarts": self.restarts,
+            "failed_attempts": self.attempts,
         }
 
     def _say(self, text: str) -> None:
@@ -96,6 +138,54 @@ class GangRun:
     async def run(self, spec: GangSpec, envelope: bytes) -> bytes:
         gang_id = workflow.info().workflow_id
         scheduler = workflow.get_external_workflow_handle(SCHEDULER_ID)
+        user_failures = 0
+        attempt = 0
+        while True:
+            placement = await self._place(spec, scheduler)
+            failure: _AttemptFailed | None = None
+            try:
+                return await self._attempt(spec, envelope, placement, attempt)
+            except _AttemptFailed as failed:
+                failure = failed
+            finally:
+                # Always hand the GPUs back (also when this run is being cancelled), after reporting
+                # lost nodes so the Scheduler never offers them again.
+                for node_id in failure.lost_nodes if failure else []:
+                    await scheduler.signal("node_lost", node_id)
+                await scheduler.signal("release", gang_id)
+            assert failure is not None
+            kind = "system" if failure.system else "user"
+            self.attempts.append({"attempt": attempt, "kind": kind, "reason": failure.reason})
+            if failure.system:
+                self.restarts += 1
+                if self.restarts > spec.max_restarts:
+                    raise ApplicationError(
+                        self._summary(f"restart budget exhausted ({spec.max_restarts} restarts) after system failures"),
+                        type="RestartBudgetExhausted",
+                        non_retryable=True,
+                    )
+            else:
+                user_failures += 1
+                if user_failures >= spec.user_attempts:
+                    allowed = f"{spec.user_attempts} attempt(s) allowed by the task's retry policy"
+                    raise ApplicationError(
+                        self._summary(f"user error in the task body, not restarted ({allowed})"),
+                        type="RankFailed",
+                        non_retryable=True,
+                    )
+                await workflow.sleep(timedelta(seconds=spec.retry_backoff_s * 2 ** (user_failures - 1)))
+            attempt += 1
+            self._say(f"restarting (attempt {attempt}) after {kind} failure: {_first_line(failure.reason)}")
+
+    def _summary(self, headline: str) -> str:
+        lines = [headline + ":"]
+        lines += [f"  attempt {a['attempt']} [{a['kind']}] {_first_line(a['reason'])}" for a in self.attempts]
+        lines.append(f"last failure: {self.attempts[-1]['reason']}")
+        return "\n".join(lines)
+
+    async def _place(self, spec: GangSpec, scheduler: Any) -> Placement:
+        gang_id = workflow.info().workflow_id
+        self.placement, self.rejected, self.pending = None, None, None
         request = {
             "gang_id": gang_id,
             "nnodes": spec.nnodes,
@@ -115,26 +205,33 @@ class GangRun:
         self._say(f"waiting for a placement: {spec.nnodes} node(s) × {spec.nproc_per_node} rank(s)")
         try:
             await workflow.wait_condition(lambda: self.placement is not None or self.rejected is not None)
-            if self.rejected is not None:
-                raise ApplicationError(self.rejected, type="Unschedulable", non_retryable=True)
-            assert self.placement is not None
-            return await self._attempt(spec, envelope, self.placement, attempt=0)
-        finally:
-            # Always hand the GPUs back, even when this run is being cancelled.
+        except asyncio.CancelledError:
+            await scheduler.signal("release", gang_id)  # withdraw the queued request
+            raise
+        if self.rejected is not None:
             await scheduler.signal("release", gang_id)
+            raise ApplicationError(self.rejected, type="Unschedulable", non_retryable=True)
+        assert self.placement is not None
+        return self.placement
 
     async def _attempt(self, spec: GangSpec, envelope: bytes, placement: Placement, attempt: int) -> bytes:
         run = Envelope.decode(envelope).run
         nodes = sorted(placement.nodes, key=lambda n: n.node_rank)
-        self._say(f"starting on {', '.join(n.node_id for n in nodes)}")
-        port: int = await workflow.execute_activity(
-            RESERVE_PORT,
-            task_queue=node_queue(nodes[0].node_id),
-            result_type=int,
-            start_to_close_timeout=timedelta(seconds=10),
-            schedule_to_close_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_attempts=3),
-        )
+        where = ", ".join(n.node_id for n in nodes)
+        self._say(f"attempt {attempt}: starting on {where}")
+        try:
+            port: int = await workflow.execute_activity(
+                RESERVE_PORT,
+                task_queue=node_queue(nodes[0].node_id),
+                result_type=int,
+                start_to_close_timeout=timedelta(seconds=10),
+                schedule_to_close_timeout=timedelta(seconds=spec.heartbeat_timeout_s + 5),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+            )
+        except ActivityError as err:
+            verdict = _classify(err, nodes[0].node_id)
+            assert verdict is not None
+            raise _AttemptFailed(True, verdict[1], [nodes[0].node_id]) from err
         checkpoint_dir = f"{run.artifacts}/checkpoints/{run.run_id}/{spec.call}"
         handles: list[ActivityHandle[bytes]] = []
         for node in nodes:
@@ -152,6 +249,7 @@ class GangRun:
                 attempt=attempt,
                 checkpoint_dir=checkpoint_dir,
                 log_name=spec.call,
+                hang_timeout_s=spec.hang_timeout_s,
             )
             handles.append(
                 workflow.start_activity(
@@ -160,26 +258,37 @@ class GangRun:
                     task_queue=node_queue(node.node_id),
                     result_type=bytes,
                     start_to_close_timeout=timedelta(seconds=spec.timeout_s),
+                    # a node that never picks its work up is as lost as one that stops heartbeating
+                    schedule_to_start_timeout=timedelta(seconds=max(30.0, spec.heartbeat_timeout_s)),
                     heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_s),
                     retry_policy=RetryPolicy(maximum_attempts=1),
                     cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                    summary=f"{spec.task} ranks on {node.node_id} (node rank {node.node_rank})",
+                    summary=f"{spec.task} attempt {attempt}: ranks on {node.node_id} (node rank {node.node_rank})",
                 )
             )
-        self._say(f"running: {spec.nnodes * spec.nproc_per_node} ranks on {', '.join(n.node_id for n in nodes)}")
+        self._say(f"attempt {attempt}: {spec.nnodes * spec.nproc_per_node} ranks running on {where}")
         try:
             await workflow.wait(handles, return_when=asyncio.FIRST_EXCEPTION)
         except asyncio.CancelledError:
             await self._stop(handles)
             raise
-        failed = [h for h in handles if h.done() and h.exception() is not None]
-        if failed:
-            await self._stop(handles)
-            err = failed[0].exception()
-            if isinstance(err, ActivityError) and not is_cancelled_exception(err):
-                raise ApplicationError(_rank_failure(err), type="RankFailed", non_retryable=True) from err
-            raise err  # type: ignore[misc]
-        return handles[0].result()
+        if all(h.done() and h.exception() is None for h in handles):
+            return handles[0].result()
+        # Stop the survivors first, then judge: the root cause (a node that vanished, a rank killed
+        # from outside) often reports after its peers' collective errors ("connection closed by peer").
+        await self._stop(handles)
+        verdicts: list[tuple[str, bool, str, bool]] = []
+        for node, handle in zip(nodes, handles, strict=True):
+            failure = handle.exception() if handle.done() else None
+            verdict = _classify(failure, node.node_id) if failure is not None else None
+            if verdict is not None:
+                verdicts.append((node.node_id, *verdict))
+        if not verdicts:  # every node reported cancellation: treat as lost contact
+            raise _AttemptFailed(True, "the gang's node activities were cancelled", [])
+        system = [v for v in verdicts if v[1]]
+        lost = [node_id for node_id, _, _, node_lost in verdicts if node_lost]
+        root = system[0] if system else verdicts[0]
+        raise _AttemptFailed(bool(system), root[2], lost)
 
     async def _stop(self, handles: list[ActivityHandle[bytes]]) -> None:
         """Cancel every node's ranks and wait until each node agent confirms they are gone."""

@@ -155,6 +155,10 @@ class _TemporalDispatcher:
             timeout_s=task.timeout.total_seconds(),
             heartbeat_timeout_s=task.heartbeat_timeout.total_seconds(),
             tenant=self.envelope.run.tenant,
+            max_restarts=task.max_restarts,
+            user_attempts=task.retry.attempts,
+            retry_backoff_s=task.retry.backoff.total_seconds() if isinstance(task.retry.backoff, timedelta) else 1.0,
+            hang_timeout_s=task.hang_timeout.total_seconds() if task.hang_timeout else None,
         )
         return await workflow.execute_child_workflow(  # type: ignore[no-any-return]
             GANG_TYPE,

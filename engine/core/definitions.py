@@ -66,6 +66,8 @@ class TaskDefinition:
     lightweight: bool
     plugin: Any
     gang: GangShape | None
+    max_restarts: int
+    hang_timeout: timedelta | None
     is_async: bool
 
 
@@ -101,6 +103,8 @@ def task(
     heartbeat_timeout: float | timedelta | None = None,
     lightweight: bool = False,
     plugin: Any = None,
+    max_restarts: int = 3,
+    hang_timeout: float | timedelta | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -116,6 +120,8 @@ def task(
     heartbeat_timeout: float | timedelta | None = None,
     lightweight: bool = False,
     plugin: Any = None,
+    max_restarts: int = 3,
+    hang_timeout: float | timedelta | None = None,
 ) -> Any:
     """Declare a typed task.
 
@@ -124,6 +130,11 @@ def task(
     activity* inside the workflow worker: still durable and retried, but without a round trip through
     the task queue (a few ms instead of tens); meant for short CPU work. ``plugin`` makes it a
     distributed task run as a gang of ranks.
+
+    For distributed tasks: ``max_restarts`` is the budget for *system* failures (a node lost, a rank
+    killed from outside, a hung gang); each restart relaunches every rank from the latest checkpoint.
+    ``hang_timeout`` (seconds) treats a gang as hung when a rank has not called ``engine.report`` for
+    that long (the clock starts at launch, so it must cover start-up too); off by default.
     """
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -135,6 +146,7 @@ def task(
             retry = Retry.coerce(retries)
             limit = to_timedelta(timeout, f"{owner}: timeout")
             beat = to_timedelta(heartbeat_timeout, f"{owner}: heartbeat_timeout")
+            hang = to_timedelta(hang_timeout, f"{owner}: hang_timeout")
         except ValueError as exc:
             raise DefinitionError(f"{owner}: {exc}") from None
         if resources is not None and not isinstance(resources, Resources):
@@ -144,6 +156,10 @@ def task(
         if lightweight and resources is not None and resources.gpu:
             raise DefinitionError(f"{owner}: a lightweight task runs in the workflow worker and cannot ask for GPUs")
         shape = gang_shape(plugin, resources or Resources(), owner) if plugin is not None else None
+        if shape is None and hang is not None:
+            raise DefinitionError(f"{owner}: hang_timeout applies to distributed tasks (plugin=...) only")
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise DefinitionError(f"{owner}: max_restarts must be a non-negative int, got {max_restarts!r}")
         defn = TaskDefinition(
             name=task_name,
             fn=func,
@@ -158,6 +174,8 @@ def task(
             lightweight=lightweight,
             plugin=plugin,
             gang=shape,
+            max_restarts=max_restarts,
+            hang_timeout=hang,
             is_async=inspect.iscoroutinefunction(func),
         )
 

@@ -175,6 +175,7 @@ class NodeLaunch:
     attempt: int
     checkpoint_dir: str
     log_name: str
+    hang_timeout_s: float | None = None
 
     def contexts(self, run_id: str) -> list[RankContext]:
         per_rank = len(self.gpu_ids) // self.nproc_per_node

@@ -9,6 +9,7 @@ SIGTERM to every rank's group ("save and exit"), a grace period, then SIGKILL.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -33,6 +34,7 @@ class RankLaunch:
     env: dict[str, str]
     log_path: str
     runner: bool  # True: gangflow's rank runner (done markers count), False: a plugin's own command
+    progress_path: str | None = None  # where engine.report() writes (GANGFLOW_PROGRESS_FILE)
 
 
 @dataclass(frozen=True)
@@ -40,24 +42,30 @@ class RankFailure:
     rank: int
     local_rank: int
     node_id: str
-    returncode: int
+    returncode: int | None  # None: still running, but hung
     error: str | None
     log_tail: str
+    hung_for: float | None = None
+
+    @property
+    def kind(self) -> str:
+        """``user`` (the body raised or the rank's own command failed), ``killed`` (a signal from outside:
+        OOM killer, preemption, an operator) or ``hung`` (no progress report for ``hang_timeout``)."""
+        if self.hung_for is not None:
+            return "hung"
+        return "killed" if self.returncode is not None and self.returncode < 0 else "user"
 
     @property
     def how(self) -> str:
+        if self.hung_for is not None:
+            return f"made no progress for {self.hung_for:.0f} s (hung)"
+        assert self.returncode is not None
         if self.returncode < 0:
             try:
                 return f"was killed by {signal.Signals(-self.returncode).name}"
             except ValueError:
                 return f"was killed by signal {-self.returncode}"
         return f"exited with code {self.returncode}"
-
-    @property
-    def user_error(self) -> bool:
-        """An exception in the task body (or a plugin script's own non-zero exit), as opposed to a
-        signal from outside (OOM killer, preemption, a hung rank that was stopped)."""
-        return self.returncode > 0
 
     def describe(self) -> str:
         head = f"rank {self.rank} (node {self.node_id}, local rank {self.local_rank}) {self.how}"
@@ -80,18 +88,28 @@ def _tail(path: str, lines: int = _TAIL_LINES) -> str:
 class NodeGang:
     """The ranks of one gang attempt on this node."""
 
-    def __init__(self, node_id: str, ranks: Sequence[RankLaunch], workdir: Path, cwd: str | None = None) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        ranks: Sequence[RankLaunch],
+        workdir: Path,
+        cwd: str | None = None,
+        hang_timeout: float | None = None,
+    ) -> None:
         self.node_id = node_id
         self.ranks = list(ranks)
         self.workdir = workdir
         self.cwd = cwd
+        self.hang_timeout = hang_timeout
         self.done_dir = workdir / "done"
         self.error_dir = workdir / "errors"
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.started = 0.0
 
     def start(self) -> None:
         self.done_dir.mkdir(parents=True, exist_ok=True)
         self.error_dir.mkdir(parents=True, exist_ok=True)
+        self.started = time.time()
         for launch in self.ranks:
             Path(launch.log_path).parent.mkdir(parents=True, exist_ok=True)
             with open(launch.log_path, "ab") as log:
@@ -118,27 +136,57 @@ class NodeGang:
         # finished its work (result written) but the framework aborted during interpreter shutdown
         return launch.runner and (self.done_dir / f"rank{launch.context.rank}").exists()
 
+    def progress(self) -> dict[int, dict[str, object]]:
+        """The latest ``engine.report`` of each rank that has reported."""
+        out: dict[int, dict[str, object]] = {}
+        for launch in self.ranks:
+            if launch.progress_path:
+                with contextlib.suppress(OSError, ValueError):
+                    out[launch.context.rank] = json.loads(Path(launch.progress_path).read_text())
+        return out
+
+    def _last_sign_of_life(self, launch: RankLaunch) -> float:
+        if launch.progress_path:
+            with contextlib.suppress(OSError):
+                return os.stat(launch.progress_path).st_mtime
+        return self.started
+
     def poll(self) -> RankFailure | bool:
-        """A failure as soon as one rank failed; True once every rank finished; False while running."""
-        finished = 0
+        """A failure as soon as one rank failed; True once every rank finished; False while running.
+
+        When several ranks failed by the time we look, the one killed by a signal is reported: the
+        others usually died of it (a collective's "connection closed by peer").
+        """
+        finished, failures = 0, []
+        now = time.time()
         for launch, proc in zip(self.ranks, self.procs, strict=True):
             code = proc.poll()
             if code is None:
+                silent = now - self._last_sign_of_life(launch)
+                if self.hang_timeout is not None and silent > self.hang_timeout:
+                    failures.append(self._failure(launch, None, hung_for=silent))
                 continue
             if not self._succeeded(launch, code):
-                error_file = self.error_dir / f"rank{launch.context.rank}"
-                error = error_file.read_text(errors="replace") if error_file.exists() else None
-                return RankFailure(
-                    launch.context.rank, launch.context.local_rank, self.node_id, code, error, _tail(launch.log_path)
-                )
-            finished += 1
+                failures.append(self._failure(launch, code))
+            else:
+                finished += 1
+        if failures:
+            return min(failures, key=lambda f: {"killed": 0, "hung": 1, "user": 2}[f.kind])
         return finished == len(self.procs)
+
+    def _failure(self, launch: RankLaunch, code: int | None, hung_for: float | None = None) -> RankFailure:
+        error_file = self.error_dir / f"rank{launch.context.rank}"
+        error = error_file.read_text(errors="replace") if error_file.exists() else None
+        return RankFailure(
+            launch.context.rank, launch.context.local_rank, self.node_id, code, error, _tail(launch.log_path), hung_for
+        )
 
     def terminate(self, grace: float = 5.0) -> None:
         """SIGTERM every rank's process group, wait up to ``grace`` seconds, then SIGKILL what is left."""
         live = [p for p in self.procs if p.poll() is None]
         for proc in live:
             _signal_group(proc.pid, signal.SIGTERM)
+            _signal_group(proc.pid, signal.SIGCONT)  # a stopped (SIGSTOP) rank handles SIGTERM only once resumed
         deadline = time.monotonic() + grace
         while any(p.poll() is None for p in live) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -17,6 +17,7 @@ from typing import Any
 
 from engine.artifacts.loader import LOADER
 from engine.artifacts.store import ArtifactStore
+from engine.checkpoint import install_stop_handler
 from engine.core.definitions import TaskDefinition
 from engine.core.gang import RankContext
 from engine.core.wire import Envelope
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     spec = unpack(Path(args[0]).read_bytes())
     rank = RankContext.from_env()
+    install_stop_handler()  # SIGTERM: stop_requested() turns true, the body may checkpoint and return
     code = 0
     try:
         _run(spec, rank)

@@ -42,6 +42,8 @@ __all__ = ["NodeActivities", "NodeConfig", "register", "run_node"]
 REGISTER_EVERY = timedelta(seconds=15)
 #: SIGTERM means "save and exit": ranks get this long before SIGKILL
 STOP_GRACE_S = 5.0
+#: how a rank failure is reported to GangRun: a user error, or a system failure that spends restarts
+FAILURE_TYPES = {"user": "RankFailed", "killed": "RankKilled", "hung": "RankHung"}
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,12 @@ class NodeActivities:
         if "://" not in launch.checkpoint_dir:  # a shared filesystem path: make sure it exists
             os.makedirs(launch.checkpoint_dir, exist_ok=True)
         local_logs = not store.local
+        (workdir / "progress").mkdir()
         ranks = []
         for ctx in launch.contexts(envelope.run.run_id):
             own = defn.plugin.command(ctx)
             name = f"{launch.log_name}.rank{ctx.rank}.attempt{launch.attempt}.log"
+            progress = str(workdir / "progress" / f"rank{ctx.rank}.json")
             ranks.append(
                 RankLaunch(
                     context=ctx,
@@ -108,24 +112,29 @@ class NodeActivities:
                         **os.environ,
                         **base_rank_env(ctx, cpus_per_rank=launch.cpus_per_node / launch.nproc_per_node),
                         **defn.plugin.rank_env(ctx),
+                        "GANGFLOW_PROGRESS_FILE": progress,
                     },
                     log_path=str(workdir / name) if local_logs else store.log_path(envelope.run.run_id, name),
                     runner=own is None,
+                    progress_path=progress,
                 )
             )
         folder = LOADER.folder_for(envelope.code)
-        gang = NodeGang(self.config.node_id, ranks, workdir, cwd=str(folder) if folder else None)
+        gang = NodeGang(
+            self.config.node_id, ranks, workdir, cwd=str(folder) if folder else None, hang_timeout=launch.hang_timeout_s
+        )
         gang.start()  # on the event loop thread: the parent-death signal follows the spawning thread
         try:
             while (state := gang.poll()) is False:
-                activity.heartbeat({"node": self.config.node_id, "pids": gang.pids})
+                # heartbeat details: what the Web UI and `gangflow status` show about the ranks
+                activity.heartbeat({"node": self.config.node_id, "pids": gang.pids, "progress": gang.progress()})
                 await asyncio.sleep(0.2)
             if isinstance(state, RankFailure):
                 await asyncio.to_thread(gang.terminate, STOP_GRACE_S)
                 raise ApplicationError(
                     state.describe(),
-                    {"rank": state.rank, "node": state.node_id, "returncode": state.returncode},
-                    type="RankFailed" if state.user_error else "RankKilled",
+                    {"rank": state.rank, "node": state.node_id, "returncode": state.returncode, "kind": state.kind},
+                    type=FAILURE_TYPES[state.kind],
                     non_retryable=True,
                 )
             result = workdir / "result"  # written by rank 0's runner; a plugin's own script returns None
