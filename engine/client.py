@@ -32,6 +32,7 @@ from engine.errors import InputError
 from engine.runtime.connection import PIPELINE, TASK_QUEUE, TENANT, Endpoint, connect
 from engine.runtime.history import TaskRecord, read_tasks
 from engine.types.codec import unpack
+from workflows.gang import RUN_RANKS
 from workflows.scheduler import SCHEDULER_ID
 from workflows.shell import PROGRESS_QUERY
 
@@ -250,6 +251,25 @@ class Client:
                 )
             )
         return found
+
+    async def gang(self, gang_id: str) -> dict[str, Any]:
+        """A distributed task call (its GangRun id, ``<run>.<task>-<n>``): phase, placement, failed
+        attempts, and per node the rank pids and latest ``engine.report`` of each rank."""
+        handle = self.temporal.get_workflow_handle(gang_id)
+        info: dict[str, Any] = {}
+        with contextlib.suppress(RPCError, TemporalError):
+            info = await handle.query("status")
+        nodes = []
+        desc = await handle.describe()
+        for pending in desc.raw_description.pending_activities:
+            if pending.activity_type.name != RUN_RANKS or not pending.heartbeat_details.payloads:
+                continue
+            details = await self.temporal.data_converter.decode(pending.heartbeat_details.payloads)
+            if details and isinstance(details[0], dict):
+                nodes.append(details[0])
+        info["nodes"] = nodes
+        info["status"] = desc.status.name if desc.status else "UNKNOWN"
+        return info
 
     async def queue(self) -> dict[str, Any]:
         """The Scheduler's view: nodes, free and used GPUs, running gangs, the pending queue."""

@@ -1,0 +1,219 @@
+"""Resumption across failures, with real kills: node agents, ranks, a hung rank, the workflow worker and
+the Temporal server itself. A dedicated stack: its own dev server, a worker and three node agents
+(two for the gang and a spare)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gangs
+import pytest
+from conftest import ROOT, NodeAgent, WorkerProcess, run
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError
+from temporalio.service import RPCError
+
+from engine.client import Client
+from engine.runtime import DevServer, Endpoint, connect
+
+sys.path.insert(0, str(ROOT / "examples"))
+import resilient_training
+
+pytestmark = pytest.mark.slow
+
+STEPS = dict(total_steps=80, checkpoint_every=10, step_seconds=0.1)
+
+
+class Stack:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.server = DevServer(root / "server", ui=False).start()
+        self.worker = WorkerProcess(self.server.address, "gangflow", root / "worker").start()
+        self.nodes = {f"r{i}": NodeAgent(self.server.address, f"r{i}", 0, root / "nodes") for i in range(3)}
+        self.artifacts = str(root / "artifacts")
+
+    async def client(self) -> Client:
+        return Client(await connect(Endpoint.resolve(self.server.address)), self.artifacts)
+
+    async def wait_nodes(self, count: int = 3) -> None:
+        client = await self.client()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if (await client.queue())["totals"]["alive_nodes"] >= count:
+                    return
+            except Exception:
+                pass
+            assert time.monotonic() < deadline, "node agents did not register"
+            await asyncio.sleep(0.3)
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+        self.worker.stop()
+        self.server.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = Stack(tmp_path_factory.mktemp("resilience"))
+    run(s.wait_nodes())
+    yield s
+    s.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+async def _running_gang(client: Client, gang_id: str, min_step: int) -> dict[str, Any]:
+    """Wait until every rank of the gang reported at least ``min_step``; returns the gang's details."""
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            gang = await client.gang(gang_id)
+        except RPCError:  # the GangRun child is not started yet
+            await asyncio.sleep(0.2)
+            continue
+        steps = [p.get("step", -1) for node in gang["nodes"] for p in node.get("progress", {}).values()]
+        if len(steps) == 2 and min(steps) >= min_step:
+            return gang
+        assert time.monotonic() < deadline, gang
+        await asyncio.sleep(0.2)
+
+
+async def _run_ranks_started(client: Client, gang_id: str) -> int:
+    count = 0
+    async for event in client.temporal.get_workflow_handle(gang_id).fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and (
+            event.activity_task_scheduled_event_attributes.activity_type.name == "gangflow.run_ranks"
+        ):
+            count += 1
+    return count
+
+
+def _pids(gang: dict[str, Any]) -> dict[str, list[int]]:
+    return {node["node"]: node["pids"] for node in gang["nodes"]}
+
+
+def test_node_agent_killed_mid_training_resumes_from_checkpoint(stack: Stack):
+    async def main() -> None:
+        client = await stack.client()
+        run_id = await client.start(resilient_training.pipeline, STEPS)
+        gang_id = f"{run_id}.train-1"
+        gang = await _running_gang(client, gang_id, min_step=25)
+        pids = _pids(gang)
+        victim = sorted(pids)[-1]
+        stack.nodes[victim].stop(signal.SIGKILL)  # the whole "server" goes away, ranks included
+        result = await client.result(run_id, resilient_training.pipeline)
+        assert result.attempt == 1 and result.first_step >= 20  # resumed from a checkpoint, not step 0
+        assert result.optimizer_steps == STEPS["total_steps"] and result.steps == STEPS["total_steps"]
+        info = await client.gang(gang_id)
+        assert info["restarts"] == 1 and info["failed_attempts"][0]["kind"] == "system"
+        assert f"node {victim} lost" in info["failed_attempts"][0]["reason"]
+        assert await _run_ranks_started(client, gang_id) == 4  # 2 nodes × 2 attempts, in the history
+        assert not any(_alive(pid) for node in pids.values() for pid in node)  # no orphan of attempt 0
+        stack.nodes[victim].restart()
+        await stack.wait_nodes()
+
+    run(main())
+
+
+def test_killed_rank_restarts_the_gang(stack: Stack):
+    async def main() -> None:
+        client = await stack.client()
+        run_id = await client.start(resilient_training.pipeline, STEPS)
+        gang_id = f"{run_id}.train-1"
+        gang = await _running_gang(client, gang_id, min_step=15)
+        pids = _pids(gang)
+        os.kill(sorted(pid for node in pids.values() for pid in node)[0], signal.SIGKILL)
+        result = await client.result(run_id, resilient_training.pipeline)
+        assert result.attempt == 1 and result.first_step >= 10 and result.optimizer_steps == STEPS["total_steps"]
+        info = await client.gang(gang_id)
+        assert "killed by SIGKILL" in info["failed_attempts"][0]["reason"]
+        assert not any(_alive(pid) for node in pids.values() for pid in node)
+
+    run(main())
+
+
+def test_hung_rank_is_detected_and_restarted(stack: Stack):
+    hang_timeout = 20  # what resilient_training.train declares
+
+    async def main() -> None:
+        client = await stack.client()
+        run_id = await client.start(resilient_training.pipeline, STEPS)
+        gang_id = f"{run_id}.train-1"
+        gang = await _running_gang(client, gang_id, min_step=15)
+        pids = _pids(gang)
+        stopped = sorted(pid for node in pids.values() for pid in node)[-1]
+        os.kill(stopped, signal.SIGSTOP)
+        frozen = time.monotonic()
+        while (await client.gang(gang_id))["restarts"] < 1:
+            assert time.monotonic() - frozen < hang_timeout + 10, "the hung rank was not detected in time"
+            await asyncio.sleep(0.2)
+        result = await client.result(run_id, resilient_training.pipeline)
+        assert result.attempt == 1 and result.optimizer_steps == STEPS["total_steps"]
+        info = await client.gang(gang_id)
+        assert "made no progress" in info["failed_attempts"][0]["reason"]
+        assert not _alive(stopped)
+
+    run(main())
+
+
+def test_user_error_is_not_restarted(stack: Stack):
+    async def main() -> None:
+        client = await stack.client()
+        run_id = await client.start(gangs.user_bug, {})
+        with pytest.raises(WorkflowFailureError):
+            await client.wait(run_id)
+        error = (await client.status(run_id)).error
+        assert "user error in the task body, not restarted (1 attempt(s) allowed" in error
+        assert "attempt 0 [user] rank 1 (node" in error and "KeyError" in error
+        assert "attempt 1" not in error  # max_restarts=3 is for system failures only
+
+    run(main())
+
+
+def test_exhausted_restart_budget_lists_every_attempt(stack: Stack):
+    async def main() -> None:
+        client = await stack.client()
+        run_id = await client.start(gangs.doomed, {})
+        with pytest.raises(WorkflowFailureError):
+            await client.wait(run_id)
+        error = (await client.status(run_id)).error
+        assert "restart budget exhausted (1 restarts) after system failures" in error
+        assert "attempt 0 [system] rank 1" in error and "attempt 1 [system] rank 1" in error
+        assert "killed by SIGKILL" in error
+
+    run(main())
+
+
+def test_worker_killed_and_server_restarted_mid_gang(stack: Stack):
+    async def main() -> None:
+        client = await stack.client()
+        run_id = await client.start(resilient_training.pipeline, STEPS)
+        gang_id = f"{run_id}.train-1"
+        await _running_gang(client, gang_id, min_step=10)
+        stack.worker.kill()  # the workflow worker dies; the ranks keep training on the node agents
+        await asyncio.sleep(1.0)
+        stack.worker.start()
+        await _running_gang(client, gang_id, min_step=30)
+        stack.server.stop()  # and now Temporal itself goes away for a moment
+        await asyncio.sleep(1.0)
+        stack.server.start()
+        result = await client.result(run_id, resilient_training.pipeline)  # waits through the outage
+        assert result.steps == STEPS["total_steps"] and result.optimizer_steps == STEPS["total_steps"]
+
+    run(main())
