@@ -18,6 +18,7 @@ the same node's queue, which may belong to a dead machine. This workflow owns ev
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -89,8 +90,14 @@ def _classify(err: BaseException, node_id: str) -> tuple[bool, str, bool] | None
             return True, f"node {node_id} lost ({cause.type.name.lower().replace('_', '-')} timeout)", True
         return False, f"the task exceeded its timeout on node {node_id}", False
     if isinstance(cause, ApplicationError):
+        if cause.type == "NodeShutdown":
+            return True, cause.message, True
         return cause.type in _SYSTEM_TYPES, cause.message, False
     return True, f"node {node_id}: {err.message}: {cause}", False
+
+
+def _record(order: list[int], index: int, _: object) -> None:
+    order.append(index)
 
 
 def _first_line(text: str) -> str:
@@ -267,6 +274,9 @@ class GangRun:
                 )
             )
         self._say(f"attempt {attempt}: {spec.nnodes * spec.nproc_per_node} ranks running on {where}")
+        finished: list[int] = []  # node indexes in the order their activities ended (deterministic on replay)
+        for index, handle in enumerate(handles):
+            handle.add_done_callback(functools.partial(_record, finished, index))
         try:
             await workflow.wait(handles, return_when=asyncio.FIRST_EXCEPTION)
         except asyncio.CancelledError:
@@ -278,11 +288,11 @@ class GangRun:
         # from outside) often reports after its peers' collective errors ("connection closed by peer").
         await self._stop(handles)
         verdicts: list[tuple[str, bool, str, bool]] = []
-        for node, handle in zip(nodes, handles, strict=True):
-            failure = handle.exception() if handle.done() else None
-            verdict = _classify(failure, node.node_id) if failure is not None else None
+        for index in finished:  # earliest failure first: it is the likely root cause among equals
+            failure = handles[index].exception()
+            verdict = _classify(failure, nodes[index].node_id) if failure is not None else None
             if verdict is not None:
-                verdicts.append((node.node_id, *verdict))
+                verdicts.append((nodes[index].node_id, *verdict))
         if not verdicts:  # every node reported cancellation: treat as lost contact
             raise _AttemptFailed(True, "the gang's node activities were cancelled", [])
         system = [v for v in verdicts if v[1]]

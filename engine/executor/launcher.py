@@ -25,6 +25,7 @@ from engine.executor.process import set_parent_death_signal
 __all__ = ["NodeGang", "RankFailure", "RankLaunch", "runner_command"]
 
 _TAIL_LINES = 30
+_EXTERNAL_SIGNALS = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,20 @@ class RankFailure:
 
     @property
     def kind(self) -> str:
-        """``user`` (the body raised or the rank's own command failed), ``killed`` (a signal from outside:
-        OOM killer, preemption, an operator) or ``hung`` (no progress report for ``hang_timeout``)."""
+        """``killed`` (a signal from outside: the OOM killer, preemption, an operator), ``hung`` (no progress
+        report for ``hang_timeout``), or ``user`` (the body raised, the rank's own command failed, or the
+        process crashed by itself: SIGABRT / SIGSEGV, which is also how frameworks abort after a peer died)."""
         if self.hung_for is not None:
             return "hung"
-        return "killed" if self.returncode is not None and self.returncode < 0 else "user"
+        if self.returncode is not None and -self.returncode in _EXTERNAL_SIGNALS:
+            return "killed"
+        return "user"
+
+    @property
+    def priority(self) -> int:
+        """Which of several failures is the root cause: outside kills and hangs first, then an exception
+        in the body (a rank that wrote its traceback), then crashes and bare exit codes."""
+        return {"killed": 0, "hung": 1}.get(self.kind, 2 if self.error else 3)
 
     @property
     def how(self) -> str:
@@ -105,6 +115,7 @@ class NodeGang:
         self.error_dir = workdir / "errors"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.started = 0.0
+        self.exit_seen: dict[int, float] = {}  # rank -> when poll() first saw it gone (orders failures)
 
     def start(self) -> None:
         self.done_dir.mkdir(parents=True, exist_ok=True)
@@ -166,12 +177,13 @@ class NodeGang:
                 if self.hang_timeout is not None and silent > self.hang_timeout:
                     failures.append(self._failure(launch, None, hung_for=silent))
                 continue
+            self.exit_seen.setdefault(launch.context.rank, now)
             if not self._succeeded(launch, code):
                 failures.append(self._failure(launch, code))
             else:
                 finished += 1
         if failures:
-            return min(failures, key=lambda f: {"killed": 0, "hung": 1, "user": 2}[f.kind])
+            return min(failures, key=lambda f: (f.priority, self.exit_seen.get(f.rank, now)))
         return finished == len(self.procs)
 
     def _failure(self, launch: RankLaunch, code: int | None, hung_for: float | None = None) -> RankFailure:

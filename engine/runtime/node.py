@@ -141,6 +141,10 @@ class NodeActivities:
             return result.read_bytes() if result.exists() else pack(None)
         except asyncio.CancelledError:
             await asyncio.shield(asyncio.to_thread(gang.terminate, STOP_GRACE_S))
+            if activity.is_worker_shutdown():  # this agent is going away, not a cancel from GangRun
+                raise ApplicationError(
+                    f"node agent {self.config.node_id} shut down", type="NodeShutdown", non_retryable=True
+                ) from None
             raise
         finally:
             if local_logs:
