@@ -14,6 +14,7 @@ from engine.core import (
     task,
     workflow,
 )
+from engine.core.gang import GangPlugin, ProcessSpec, RankContext, current_rank
 from engine.progress import report
 from engine.types import Directory, File
 
@@ -21,13 +22,17 @@ __all__ = [
     "DefinitionError",
     "Directory",
     "File",
+    "GangPlugin",
     "GangflowError",
     "InputError",
     "PayloadTooLargeError",
+    "ProcessSpec",
+    "RankContext",
     "Resources",
     "Retry",
     "TypeMismatchError",
     "checkpoint",
+    "current_rank",
     "report",
     "run_local",
     "task",

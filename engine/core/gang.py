@@ -14,13 +14,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from engine.core.resources import Resources
 from engine.errors import DefinitionError
 
-__all__ = ["GangShape", "NodeLaunch", "Plugin", "RankContext", "base_rank_env", "gang_shape"]
+__all__ = [
+    "GangPlugin",
+    "GangShape",
+    "NodeLaunch",
+    "Plugin",
+    "ProcessSpec",
+    "RankContext",
+    "base_rank_env",
+    "current_rank",
+    "gang_shape",
+]
 
 
 @dataclass(frozen=True)
@@ -81,9 +91,22 @@ class RankContext:
         )
 
 
+@dataclass(frozen=True)
+class ProcessSpec:
+    """A process a plugin asks the engine to run beside the ranks, e.g. XGBoost's tracker.
+
+    A coordinator is started on node rank 0 before the ranks, listens on ``MASTER_PORT`` (fresh for
+    each attempt) and is stopped when the gang ends; if it fails first, the gang fails.
+    """
+
+    name: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
 @runtime_checkable
 class Plugin(Protocol):
-    """What a distributed-task plugin provides. See docs/plugins.md."""
+    """What a distributed-task plugin provides. See docs/plugins.md; ``GangPlugin`` has the defaults."""
 
     nnodes: int
     nproc_per_node: int
@@ -103,6 +126,38 @@ class Plugin(Protocol):
     def teardown(self, rank: RankContext) -> None:
         """Inside the rank, after the task body, also when it raised."""
         ...
+
+
+def current_rank() -> RankContext:
+    """Where the calling rank sits in its gang (rank, world size, node rank, ...), e.g. to pick its shard.
+    Under ``engine.run_local`` a distributed task is rank 0 of 1."""
+    if "RANK" not in os.environ:
+        raise RuntimeError("current_rank() is only available inside a rank of a distributed task")
+    return RankContext.from_env()
+
+
+class GangPlugin:
+    """Convenient base for plugins: every hook has a do-nothing default, so a plugin overrides only what
+    its framework needs. Subclasses are (frozen) dataclasses with ``nnodes`` and ``nproc_per_node``."""
+
+    nnodes: int
+    nproc_per_node: int
+
+    def rank_env(self, rank: RankContext) -> dict[str, str]:
+        return {}
+
+    def command(self, rank: RankContext) -> list[str] | None:
+        return None
+
+    def coordinator(self, rank0: RankContext) -> ProcessSpec | None:
+        """A process to run on node rank 0 for this attempt (started before the ranks), or None."""
+        return None
+
+    def setup(self, rank: RankContext) -> None:
+        return None
+
+    def teardown(self, rank: RankContext) -> None:
+        return None
 
 
 def gang_shape(plugin: Any, resources: Resources, owner: str) -> GangShape:

@@ -36,6 +36,9 @@ class RankLaunch:
     log_path: str
     runner: bool  # True: gangflow's rank runner (done markers count), False: a plugin's own command
     progress_path: str | None = None  # where engine.report() writes (GANGFLOW_PROGRESS_FILE)
+    #: a plugin's coordinator (e.g. XGBoost's tracker) rather than a rank: it must not fail, but the gang
+    #: is done when the ranks are, and it is stopped then
+    coordinator: str | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class RankFailure:
     error: str | None
     log_tail: str
     hung_for: float | None = None
+    coordinator: str | None = None
 
     @property
     def kind(self) -> str:
@@ -63,6 +67,8 @@ class RankFailure:
     def priority(self) -> int:
         """Which of several failures is the root cause: outside kills and hangs first, then an exception
         in the body (a rank that wrote its traceback), then crashes and bare exit codes."""
+        if self.coordinator:  # a coordinator usually fails because its workers did
+            return 4
         return {"killed": 0, "hung": 1}.get(self.kind, 2 if self.error else 3)
 
     @property
@@ -78,10 +84,12 @@ class RankFailure:
         return f"exited with code {self.returncode}"
 
     def describe(self) -> str:
-        head = f"rank {self.rank} (node {self.node_id}, local rank {self.local_rank}) {self.how}"
+        who = f"the {self.coordinator}" if self.coordinator else f"rank {self.rank}"
+        where = f"node {self.node_id}" + ("" if self.coordinator else f", local rank {self.local_rank}")
+        head = f"{who} ({where}) {self.how}"
         if self.error:
             head += f": {self.error.splitlines()[0]}"
-        return f"{head}\n--- last lines of rank {self.rank}'s log ---\n{self.log_tail}"
+        return f"{head}\n--- last lines of {who}'s log ---\n{self.log_tail}"
 
 
 def _tail(path: str, lines: int = _TAIL_LINES) -> str:
@@ -172,6 +180,10 @@ class NodeGang:
         now = time.time()
         for launch, proc in zip(self.ranks, self.procs, strict=True):
             code = proc.poll()
+            if launch.coordinator:
+                if code not in (None, 0):
+                    failures.append(self._failure(launch, code))
+                continue
             if code is None:
                 silent = now - self._last_sign_of_life(launch)
                 if self.hang_timeout is not None and silent > self.hang_timeout:
@@ -184,13 +196,20 @@ class NodeGang:
                 finished += 1
         if failures:
             return min(failures, key=lambda f: (f.priority, self.exit_seen.get(f.rank, now)))
-        return finished == len(self.procs)
+        return finished == sum(1 for launch in self.ranks if not launch.coordinator)
 
     def _failure(self, launch: RankLaunch, code: int | None, hung_for: float | None = None) -> RankFailure:
         error_file = self.error_dir / f"rank{launch.context.rank}"
         error = error_file.read_text(errors="replace") if error_file.exists() else None
         return RankFailure(
-            launch.context.rank, launch.context.local_rank, self.node_id, code, error, _tail(launch.log_path), hung_for
+            launch.context.rank,
+            launch.context.local_rank,
+            self.node_id,
+            code,
+            None if launch.coordinator else error,
+            _tail(launch.log_path),
+            hung_for,
+            launch.coordinator,
         )
 
     def terminate(self, grace: float = 5.0) -> None:

@@ -119,6 +119,21 @@ class NodeActivities:
                     progress_path=progress,
                 )
             )
+        coordinator = getattr(defn.plugin, "coordinator", None)
+        spec_of = coordinator(ranks[0].context) if coordinator and launch.node_rank == 0 else None
+        if spec_of is not None:  # started first: the ranks connect to it
+            name = f"{launch.log_name}.{spec_of.name}.attempt{launch.attempt}.log"
+            ranks.insert(
+                0,
+                RankLaunch(
+                    context=ranks[0].context,
+                    command=spec_of.command,
+                    env={**ranks[0].env, **spec_of.env},
+                    log_path=str(workdir / name) if local_logs else store.log_path(envelope.run.run_id, name),
+                    runner=False,
+                    coordinator=spec_of.name,
+                ),
+            )
         folder = LOADER.folder_for(envelope.code)
         gang = NodeGang(
             self.config.node_id, ranks, workdir, cwd=str(folder) if folder else None, hang_timeout=launch.hang_timeout_s
@@ -137,6 +152,7 @@ class NodeActivities:
                     type=FAILURE_TYPES[state.kind],
                     non_retryable=True,
                 )
+            await asyncio.to_thread(gang.terminate, STOP_GRACE_S)  # a coordinator may still be up
             result = workdir / "result"  # written by rank 0's runner; a plugin's own script returns None
             return result.read_bytes() if result.exists() else pack(None)
         except asyncio.CancelledError:
