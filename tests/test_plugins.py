@@ -46,3 +46,17 @@ def test_xgboost_workers_train_one_model_from_both_shards(server, worker, cluste
         model.name == "model.rank0.json"
         and model.sha256 == hashlib.sha256((folder / "model.rank0.json").read_bytes()).hexdigest()
     )
+
+
+def test_mpi_allreduce_across_two_node_agents(server, worker, cluster, artifacts):
+    pytest.importorskip("mpi4py", reason="the mpi extra is not installed")
+
+    async def main() -> tuple[list[int], list]:
+        client = await _client(server, artifacts)
+        run_id = await client.start(gangs.mpi_job, {})
+        result = await client.result(run_id, gangs.mpi_job)
+        return result, await client.logs(run_id, "mpi_allreduce", rank=3)
+
+    result, logs = run(main())
+    assert result == [10, 10, 10, 10]  # 1 + 2 + 3 + 4 on every rank
+    assert "MPI rank 3 of 4 on node 1: sum 10" in logs[0][1]  # rank 3 ran on the second node agent

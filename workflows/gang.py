@@ -39,11 +39,13 @@ from engine.core.wire import Envelope
 from engine.scheduling import Placement
 from workflows.scheduler import PENDING_SIGNAL, PLACEMENT_SIGNAL, REJECTED_SIGNAL, SCHEDULER_ID
 
-__all__ = ["GANG_TYPE", "RESERVE_PORT", "RUN_RANKS", "GangRun", "GangSpec", "node_queue"]
+__all__ = ["GANG_TYPE", "REMOTE_COMMAND", "RESERVE_PORT", "RUN_RANKS", "GangRun", "GangSpec", "node_queue"]
 
 GANG_TYPE = "GangRun"
 RUN_RANKS = "gangflow.run_ranks"
 RESERVE_PORT = "gangflow.reserve_port"
+#: a launcher's command for another node (MPI proxies), relayed through this workflow
+REMOTE_COMMAND = "remote_command"
 
 
 def node_queue(node_id: str) -> str:
@@ -113,6 +115,7 @@ class GangRun:
         self.phase = "submitted"
         self.attempts: list[dict[str, Any]] = []  # one entry per failed attempt
         self.restarts = 0
+        self.remote: dict[str, list[str]] = {}  # "<attempt>/<node rank>" -> command
 
     @workflow.signal(name=PLACEMENT_SIGNAL)
     def on_placement(self, placement: dict[str, Any]) -> None:
@@ -126,6 +129,14 @@ class GangRun:
     def on_pending(self, reason: str) -> None:
         self.pending = reason
         self._say(reason)
+
+    @workflow.signal(name=REMOTE_COMMAND)
+    def on_remote_command(self, payload: dict[str, Any]) -> None:
+        self.remote[f"{payload['attempt']}/{payload['node_rank']}"] = list(payload["command"])
+
+    @workflow.query(name=REMOTE_COMMAND)
+    def remote_command(self, attempt: int, node_rank: int) -> list[str] | None:
+        return self.remote.get(f"{attempt}/{node_rank}")
 
     @workflow.query(name="status")
     def status(self) -> dict[str, Any]:
@@ -257,6 +268,7 @@ class GangRun:
                 checkpoint_dir=checkpoint_dir,
                 log_name=spec.call,
                 hang_timeout_s=spec.hang_timeout_s,
+                hosts=[n.node_id for n in nodes],
             )
             handles.append(
                 workflow.start_activity(

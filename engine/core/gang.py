@@ -54,6 +54,13 @@ class GangShape:
         return self.gpus_per_node // self.nproc_per_node
 
 
+#: (rank, size, local rank, local size) as MPICH's hydra and Open MPI name them
+_MPI_NAMES = (
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+)
+
+
 @dataclass(frozen=True)
 class RankContext:
     """Where one rank sits in its gang (what the environment variables say, as one object)."""
@@ -73,8 +80,17 @@ class RankContext:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RankContext:
-        e = os.environ if env is None else env
+        e = dict(os.environ if env is None else env)
+        if "RANK" not in e:  # started by an MPI launcher: take the rank from its own variables
+            for rank, size, local, local_size in _MPI_NAMES:
+                if rank in e:
+                    e.update(RANK=e[rank], WORLD_SIZE=e[size], LOCAL_RANK=e[local], LOCAL_WORLD_SIZE=e[local_size])
+                    break
         gpus = e.get("GANGFLOW_GPU_IDS", "")
+        if "GANGFLOW_NODE_GPU_IDS" in e:  # one launcher per node: split the node's GPUs by local rank
+            node_gpus = [g for g in e["GANGFLOW_NODE_GPU_IDS"].split(",") if g]
+            per = len(node_gpus) // int(e["LOCAL_WORLD_SIZE"])
+            gpus = ",".join(node_gpus[int(e["LOCAL_RANK"]) * per : (int(e["LOCAL_RANK"]) + 1) * per])
         return cls(
             rank=int(e["RANK"]),
             local_rank=int(e["LOCAL_RANK"]),
@@ -153,6 +169,17 @@ class GangPlugin:
         """A process to run on node rank 0 for this attempt (started before the ranks), or None."""
         return None
 
+    def launcher(self, rank0: RankContext, hosts: list[tuple[str, int]], rank_command: list[str]) -> ProcessSpec | None:
+        """A process on node rank 0 that starts every rank itself (``mpiexec``), instead of one process
+        per rank started by each node agent. ``hosts`` are (name, slots) in node-rank order. What it
+        cannot start on other nodes it prints as lines that ``remote_command`` recognises; the engine
+        runs those commands through the node agents (no ssh)."""
+        return None
+
+    def remote_command(self, line: str, rank0: RankContext) -> tuple[int, list[str]] | None:
+        """(node rank, command) when a line of the launcher's output asks for a process on a node."""
+        return None
+
     def setup(self, rank: RankContext) -> None:
         return None
 
@@ -203,6 +230,7 @@ def base_rank_env(rank: RankContext, *, cpus_per_rank: float) -> dict[str, str]:
         # a rank that asked for no GPU must not see (and grab) the node's GPUs
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in rank.gpu_ids),
         "GANGFLOW_GPU_IDS": ",".join(str(g) for g in rank.gpu_ids),
+        "GANGFLOW_NODE_RANK": group,
         "GANGFLOW_NNODES": str(rank.nnodes),
         "GANGFLOW_RUN_ID": rank.run_id,
         "GANGFLOW_ATTEMPT": str(rank.attempt),
@@ -231,6 +259,7 @@ class NodeLaunch:
     checkpoint_dir: str
     log_name: str
     hang_timeout_s: float | None = None
+    hosts: list[str] = field(default_factory=list)  # node ids in node-rank order (for MPI hostfiles)
 
     def contexts(self, run_id: str) -> list[RankContext]:
         per_rank = len(self.gpu_ids) // self.nproc_per_node

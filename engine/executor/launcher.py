@@ -36,9 +36,14 @@ class RankLaunch:
     log_path: str
     runner: bool  # True: gangflow's rank runner (done markers count), False: a plugin's own command
     progress_path: str | None = None  # where engine.report() writes (GANGFLOW_PROGRESS_FILE)
-    #: a plugin's coordinator (e.g. XGBoost's tracker) rather than a rank: it must not fail, but the gang
-    #: is done when the ranks are, and it is stopped then
-    coordinator: str | None = None
+    #: a process that is not one rank: a coordinator (XGBoost's tracker), an MPI launcher or proxy
+    role: str | None = None
+    #: the gang is done when every must-finish process exited 0; the others (coordinators) must not fail
+    #: before that, and are stopped then
+    must_finish: bool = True
+    #: its output comes back through a pipe to the caller (who logs it), e.g. to read an MPI launcher's
+    #: per-node commands
+    pipe_output: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ class RankFailure:
     error: str | None
     log_tail: str
     hung_for: float | None = None
-    coordinator: str | None = None
+    role: str | None = None
 
     @property
     def kind(self) -> str:
@@ -67,7 +72,7 @@ class RankFailure:
     def priority(self) -> int:
         """Which of several failures is the root cause: outside kills and hangs first, then an exception
         in the body (a rank that wrote its traceback), then crashes and bare exit codes."""
-        if self.coordinator:  # a coordinator usually fails because its workers did
+        if self.role:  # a coordinator or launcher usually fails because a rank did
             return 4
         return {"killed": 0, "hung": 1}.get(self.kind, 2 if self.error else 3)
 
@@ -84,8 +89,8 @@ class RankFailure:
         return f"exited with code {self.returncode}"
 
     def describe(self) -> str:
-        who = f"the {self.coordinator}" if self.coordinator else f"rank {self.rank}"
-        where = f"node {self.node_id}" + ("" if self.coordinator else f", local rank {self.local_rank}")
+        who = self.role if self.role else f"rank {self.rank}"
+        where = f"node {self.node_id}" + ("" if self.role else f", local rank {self.local_rank}")
         head = f"{who} ({where}) {self.how}"
         if self.error:
             head += f": {self.error.splitlines()[0]}"
@@ -124,26 +129,34 @@ class NodeGang:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.started = 0.0
         self.exit_seen: dict[int, float] = {}  # rank -> when poll() first saw it gone (orders failures)
+        self.awaiting = 0  # processes still to be added (an MPI proxy whose command has not come yet)
 
     def start(self) -> None:
         self.done_dir.mkdir(parents=True, exist_ok=True)
         self.error_dir.mkdir(parents=True, exist_ok=True)
         self.started = time.time()
-        for launch in self.ranks:
-            Path(launch.log_path).parent.mkdir(parents=True, exist_ok=True)
-            with open(launch.log_path, "ab") as log:
-                self.procs.append(
-                    subprocess.Popen(
-                        launch.command,
-                        env=launch.env,
-                        cwd=self.cwd,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                        preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),
-                    )
-                )
+        launches, self.ranks = self.ranks, []
+        for launch in launches:
+            self.add(launch)
+
+    def add(self, launch: RankLaunch) -> subprocess.Popen[bytes]:
+        """Start one more process of this gang."""
+        Path(launch.log_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(launch.log_path, "ab") as log:
+            proc = subprocess.Popen(
+                launch.command,
+                env=launch.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if launch.pipe_output else log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),
+            )
+        self.ranks.append(launch)
+        self.procs.append(proc)
+        self.awaiting = max(0, self.awaiting - 1)
+        return proc
 
     @property
     def pids(self) -> list[int]:
@@ -156,12 +169,11 @@ class NodeGang:
         return launch.runner and (self.done_dir / f"rank{launch.context.rank}").exists()
 
     def progress(self) -> dict[int, dict[str, object]]:
-        """The latest ``engine.report`` of each rank that has reported."""
+        """The latest ``engine.report`` of each rank on this node that has reported."""
         out: dict[int, dict[str, object]] = {}
-        for launch in self.ranks:
-            if launch.progress_path:
-                with contextlib.suppress(OSError, ValueError):
-                    out[launch.context.rank] = json.loads(Path(launch.progress_path).read_text())
+        for path in sorted((self.workdir / "progress").glob("rank*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                out[int(path.stem.removeprefix("rank"))] = json.loads(path.read_text())
         return out
 
     def _last_sign_of_life(self, launch: RankLaunch) -> float:
@@ -180,11 +192,13 @@ class NodeGang:
         now = time.time()
         for launch, proc in zip(self.ranks, self.procs, strict=True):
             code = proc.poll()
-            if launch.coordinator:
+            if not launch.must_finish:
                 if code not in (None, 0):
                     failures.append(self._failure(launch, code))
                 continue
             if code is None:
+                if launch.role:
+                    continue
                 silent = now - self._last_sign_of_life(launch)
                 if self.hang_timeout is not None and silent > self.hang_timeout:
                     failures.append(self._failure(launch, None, hung_for=silent))
@@ -196,20 +210,24 @@ class NodeGang:
                 finished += 1
         if failures:
             return min(failures, key=lambda f: (f.priority, self.exit_seen.get(f.rank, now)))
-        return finished == sum(1 for launch in self.ranks if not launch.coordinator)
+        return not self.awaiting and finished == sum(1 for launch in self.ranks if launch.must_finish)
 
     def _failure(self, launch: RankLaunch, code: int | None, hung_for: float | None = None) -> RankFailure:
-        error_file = self.error_dir / f"rank{launch.context.rank}"
+        if launch.role:  # a launcher fails because one of its ranks did: show that rank's exception
+            errors = sorted(self.error_dir.glob("rank*"))
+            error_file = errors[0] if errors else self.error_dir / "none"
+        else:
+            error_file = self.error_dir / f"rank{launch.context.rank}"
         error = error_file.read_text(errors="replace") if error_file.exists() else None
         return RankFailure(
             launch.context.rank,
             launch.context.local_rank,
             self.node_id,
             code,
-            None if launch.coordinator else error,
+            error,
             _tail(launch.log_path),
             hung_for,
-            launch.coordinator,
+            launch.role,
         )
 
     def terminate(self, grace: float = 5.0) -> None:
@@ -232,5 +250,7 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def runner_command(spec_path: str) -> list[str]:
-    return [sys.executable, "-m", "engine.executor.rank", spec_path]
+def runner_command(spec_path: str | None) -> list[str]:
+    """The rank runner; without a spec path it reads ``GANGFLOW_RANK_SPEC`` (set per node, so one
+    launcher command line serves ranks on every node)."""
+    return [sys.executable, "-m", "engine.executor.rank", *([spec_path] if spec_path else [])]

@@ -53,10 +53,31 @@ def _run(spec: dict[str, Any], rank: RankContext) -> None:
         defn.plugin.teardown(rank)
 
 
+def _adopt(rank: RankContext) -> None:
+    """Under a launcher (MPI) the node's environment is shared by its ranks: give this process the
+    per-rank names, its own GPUs, and its own progress file and log."""
+    os.environ.update(
+        RANK=str(rank.rank),
+        WORLD_SIZE=str(rank.world_size),
+        LOCAL_RANK=str(rank.local_rank),
+        LOCAL_WORLD_SIZE=str(rank.local_world_size),
+    )
+    if "GANGFLOW_NODE_GPU_IDS" in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, rank.gpu_ids))
+    if "{rank}" in os.environ.get("GANGFLOW_PROGRESS_FILE", ""):
+        os.environ["GANGFLOW_PROGRESS_FILE"] = os.environ["GANGFLOW_PROGRESS_FILE"].format(rank=rank.rank)
+    if log := os.environ.get("GANGFLOW_RANK_LOG"):
+        fd = os.open(log.format(rank=rank.rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    spec = unpack(Path(args[0]).read_bytes())
+    spec = unpack(Path(args[0] if args else os.environ["GANGFLOW_RANK_SPEC"]).read_bytes())
     rank = RankContext.from_env()
+    _adopt(rank)
     install_stop_handler()  # SIGTERM: stop_requested() turns true, the body may checkpoint and return
     code = 0
     try:

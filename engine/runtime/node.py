@@ -11,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import re
 import shutil
 import socket
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client
@@ -33,7 +37,7 @@ from engine.executor.launcher import NodeGang, RankFailure, RankLaunch, runner_c
 from engine.runtime.activities import store_for
 from engine.runtime.connection import TASK_QUEUE
 from engine.types.codec import pack
-from workflows.gang import RESERVE_PORT, RUN_RANKS, node_queue
+from workflows.gang import REMOTE_COMMAND, RESERVE_PORT, RUN_RANKS, node_queue
 from workflows.scheduler import SCHEDULER_ID, SCHEDULER_TYPE
 
 __all__ = ["NodeActivities", "NodeConfig", "register", "run_node"]
@@ -80,67 +84,44 @@ class NodeActivities:
             raise ApplicationError(
                 f"{envelope.code.qualname} is not a distributed task", type="CodeNotFound", non_retryable=True
             )
+        run_id = envelope.run.run_id
         store = store_for(envelope.run.artifacts)
         workdir = self.workdir / _safe(f"{launch.gang_id}.a{launch.attempt}.n{launch.node_rank}")
         shutil.rmtree(workdir, ignore_errors=True)
-        workdir.mkdir(parents=True)
+        (workdir / "progress").mkdir(parents=True)
         spec_path = workdir / "spec.msgpack"
-        spec_path.write_bytes(
-            pack(
-                {
-                    "envelope": envelope_blob,
-                    "result_path": str(workdir / "result"),
-                    "done_dir": str(workdir / "done"),
-                    "error_dir": str(workdir / "errors"),
-                }
-            )
-        )
+        spec = {
+            "envelope": envelope_blob,
+            "result_path": str(workdir / "result"),
+            "done_dir": str(workdir / "done"),
+            "error_dir": str(workdir / "errors"),
+        }
+        spec_path.write_bytes(pack(spec))
         if "://" not in launch.checkpoint_dir:  # a shared filesystem path: make sure it exists
             os.makedirs(launch.checkpoint_dir, exist_ok=True)
         local_logs = not store.local
-        (workdir / "progress").mkdir()
-        ranks = []
-        for ctx in launch.contexts(envelope.run.run_id):
-            own = defn.plugin.command(ctx)
-            name = f"{launch.log_name}.rank{ctx.rank}.attempt{launch.attempt}.log"
-            progress = str(workdir / "progress" / f"rank{ctx.rank}.json")
-            ranks.append(
-                RankLaunch(
-                    context=ctx,
-                    command=own or runner_command(str(spec_path)),
-                    env={
-                        **os.environ,
-                        **base_rank_env(ctx, cpus_per_rank=launch.cpus_per_node / launch.nproc_per_node),
-                        **defn.plugin.rank_env(ctx),
-                        "GANGFLOW_PROGRESS_FILE": progress,
-                    },
-                    log_path=str(workdir / name) if local_logs else store.log_path(envelope.run.run_id, name),
-                    runner=own is None,
-                    progress_path=progress,
-                )
-            )
-        coordinator = getattr(defn.plugin, "coordinator", None)
-        spec_of = coordinator(ranks[0].context) if coordinator and launch.node_rank == 0 else None
-        if spec_of is not None:  # started first: the ranks connect to it
-            name = f"{launch.log_name}.{spec_of.name}.attempt{launch.attempt}.log"
-            ranks.insert(
-                0,
-                RankLaunch(
-                    context=ranks[0].context,
-                    command=spec_of.command,
-                    env={**ranks[0].env, **spec_of.env},
-                    log_path=str(workdir / name) if local_logs else store.log_path(envelope.run.run_id, name),
-                    runner=False,
-                    coordinator=spec_of.name,
-                ),
-            )
+
+        def log_path(what: str) -> str:
+            name = f"{launch.log_name}.{what}.attempt{launch.attempt}.log"
+            return str(workdir / name) if local_logs else store.log_path(run_id, name)
+
+        plan = _Plan(launch, defn.plugin, run_id, workdir, spec_path, log_path)
         folder = LOADER.folder_for(envelope.code)
         gang = NodeGang(
-            self.config.node_id, ranks, workdir, cwd=str(folder) if folder else None, hang_timeout=launch.hang_timeout_s
+            self.config.node_id,
+            plan.processes,
+            workdir,
+            cwd=str(folder) if folder else None,
+            hang_timeout=launch.hang_timeout_s,
         )
         gang.start()  # on the event loop thread: the parent-death signal follows the spawning thread
+        relay = _LauncherRelay(plan, gang) if plan.launcher_mode else None
+        if relay is not None and launch.node_rank:
+            gang.awaiting = 1  # this node's helper comes once node rank 0's launcher asks for it
         try:
             while (state := gang.poll()) is False:
+                if relay is not None:
+                    await relay.step()
                 # heartbeat details: what the Web UI and `gangflow status` show about the ranks
                 activity.heartbeat({"node": self.config.node_id, "pids": gang.pids, "progress": gang.progress()})
                 await asyncio.sleep(0.2)
@@ -163,12 +144,156 @@ class NodeActivities:
                 ) from None
             raise
         finally:
+            if relay is not None:
+                relay.close()
             if local_logs:
-                for rank in ranks:
-                    name = Path(rank.log_path).name
-                    if os.path.exists(rank.log_path):
-                        store.fs.put_file(rank.log_path, store.log_path(envelope.run.run_id, name))
+                for path in workdir.glob("*.log"):
+                    store.fs.put_file(str(path), store.log_path(run_id, path.name))
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _Plan:
+    """Which processes this node starts for one attempt: one per rank (plus the plugin's coordinator on
+    node rank 0), or, for a plugin with its own launcher (MPI), the launcher on node rank 0 and the
+    launcher's per-node helpers, which arrive later."""
+
+    def __init__(
+        self, launch: NodeLaunch, plugin: Any, run_id: str, workdir: Path, spec_path: Path, log_path: Any
+    ) -> None:
+        self.launch, self.plugin, self.log_path = launch, plugin, log_path
+        contexts = launch.contexts(run_id)
+        self.rank0 = contexts[0]
+        cpus = launch.cpus_per_node / launch.nproc_per_node
+        progress_dir = workdir / "progress"
+        hosts = [(_safe(h), launch.nproc_per_node) for h in launch.hosts]
+        launcher = getattr(plugin, "launcher", None)
+        spec = launcher(self.rank0, hosts, runner_command(None)) if launcher is not None else None
+        self.launcher_mode = spec is not None
+        self.processes: list[RankLaunch] = []
+        if spec is not None:
+            # One environment for the node; the ranks learn their own rank from the launcher.
+            node_ctx = replace(self.rank0, gpu_ids=tuple(launch.gpu_ids))
+            env = {k: v for k, v in base_rank_env(node_ctx, cpus_per_rank=cpus).items() if k not in _PER_RANK}
+            self.node_env = {
+                **os.environ,
+                **env,
+                **plugin.rank_env(node_ctx),
+                "GANGFLOW_NODE_GPU_IDS": ",".join(map(str, launch.gpu_ids)),
+                "GANGFLOW_RANK_SPEC": str(spec_path),
+                "GANGFLOW_PROGRESS_FILE": str(progress_dir / "rank{rank}.json"),
+                "GANGFLOW_RANK_LOG": log_path("rank{rank}"),
+            }
+            if launch.node_rank == 0:
+                self.processes.append(replace(self.helper(spec.name, spec.command, spec.env), pipe_output=True))
+            return
+        for ctx in contexts:
+            own = plugin.command(ctx)
+            progress = str(progress_dir / f"rank{ctx.rank}.json")
+            env = {**os.environ, **base_rank_env(ctx, cpus_per_rank=cpus), **plugin.rank_env(ctx)}
+            self.processes.append(
+                RankLaunch(
+                    context=ctx,
+                    command=own or runner_command(str(spec_path)),
+                    env={**env, "GANGFLOW_PROGRESS_FILE": progress},
+                    log_path=log_path(f"rank{ctx.rank}"),
+                    runner=own is None,
+                    progress_path=progress,
+                )
+            )
+        coordinator = getattr(plugin, "coordinator", None)
+        extra = coordinator(self.rank0) if coordinator is not None and launch.node_rank == 0 else None
+        if extra is not None:  # started first: the ranks connect to it
+            self.processes.insert(
+                0,
+                RankLaunch(
+                    context=self.rank0,
+                    command=extra.command,
+                    env={**self.processes[0].env, **extra.env},
+                    log_path=log_path(extra.name),
+                    runner=False,
+                    role=f"{extra.name} of the gang",
+                    must_finish=False,
+                ),
+            )
+
+    def helper(self, name: str, command: list[str], env: dict[str, str] | None = None) -> RankLaunch:
+        """The launcher, or one of its per-node helpers (an MPI proxy): it must finish, and it is
+        reported by name rather than as a rank."""
+        return RankLaunch(
+            context=self.rank0,
+            command=command,
+            env={**self.node_env, **(env or {})},
+            log_path=self.log_path(_safe(name.replace(" ", "-"))),
+            runner=True,
+            role=f"{name} on node rank {self.launch.node_rank}",
+        )
+
+
+class _LauncherRelay:
+    """Carries a launcher's per-node commands (MPICH's ``HYDRA_LAUNCH:`` lines) from node rank 0 to the
+    node agents that must run them, through the gang's workflow: no ssh between machines."""
+
+    def __init__(self, plan: _Plan, gang: NodeGang) -> None:
+        self.plan, self.gang = plan, gang
+        self.launch = plan.launch
+        self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.started = False
+        self.deadline = time.monotonic() + 120
+        info = activity.info()
+        self.gang_handle = activity.client().get_workflow_handle(info.workflow_id or "")
+        self.reader: threading.Thread | None = None
+        if self.launch.node_rank == 0:
+            self.reader = threading.Thread(target=self._read, args=(gang.procs[0], gang.ranks[0].log_path), daemon=True)
+            self.reader.start()
+
+    def _read(self, proc: Any, log_path: str) -> None:
+        with open(log_path, "a") as log:
+            for raw in proc.stdout:
+                line = raw.decode(errors="replace")
+                log.write(line)
+                log.flush()
+                self.lines.put(line)
+
+    async def step(self) -> None:
+        if self.launch.node_rank == 0:
+            while not self.lines.empty():
+                found = self.plan.plugin.remote_command(self.lines.get(), self.plan.rank0)
+                if found is None:
+                    continue
+                node_rank, command = found
+                if node_rank == 0:
+                    self.gang.add(self.plan.helper(f"proxy {node_rank}", command))
+                else:
+                    payload = {"attempt": self.launch.attempt, "node_rank": node_rank, "command": command}
+                    await self.gang_handle.signal(REMOTE_COMMAND, payload)
+            return
+        if self.started:
+            return
+        command = await self.gang_handle.query(REMOTE_COMMAND, args=[self.launch.attempt, self.launch.node_rank])
+        if command:
+            self.started = True
+            self.gang.add(self.plan.helper(f"proxy {self.launch.node_rank}", list(command)))
+        elif time.monotonic() > self.deadline:
+            raise ApplicationError(
+                "the launcher on node rank 0 never sent this node its command", type="RankFailed", non_retryable=True
+            )
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.join(timeout=2)
+
+
+#: variables that differ per rank: a launcher gives them to its ranks itself
+_PER_RANK = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "CUDA_VISIBLE_DEVICES",
+    "GANGFLOW_GPU_IDS",
+}
 
 
 async def register(client: Client, config: NodeConfig) -> None:

@@ -57,8 +57,19 @@ class XGBoost(GangPlugin):
     def coordinator(self, rank0: RankContext) -> ProcessSpec:
         return ProcessSpec(
             "tracker",
-            [sys.executable, "-m", "plugins.xgboost.tracker", "--workers", str(rank0.world_size),
-             "--host", rank0.master_addr, "--port", str(rank0.master_port), "--timeout", str(self.timeout)],
+            [
+                sys.executable,
+                "-m",
+                "plugins.xgboost.tracker",
+                "--workers",
+                str(rank0.world_size),
+                "--host",
+                rank0.master_addr,
+                "--port",
+                str(rank0.master_port),
+                "--timeout",
+                str(self.timeout),
+            ],
         )
 
     def setup(self, rank: RankContext) -> None:

@@ -20,7 +20,9 @@ def main() -> None:
     args = parser.parse_args()
     from xgboost.tracker import RabitTracker
 
-    tracker = RabitTracker(n_workers=args.workers, host_ip=args.host, port=args.port, sortby="task", timeout=args.timeout)
+    tracker = RabitTracker(
+        n_workers=args.workers, host_ip=args.host, port=args.port, sortby="task", timeout=args.timeout
+    )
     tracker.start()
     print(f"tracker for {args.workers} workers on {args.host}:{args.port}", flush=True)
     tracker.wait_for(timeout=args.timeout)

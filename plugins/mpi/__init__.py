@@ -1,0 +1,81 @@
+"""MPI (mpi4py) as a gangflow plugin, with MPICH's hydra launcher and no ssh.
+
+    @task(plugin=MPI(nnodes=2, slots_per_node=2))
+    def solve(n: int) -> float: ...      # runs on every MPI rank; `from mpi4py import MPI` works
+
+Node rank 0 runs ``mpiexec -launcher manual -f <hostfile> -n N -genvnone python -m engine.executor.rank``.
+Hydra does not ssh anywhere: it prints one ``HYDRA_LAUNCH:`` proxy command per host, and gangflow's node
+agents run each on its own node (the engine passes the command through the gang's workflow). With
+``-genvnone`` every rank inherits its own node's environment (GPU pinning, gangflow's variables), not
+node 0's. Hosts in the hostfile are gangflow node ids (``node:slots``, MPICH's format); hydra never
+resolves them in manual mode, and the proxies connect back to node 0's advertised address.
+
+Only MPICH is supported (``pip install mpi4py mpich``, the ``gangflow[mpi]`` extra). Open MPI 5 would
+use ``--prtemca plm_ssh_agent`` with a gangflow remote-exec helper; it is not wired up yet.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.core.gang import GangPlugin, ProcessSpec, RankContext
+
+__all__ = ["MPI"]
+
+_LAUNCH = re.compile(r"^HYDRA_LAUNCH:\s*(.+?)\s*$")
+_PROXY_ID = re.compile(r"--proxy-id\s+(\d+)")
+_CONTROL = re.compile(r"(--control-port\s+)([^\s:]+):(\d+)")
+
+
+@dataclass(frozen=True)
+class MPI(GangPlugin):
+    nnodes: int = 1
+    slots_per_node: int = 1
+    implementation: str = "mpich"
+
+    def __post_init__(self) -> None:
+        if self.implementation != "mpich":
+            raise ValueError(f"MPI implementation {self.implementation!r} is not supported; use 'mpich'")
+        if self.slots_per_node < 1:
+            raise ValueError("MPI slots_per_node must be >= 1")
+
+    @property
+    def nproc_per_node(self) -> int:  # type: ignore[override]
+        return self.slots_per_node
+
+    def launcher(self, rank0: RankContext, hosts: list[tuple[str, int]], rank_command: list[str]) -> ProcessSpec:
+        mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or "mpiexec"
+        hostlist = ",".join(f"{name}:{slots}" for name, slots in hosts)
+        return ProcessSpec(
+            "mpiexec",
+            [
+                mpiexec,
+                "-launcher",
+                "manual",
+                "-hosts",
+                hostlist,
+                "-n",
+                str(sum(s for _, s in hosts)),
+                "-genvnone",
+                *rank_command,
+            ],
+            # hydra's control port is the gang's fresh rendezvous port, reserved on this node
+            {"MPIEXEC_PORT_RANGE": f"{rank0.master_port}:{rank0.master_port}"},
+        )
+
+    def remote_command(self, line: str, rank0: RankContext) -> tuple[int, list[str]] | None:
+        match = _LAUNCH.match(line)
+        proxy = _PROXY_ID.search(line) if match else None
+        if not match or not proxy:
+            return None
+        # hydra names its own hostname as the control host; the other nodes reach node 0 at its
+        # advertised address instead
+        command = _CONTROL.sub(lambda m: f"{m.group(1)}{rank0.master_addr}:{m.group(3)}", match.group(1))
+        return int(proxy.group(1)), command.split()
+
+    def rank_env(self, rank: RankContext) -> dict[str, str]:
+        return {"MPICH_ASYNC_PROGRESS": "0"}
