@@ -32,5 +32,5 @@ def report(step: int, *, force: bool = False, **metrics: Any) -> None:
     clean = {k: (v if isinstance(v, int | float | str | bool) or v is None else str(v)) for k, v in metrics.items()}
     tmp = f"{path}.tmp"
     with open(tmp, "w") as handle:
-        json.dump({"step": int(step), "time": time.time(), **clean}, handle)
+        json.dump({"step": int(step), "time": time.time(), "pid": os.getpid(), **clean}, handle)
     os.replace(tmp, path)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
+import os
+import signal
+import time
 from pathlib import Path
 
 import gangs
 import pytest
 from conftest import run
+from temporalio.client import WorkflowFailureError
+from temporalio.service import RPCError
 
 from engine.client import Client
 from engine.runtime import Endpoint, connect
@@ -60,3 +67,45 @@ def test_mpi_allreduce_across_two_node_agents(server, worker, cluster, artifacts
     result, logs = run(main())
     assert result == [10, 10, 10, 10]  # 1 + 2 + 3 + 4 on every rank
     assert "MPI rank 3 of 4 on node 1: sum 10" in logs[0][1]  # rank 3 ran on the second node agent
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax", "xgboost", "mpi"])
+def test_killed_rank_stops_the_gang_within_15_s(server, worker, cluster, artifacts, framework):
+    """gangflow watches the processes itself: the frameworks' own timeouts (JAX 60 s here, XGBoost 120 s)
+    do not decide how fast a dead rank is noticed."""
+    pytest.importorskip({"torch": "torch", "jax": "jax", "xgboost": "xgboost", "mpi": "mpi4py"}[framework])
+
+    async def main() -> tuple[float, str, list[int]]:
+        client = await _client(server, artifacts)
+        run_id = await client.start(gangs.forever, {"framework": framework})
+        gang_id = f"{run_id}.{framework}_forever-1"
+        deadline = time.monotonic() + 90
+        while True:
+            with contextlib.suppress(RPCError):
+                progress = {r: p for n in (await client.gang(gang_id))["nodes"] for r, p in n["progress"].items()}
+                if len(progress) == 2 and all(p["step"] >= 3 for p in progress.values()):
+                    break
+            assert time.monotonic() < deadline, "the gang never got going"
+            await asyncio.sleep(0.2)
+        pids = [int(p["pid"]) for p in progress.values()]
+        os.kill(int(progress["1"]["pid"]), signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(WorkflowFailureError):
+            await client.wait(run_id)
+        elapsed = time.monotonic() - killed
+        return elapsed, (await client.status(run_id)).error or "", pids
+
+    elapsed, error, pids = run(main())
+    assert elapsed < 15, f"{framework}: the run took {elapsed:.1f} s to end after the kill"
+    assert "rank 1" in error or "proxy" in error or "mpiexec" in error
+    time.sleep(0.5)
+    assert not any(_alive(pid) for pid in pids), "a rank outlived its gang"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
