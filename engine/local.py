@@ -61,6 +61,9 @@ class LocalDispatcher:
         if command is not None:
             subprocess.run(command, env={**os.environ, **env}, check=True)
             return None
+        coordinator = getattr(task.plugin, "coordinator", None)
+        extra = coordinator(rank) if coordinator is not None else None  # e.g. XGBoost's tracker
+        helper = subprocess.Popen(extra.command, env={**os.environ, **env, **extra.env}) if extra else None
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
@@ -70,6 +73,9 @@ class LocalDispatcher:
             finally:
                 task.plugin.teardown(rank)
         finally:
+            if helper is not None:
+                helper.terminate()
+                helper.wait()
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)

@@ -5,19 +5,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 import gangs
 import pytest
-from conftest import run
+from conftest import ROOT, run
 from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 
 from engine.client import Client
 from engine.runtime import Endpoint, connect
+
+sys.path.insert(0, str(ROOT / "examples"))
 
 
 async def _client(server, artifacts: str) -> Client:
@@ -109,3 +113,27 @@ def _alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+@pytest.mark.parametrize("example", ["jax_pipeline", "xgboost_pipeline", "mpi_pipeline"])
+def test_framework_examples_run_on_two_node_agents(server, worker, cluster, artifacts, example):
+    pytest.importorskip({"jax_pipeline": "jax", "xgboost_pipeline": "xgboost", "mpi_pipeline": "mpi4py"}[example])
+    module = importlib.import_module(example)
+
+    async def main() -> object:
+        client = await _client(server, artifacts)
+        run_id = await client.start(module.pipeline, {})
+        try:
+            return await client.result(run_id, module.pipeline)
+        except WorkflowFailureError:
+            pytest.fail((await client.status(run_id)).error or "failed")
+
+    result = run(main())
+    if example == "jax_pipeline":
+        fit, mse = result
+        assert fit.processes == 2 and mse < 0.05
+        assert [round(w) for w in fit.weights] == [1, 2, 3, 4]
+    elif example == "xgboost_pipeline":
+        assert result < 1.0  # test RMSE of the model both workers trained
+    else:
+        assert result.ranks == 4 and abs(result.pi - 3.1416) < 0.01

@@ -224,7 +224,7 @@ class _Plan:
             command=command,
             env={**self.node_env, **(env or {})},
             log_path=self.log_path(_safe(name.replace(" ", "-"))),
-            runner=True,
+            runner=False,
             role=f"{name} on node rank {self.launch.node_rank}",
         )
 

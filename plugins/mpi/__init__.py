@@ -77,5 +77,11 @@ class MPI(GangPlugin):
         command = _CONTROL.sub(lambda m: f"{m.group(1)}{rank0.master_addr}:{m.group(3)}", match.group(1))
         return int(proxy.group(1)), command.split()
 
-    def rank_env(self, rank: RankContext) -> dict[str, str]:
-        return {"MPICH_ASYNC_PROGRESS": "0"}
+    def teardown(self, rank: RankContext) -> None:
+        # The rank runner leaves with os._exit, which skips mpi4py's atexit MPI_Finalize; a rank that
+        # exits without it makes hydra abort the whole job (killing rank 0 while it writes the result).
+        from mpi4py import MPI as mpi
+
+        if mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.COMM_WORLD.Barrier()
+            mpi.Finalize()
