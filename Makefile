@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,dev]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[all,dev]"
 	@touch $(STAMP)
 
 demo: $(STAMP)

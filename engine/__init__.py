@@ -15,6 +15,7 @@ from engine.core import (
     workflow,
 )
 from engine.core.gang import GangPlugin, ProcessSpec, RankContext, current_rank
+from engine.core.plugins import available_plugins, plugin
 from engine.progress import report
 from engine.types import Directory, File
 
@@ -31,8 +32,10 @@ __all__ = [
     "Resources",
     "Retry",
     "TypeMismatchError",
+    "available_plugins",
     "checkpoint",
     "current_rank",
+    "plugin",
     "report",
     "run_local",
     "task",

@@ -26,6 +26,7 @@ from temporalio.service import RPCError
 
 from engine.client import Client, load_workflow_file, prepare_run, to_jsonable
 from engine.core.definitions import WorkflowDefinition
+from engine.core.plugins import available_plugins, load_plugin
 from engine.core.resources import parse_memory
 from engine.core.wire import Envelope
 from engine.errors import DefinitionError, GangflowError
@@ -76,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise-addr", help="address other nodes reach this one at (default: this host's IP)")
     p.add_argument("--task-queue", default=TASK_QUEUE, help="the workflow workers' queue (default %(default)s)")
     _connection_args(p)
+
+    p = sub.add_parser("plugins", help="the installed distributed-task plugins (entry points gangflow.plugins)")
+    p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("queue", help="nodes, free and used GPUs, running gangs and the pending queue")
     _connection_args(p)
@@ -307,6 +311,19 @@ async def cmd_node(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def cmd_plugins(args: argparse.Namespace) -> int:
+    found = available_plugins()
+    if args.json:
+        print_json(found)
+        return EXIT_OK
+    for name, target in found.items():
+        doc = ""
+        with contextlib.suppress(Exception):
+            doc = (load_plugin(name).__doc__ or "").strip().splitlines()[0]
+        console.print(f"[bold]{name}[/]  {target}  {escape(doc)}")
+    return EXIT_OK
+
+
 async def cmd_queue(args: argparse.Namespace) -> int:
     client = await _client(args)
     try:
@@ -458,6 +475,7 @@ async def _demo_run(
 
 _COMMANDS = {
     "node": cmd_node,
+    "plugins": cmd_plugins,
     "queue": cmd_queue,
     "status": cmd_status,
     "list": cmd_list,

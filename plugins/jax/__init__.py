@@ -22,6 +22,8 @@ __all__ = ["Jax"]
 
 @dataclass(frozen=True)
 class Jax(GangPlugin):
+    """JAX multi-process: jax.distributed initialised before the body, with a bounded heartbeat."""
+
     nnodes: int = 1
     nproc_per_node: int = 1
     #: seconds without a heartbeat before JAX's coordinator declares a process dead (JAX default: 100)

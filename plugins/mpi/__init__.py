@@ -33,6 +33,8 @@ _CONTROL = re.compile(r"(--control-port\s+)([^\s:]+):(\d+)")
 
 @dataclass(frozen=True)
 class MPI(GangPlugin):
+    """MPI (MPICH): mpiexec on node rank 0, its proxies started by the node agents, no ssh."""
+
     nnodes: int = 1
     slots_per_node: int = 1
     implementation: str = "mpich"

@@ -26,6 +26,8 @@ _BACKENDS = ("auto", "nccl", "gloo")
 
 @dataclass(frozen=True)
 class PyTorch:
+    """PyTorch distributed: torchrun's environment, the process group ready before the body."""
+
     nnodes: int = 1
     nproc_per_node: int = 1
     backend: str = "auto"

@@ -25,6 +25,8 @@ __all__ = ["XGBoost"]
 
 @dataclass(frozen=True)
 class XGBoost(GangPlugin):
+    """Distributed XGBoost: a fresh tracker per attempt, the body inside the communicator."""
+
     n_workers: int = 1
     workers_per_node: int = 1
     #: seconds a worker waits on a peer (XGBoost's ``dmlc_timeout``) and the tracker waits for workers
