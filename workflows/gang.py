@@ -298,6 +298,7 @@ class GangRun:
             return handles[0].result()
         # Stop the survivors first, then judge: the root cause (a node that vanished, a rank killed
         # from outside) often reports after its peers' collective errors ("connection closed by peer").
+        self._say(f"attempt {attempt}: a rank failed; stopping the others and waiting for every node to confirm")
         await self._stop(handles)
         verdicts: list[tuple[str, bool, str, bool]] = []
         for index in finished:  # earliest failure first: it is the likely root cause among equals
