@@ -21,6 +21,7 @@ before SIGKILL; ``stop_requested()`` turns true so the training loop can save an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -138,21 +139,21 @@ def load_torch(model: Any, optimizer: Any = None) -> tuple[int, dict[str, Any]]:
 
 
 def stop_requested() -> bool:
-    """True once this rank was asked to stop (SIGTERM); save and return within the grace period.
+    """True once this rank was asked to stop (SIGTERM: preemption, a failed peer, a cancel); the training
+    loop should then save and return within the grace period (5 s) before SIGKILL.
 
-    A rank whose code never asks this exits at once on SIGTERM, as a process normally would."""
+    The first call installs the SIGTERM handler (from the main thread), so only a rank that asks gets
+    the grace period; any other rank keeps SIGTERM's default and stops at once, even inside a blocking
+    collective, where a Python handler could not run.
+    """
     global _watching
-    _watching = True
+    if not _watching:
+        with contextlib.suppress(ValueError):  # not the main thread: keep the default behaviour
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        _watching = True
     return _stop
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     global _stop
     _stop = True
-    if not _watching:
-        os._exit(128 + signal.SIGTERM)
-
-
-def install_stop_handler() -> None:
-    """Called by the rank runner: SIGTERM sets ``stop_requested()`` instead of killing at once."""
-    signal.signal(signal.SIGTERM, _on_sigterm)

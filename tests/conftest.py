@@ -29,6 +29,29 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(coro)
 
 
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited child its parent has not reaped yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+async def make_client(server: DevServer, artifacts: str, queue: str = "gangflow") -> Any:
+    """A gangflow client on a test server, storing artifacts under ``artifacts``."""
+    from engine.client import Client
+    from engine.runtime import Endpoint, connect
+
+    client = Client(await connect(Endpoint.resolve(server.address)), artifacts)
+    client.task_queue = queue
+    return client
+
+
 # -- exit status (see module docstring) --------------------------------------------------------
 _exit_status: list[int] = []
 

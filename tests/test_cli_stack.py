@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, alive
 
 from engine.runtime import free_port
 
@@ -33,14 +33,6 @@ def _children(pid: int) -> list[int]:
         found += kids
         frontier += kids
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
 class DevStack:
@@ -124,7 +116,7 @@ def test_dev_stack_restart_keeps_detached_run_and_leaves_no_orphans(tmp_path):
     before = stack.stop()  # the whole stack goes down mid-run
     assert before, "gangflow dev should have started the temporal server as a child"
     time.sleep(0.5)
-    assert [pid for pid in before if _alive(pid)] == []  # no orphan server or worker
+    assert [pid for pid in before if alive(pid)] == []  # no orphan server or worker
 
     stack.start()  # same state dir: history, search attributes and artifacts are all still there
     listed = stack.cli("list", "--status", "running", "--json")

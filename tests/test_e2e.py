@@ -13,17 +13,10 @@ from typing import Any
 
 import flows
 import pytest
-from conftest import ROOT, WorkerProcess, run
+from conftest import ROOT, WorkerProcess, make_client, run
 from temporalio.client import WorkflowFailureError
 
-from engine.client import Client
-from engine.runtime import DevServer, Endpoint, connect
-
-
-async def _client(server: Any, artifacts: str, queue: str = "gangflow") -> Client:
-    client = Client(await connect(Endpoint.resolve(server.address)), artifacts)
-    client.task_queue = queue
-    return client
+from engine.runtime import DevServer
 
 
 def _gangflow(*args: str, server: Any, artifacts: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -57,7 +50,7 @@ def _everything() -> flows.Everything:
 
 def test_every_supported_type_round_trips_through_a_task(server, worker, artifacts):
     async def main() -> None:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         value = _everything()
         run_id = await client.start(flows.roundtrip, {"value": value})
         assert await client.result(run_id, flows.roundtrip) == value
@@ -67,7 +60,7 @@ def test_every_supported_type_round_trips_through_a_task(server, worker, artifac
 
 def test_files_and_directories_travel_by_reference(server, worker, artifacts):
     async def main() -> None:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         run_id = await client.start(flows.artifacts, {"text": "payload", "n": 3, "repeat": 100_000})
         assert await client.result(run_id, flows.artifacts) == "payloadx700000:0,1,2"
         # a 700 kB file went from one task to another, yet no history event carries more than a reference
@@ -79,7 +72,7 @@ def test_files_and_directories_travel_by_reference(server, worker, artifacts):
 
 def test_lightweight_tasks_and_child_workflows(server, worker, artifacts):
     async def main() -> None:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         run_id = await client.start(flows.parent, {"n": 5})
         assert await client.result(run_id, flows.parent) == sum(i * i for i in range(5))
         status = await client.status(run_id)
@@ -93,7 +86,7 @@ def test_lightweight_tasks_and_child_workflows(server, worker, artifacts):
 
 def test_task_fails_twice_then_succeeds_under_retries(server, worker, artifacts, tmp_path):
     async def main() -> None:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         run_id = await client.start(flows.retrying, {"counter": str(tmp_path / "n"), "failures": 2})
         assert await client.result(run_id, flows.retrying) == 3
         status = await client.status(run_id)
@@ -104,7 +97,7 @@ def test_task_fails_twice_then_succeeds_under_retries(server, worker, artifacts,
 
 def test_user_error_fails_the_run_with_task_name_and_traceback(server, worker, artifacts):
     async def main() -> None:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         run_id = await client.start(flows.failing, {"message": "the data is bad"})
         with pytest.raises(WorkflowFailureError):
             await client.wait(run_id)
@@ -118,7 +111,7 @@ def test_user_error_fails_the_run_with_task_name_and_traceback(server, worker, a
 
 def test_type_mismatch_fails_at_once_without_retries(server, worker, artifacts, tmp_path):
     async def main() -> None:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         counter = tmp_path / "calls"
         run_id = await client.start(flows.mismatch, {"counter": str(counter)})
         with pytest.raises(WorkflowFailureError):
@@ -132,7 +125,7 @@ def test_type_mismatch_fails_at_once_without_retries(server, worker, artifacts, 
 
 def test_oversized_value_says_to_return_a_file(server, worker, artifacts):
     async def main() -> None:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         run_id = await client.start(flows.oversized, {"mb": 3})
         with pytest.raises(WorkflowFailureError):
             await client.wait(run_id)
@@ -165,7 +158,7 @@ def test_bad_cli_input_exits_2_and_starts_nothing(server, artifacts):
     assert unknown.returncode == 2 and "unknown parameter --row" in unknown.stderr
 
     async def count() -> int:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         return (
             await client.temporal.count_workflows("GangflowPipeline = 'pipeline' AND ExecutionStatus != 'Completed'")
         ).count
@@ -192,7 +185,7 @@ def test_detached_run_keeps_its_code_when_the_file_is_edited(server, worker, art
     assert json.loads(second.stdout)["result"] == "v2"
 
     async def result() -> Any:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         return await client.wait(run_id)
 
     assert run(result()) == "v1"
@@ -204,7 +197,7 @@ def test_worker_killed_mid_run_resumes_without_rerunning_finished_tasks(server, 
     first = spawn_worker("kill-test")
 
     async def main() -> None:
-        client = await _client(server, artifacts, queue="kill-test")
+        client = await make_client(server, artifacts, queue="kill-test")
         run_id = await client.start(flows.steps, {"marker_dir": str(markers), "count": 4, "seconds": 1.5})
         deadline = time.monotonic() + 30
         while not list(markers.glob("step1.*")):  # step 0 done, step 1 running
@@ -228,7 +221,7 @@ def test_server_restart_mid_run_completes(artifacts, tmp_path):
         wproc = WorkerProcess(srv.address, "gangflow", tmp_path / "wk").start()
 
         async def main() -> None:
-            client = await _client(srv, artifacts)
+            client = await make_client(srv, artifacts)
             run_id = await client.start(flows.steps, {"marker_dir": str(markers), "count": 3, "seconds": 1.0})
             while not list(markers.glob("step1.*")):
                 await _sleep(0.1)
@@ -245,7 +238,7 @@ def test_server_restart_mid_run_completes(artifacts, tmp_path):
 
 def test_cancel_stops_the_run(server, worker, artifacts, tmp_path):
     async def main() -> None:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         run_id = await client.start(flows.steps, {"marker_dir": str(tmp_path), "count": 5, "seconds": 2.0})
         while not list(tmp_path.glob("step0.*")):
             await _sleep(0.1)

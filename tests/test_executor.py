@@ -13,29 +13,13 @@ from pathlib import Path
 
 import gangs
 import pytest
-from conftest import ROOT, run
+from conftest import ROOT, alive, make_client, run
 from temporalio.client import WorkflowFailureError
-
-from engine.client import Client
-from engine.runtime import Endpoint, connect
-
-
-async def _client(server, artifacts: str) -> Client:
-    return Client(await connect(Endpoint.resolve(server.address)), artifacts)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
 def test_ddp_on_two_nodes_gives_each_rank_its_environment(server, worker, cluster, artifacts):
     async def main() -> dict:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         run_id = await client.start(gangs.ddp, {"steps": 5})
         result = await client.result(run_id, gangs.ddp)
         status = await client.status(run_id)
@@ -85,7 +69,7 @@ def test_ddp_pipeline_example_end_to_end(server, worker, cluster, artifacts):
 
 def test_rank_exception_fails_the_gang_with_rank_and_log_tail(server, worker, cluster, artifacts):
     async def main() -> str:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         started = time.monotonic()
         run_id = await client.start(gangs.broken, {"bad_rank": 1})
         with pytest.raises(WorkflowFailureError):
@@ -101,17 +85,17 @@ def test_rank_exception_fails_the_gang_with_rank_and_log_tail(server, worker, cl
 
 def test_cancel_leaves_no_rank_process_behind(server, worker, cluster, artifacts, tmp_path):
     async def main() -> list[int]:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         run_id = await client.start(gangs.hold, {"marker_dir": str(tmp_path), "seconds": 120})
         deadline = time.monotonic() + 60
         while len(list(tmp_path.glob("pid.*"))) < 4:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.2)
         pids = [int(p.name.split(".")[1]) for p in tmp_path.glob("pid.*")]
-        assert all(_alive(pid) for pid in pids)
+        assert all(alive(pid) for pid in pids)
         cancelled = time.monotonic()
         await client.cancel(run_id)
-        while any(_alive(pid) for pid in pids):
+        while any(alive(pid) for pid in pids):
             assert time.monotonic() - cancelled < 5, "ranks must be gone within 5 s of the cancel"
             await asyncio.sleep(0.1)
         with pytest.raises(WorkflowFailureError):
@@ -124,7 +108,7 @@ def test_cancel_leaves_no_rank_process_behind(server, worker, cluster, artifacts
 
 def test_gangs_that_each_need_the_whole_cluster_never_overlap(server, worker, cluster, artifacts, tmp_path):
     async def main() -> None:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         first = await client.start(gangs.exclusive, {"marker_dir": str(tmp_path), "tag": "a"})
         second = await client.start(gangs.exclusive, {"marker_dir": str(tmp_path), "tag": "b"})
         assert {await client.wait(first), await client.wait(second)} == {"a", "b"}
@@ -138,7 +122,7 @@ def test_gangs_that_each_need_the_whole_cluster_never_overlap(server, worker, cl
 
 def test_gang_larger_than_the_cluster_fails_at_once(server, worker, cluster, artifacts):
     async def main() -> str:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         started = time.monotonic()
         run_id = await client.start(gangs.oversized_gang, {})
         with pytest.raises(WorkflowFailureError):
@@ -152,7 +136,7 @@ def test_gang_larger_than_the_cluster_fails_at_once(server, worker, cluster, art
 
 def test_torchrun_style_script_runs_unchanged(server, worker, cluster, artifacts):
     async def main() -> str:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         run_id = await client.start(gangs.scripted, {})
         assert await client.wait(run_id) is None
         return run_id
@@ -179,7 +163,7 @@ def test_pending_gang_says_why_and_queue_shows_it(server, worker, cluster, artif
         return json.loads(done.stdout)
 
     async def main() -> None:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         holder = await client.start(gangs.exclusive, {"marker_dir": str(tmp_path), "tag": "holder"})
         while not (tmp_path / "holder.start").exists():
             await asyncio.sleep(0.2)
@@ -206,21 +190,21 @@ def test_ranks_die_with_their_node_agent(server, worker, cluster, artifacts, tmp
     node = cluster[1]
 
     async def main() -> None:
-        client = await _client(server, artifacts)
+        client = await make_client(server, artifacts)
         run_id = await client.start(gangs.hold, {"marker_dir": str(tmp_path), "seconds": 120})
         while len(list(tmp_path.glob("pid.*"))) < 4:
             await asyncio.sleep(0.2)
         on_node = {int(p.name.split(".")[1]) for p in tmp_path.glob("pid.*") if p.read_text() in ("2", "3")}
         node.stop(signal.SIGKILL)
         killed = time.monotonic()
-        while any(_alive(pid) for pid in on_node):
+        while any(alive(pid) for pid in on_node):
             assert time.monotonic() - killed < 3, "ranks outlived their node agent"
             await asyncio.sleep(0.05)
         await client.cancel(run_id)
         with pytest.raises(WorkflowFailureError):
             await client.wait(run_id)
         pids = [int(p.name.split(".")[1]) for p in tmp_path.glob("pid.*")]
-        assert not any(_alive(pid) for pid in pids)
+        assert not any(alive(pid) for pid in pids)
 
     try:
         run(main())

@@ -15,7 +15,7 @@ from typing import Any
 
 import gangs
 import pytest
-from conftest import ROOT, NodeAgent, WorkerProcess, run
+from conftest import ROOT, NodeAgent, WorkerProcess, alive, run
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
@@ -69,15 +69,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
-
-
 async def _running_gang(client: Client, gang_id: str, min_step: int) -> dict[str, Any]:
     """Wait until every rank of the gang reported at least ``min_step``; returns the gang's details."""
     deadline = time.monotonic() + 90
@@ -124,7 +115,7 @@ def test_node_agent_killed_mid_training_resumes_from_checkpoint(stack: Stack):
         assert info["restarts"] == 1 and info["failed_attempts"][0]["kind"] == "system"
         assert f"node {victim} lost" in info["failed_attempts"][0]["reason"]
         assert await _run_ranks_started(client, gang_id) == 4  # 2 nodes × 2 attempts, in the history
-        assert not any(_alive(pid) for node in pids.values() for pid in node)  # no orphan of attempt 0
+        assert not any(alive(pid) for node in pids.values() for pid in node)  # no orphan of attempt 0
         stack.nodes[victim].restart()
         await stack.wait_nodes()
 
@@ -143,7 +134,7 @@ def test_killed_rank_restarts_the_gang(stack: Stack):
         assert result.attempt == 1 and result.first_step >= 10 and result.optimizer_steps == STEPS["total_steps"]
         info = await client.gang(gang_id)
         assert "killed by SIGKILL" in info["failed_attempts"][0]["reason"]
-        assert not any(_alive(pid) for node in pids.values() for pid in node)
+        assert not any(alive(pid) for node in pids.values() for pid in node)
 
     run(main())
 
@@ -167,7 +158,7 @@ def test_hung_rank_is_detected_and_restarted(stack: Stack):
         assert result.attempt == 1 and result.optimizer_steps == STEPS["total_steps"]
         info = await client.gang(gang_id)
         assert "made no progress" in info["failed_attempts"][0]["reason"]
-        assert not _alive(stopped)
+        assert not alive(stopped)
 
     run(main())
 

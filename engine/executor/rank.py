@@ -17,7 +17,6 @@ from typing import Any
 
 from engine.artifacts.loader import LOADER
 from engine.artifacts.store import ArtifactStore
-from engine.checkpoint import install_stop_handler
 from engine.core.definitions import TaskDefinition
 from engine.core.gang import RankContext
 from engine.core.wire import Envelope
@@ -78,7 +77,6 @@ def main(argv: list[str] | None = None) -> None:
     spec = unpack(Path(args[0] if args else os.environ["GANGFLOW_RANK_SPEC"]).read_bytes())
     rank = RankContext.from_env()
     _adopt(rank)
-    install_stop_handler()  # SIGTERM: stop_requested() turns true, the body may checkpoint and return
     code = 0
     try:
         _run(spec, rank)
