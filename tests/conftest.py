@@ -42,6 +42,16 @@ def alive(pid: int) -> bool:
         return False
 
 
+async def failure_of(client: Any, wf: Any, inputs: dict[str, Any]) -> str:
+    """Start a run that must fail; returns its failure text (the error chain with tracebacks)."""
+    from temporalio.client import WorkflowFailureError
+
+    run_id = await client.start(wf, inputs)
+    with pytest.raises(WorkflowFailureError):
+        await client.wait(run_id)
+    return str((await client.status(run_id)).error)
+
+
 async def make_client(server: DevServer, artifacts: str, queue: str = "gangflow") -> Any:
     """A gangflow client on a test server, storing artifacts under ``artifacts``."""
     from engine.client import Client

@@ -13,7 +13,7 @@ from typing import Any
 
 import flows
 import pytest
-from conftest import ROOT, WorkerProcess, make_client, run
+from conftest import ROOT, WorkerProcess, failure_of, make_client, run
 from temporalio.client import WorkflowFailureError
 
 from engine.runtime import DevServer
@@ -97,41 +97,28 @@ def test_task_fails_twice_then_succeeds_under_retries(server, worker, artifacts,
 
 def test_user_error_fails_the_run_with_task_name_and_traceback(server, worker, artifacts):
     async def main() -> None:
-        client = await make_client(server, artifacts)
-        run_id = await client.start(flows.failing, {"message": "the data is bad"})
-        with pytest.raises(WorkflowFailureError):
-            await client.wait(run_id)
-        status = await client.status(run_id)
-        assert status.status == "FAILED"
-        assert "task 'boom' failed: ValueError: the data is bad" in status.error
-        assert 'flows.py", line' in status.error and "raise ValueError(message)" in status.error
+        error = await failure_of(await make_client(server, artifacts), flows.failing, {"message": "the data is bad"})
+        assert "task 'boom' failed: ValueError: the data is bad" in error
+        assert 'flows.py", line' in error and "raise ValueError(message)" in error
 
     run(main())
 
 
 def test_type_mismatch_fails_at_once_without_retries(server, worker, artifacts, tmp_path):
     async def main() -> None:
-        client = await make_client(server, artifacts)
         counter = tmp_path / "calls"
-        run_id = await client.start(flows.mismatch, {"counter": str(counter)})
-        with pytest.raises(WorkflowFailureError):
-            await client.wait(run_id)
-        status = await client.status(run_id)
+        error = await failure_of(await make_client(server, artifacts), flows.mismatch, {"counter": str(counter)})
         assert counter.read_text() == "1"  # retries=3, yet the body ran once
-        assert "TypeMismatch" in status.error and "expected int, got 'not a number'" in status.error
+        assert "TypeMismatch" in error and "expected int, got 'not a number'" in error
 
     run(main())
 
 
 def test_oversized_value_says_to_return_a_file(server, worker, artifacts):
     async def main() -> None:
-        client = await make_client(server, artifacts)
-        run_id = await client.start(flows.oversized, {"mb": 3})
-        with pytest.raises(WorkflowFailureError):
-            await client.wait(run_id)
-        status = await client.status(run_id)
-        assert "PayloadTooLarge" in status.error and "return a File or Directory" in status.error
-        assert "TMPRL1103" not in status.error
+        error = await failure_of(await make_client(server, artifacts), flows.oversized, {"mb": 3})
+        assert "PayloadTooLarge" in error and "return a File or Directory" in error
+        assert "TMPRL1103" not in error
 
     run(main())
 

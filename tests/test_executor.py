@@ -13,7 +13,7 @@ from pathlib import Path
 
 import gangs
 import pytest
-from conftest import ROOT, alive, make_client, run
+from conftest import ROOT, alive, failure_of, make_client, run
 from temporalio.client import WorkflowFailureError
 
 
@@ -69,13 +69,10 @@ def test_ddp_pipeline_example_end_to_end(server, worker, cluster, artifacts):
 
 def test_rank_exception_fails_the_gang_with_rank_and_log_tail(server, worker, cluster, artifacts):
     async def main() -> str:
-        client = await make_client(server, artifacts)
         started = time.monotonic()
-        run_id = await client.start(gangs.broken, {"bad_rank": 1})
-        with pytest.raises(WorkflowFailureError):
-            await client.wait(run_id)
+        error = await failure_of(await make_client(server, artifacts), gangs.broken, {"bad_rank": 1})
         assert time.monotonic() - started < 25  # the survivors (sleeping 30 s) were stopped, not awaited
-        return (await client.status(run_id)).error
+        return error
 
     error = run(main())
     assert "task 'rank_raises' failed" in error
@@ -122,13 +119,10 @@ def test_gangs_that_each_need_the_whole_cluster_never_overlap(server, worker, cl
 
 def test_gang_larger_than_the_cluster_fails_at_once(server, worker, cluster, artifacts):
     async def main() -> str:
-        client = await make_client(server, artifacts)
         started = time.monotonic()
-        run_id = await client.start(gangs.oversized_gang, {})
-        with pytest.raises(WorkflowFailureError):
-            await client.wait(run_id)
+        error = await failure_of(await make_client(server, artifacts), gangs.oversized_gang, {})
         assert time.monotonic() - started < 10
-        return (await client.status(run_id)).error
+        return error
 
     error = run(main())
     assert "Unschedulable" in error and "3" in error

@@ -15,9 +15,8 @@ from typing import Any
 
 import gangs
 import pytest
-from conftest import ROOT, NodeAgent, WorkerProcess, alive, run
+from conftest import ROOT, NodeAgent, WorkerProcess, alive, failure_of, run
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 
 from engine.client import Client
@@ -165,11 +164,7 @@ def test_hung_rank_is_detected_and_restarted(stack: Stack):
 
 def test_user_error_is_not_restarted(stack: Stack):
     async def main() -> None:
-        client = await stack.client()
-        run_id = await client.start(gangs.user_bug, {})
-        with pytest.raises(WorkflowFailureError):
-            await client.wait(run_id)
-        error = (await client.status(run_id)).error
+        error = await failure_of(await stack.client(), gangs.user_bug, {})
         assert "user error in the task body, not restarted (1 attempt(s) allowed" in error
         assert "attempt 0 [user] rank 1 (node" in error and "KeyError" in error
         assert "attempt 1" not in error  # max_restarts=3 is for system failures only
@@ -179,11 +174,7 @@ def test_user_error_is_not_restarted(stack: Stack):
 
 def test_exhausted_restart_budget_lists_every_attempt(stack: Stack):
     async def main() -> None:
-        client = await stack.client()
-        run_id = await client.start(gangs.doomed, {})
-        with pytest.raises(WorkflowFailureError):
-            await client.wait(run_id)
-        error = (await client.status(run_id)).error
+        error = await failure_of(await stack.client(), gangs.doomed, {})
         assert "restart budget exhausted (1 restarts) after system failures" in error
         assert "attempt 0 [system] rank 1" in error and "attempt 1 [system] rank 1" in error
         assert "killed by SIGKILL" in error
