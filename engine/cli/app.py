@@ -33,6 +33,7 @@ from engine.errors import DefinitionError, GangflowError
 from engine.executor.gpus import detect_gpus
 from engine.executor.process import set_parent_death_signal
 from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
+from engine.runtime.codec_server import CodecServer
 from engine.runtime.history import read_tasks
 from engine.runtime.node import NodeConfig, run_node
 
@@ -77,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise-addr", help="address other nodes reach this one at (default: this host's IP)")
     p.add_argument("--task-queue", default=TASK_QUEUE, help="the workflow workers' queue (default %(default)s)")
     _connection_args(p)
+
+    p = sub.add_parser("codec-server", help="serve the Web UI's codec endpoint (shows payloads as JSON)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8081)
 
     p = sub.add_parser("plugins", help="the installed distributed-task plugins (entry points gangflow.plugins)")
     p.add_argument("--json", action="store_true")
@@ -311,6 +316,18 @@ async def cmd_node(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def cmd_codec_server(args: argparse.Namespace) -> int:
+    codec = CodecServer(args.host, args.port).start()
+    console.print(
+        f"codec endpoint on {codec.url}: set it as the Temporal UI's codec endpoint (TEMPORAL_CODEC_ENDPOINT)"
+    )
+    try:
+        await _until_signalled()
+    finally:
+        codec.stop()
+    return EXIT_OK
+
+
 async def cmd_plugins(args: argparse.Namespace) -> int:
     found = available_plugins()
     if args.json:
@@ -381,10 +398,12 @@ def _stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 15.0) -
 
 async def cmd_dev(args: argparse.Namespace) -> int:
     state = Path(args.state_dir).resolve()
-    server = DevServer(state, port=args.port, ui_port=args.ui_port, ui=not args.headless)
+    codec = CodecServer().start()
+    server = DevServer(state, port=args.port, ui_port=args.ui_port, ui=not args.headless, codec_endpoint=codec.url)
     try:
         server.start()
     except (OSError, RuntimeError, TimeoutError) as exc:
+        codec.stop()
         raise CliError(str(exc)) from None
     try:
         console.print(
@@ -405,6 +424,7 @@ async def cmd_dev(args: argparse.Namespace) -> int:
             _stop_all(nodes)
     finally:
         server.stop()
+        codec.stop()
     return EXIT_OK
 
 
@@ -433,7 +453,8 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         defn, envelope = prepare_run(defn, {}, artifacts=str(state / "artifacts"))
     except GangflowError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
-    server = DevServer(state, ui=not args.headless).start()
+    codec = CodecServer().start()
+    server = DevServer(state, ui=not args.headless, codec_endpoint=codec.url).start()
     nodes = _spawn_nodes(server.address, args.nodes, DEMO_GPUS, state)
     try:
         temporal = await connect(Endpoint.resolve(server.address, "default"))
@@ -449,6 +470,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     finally:
         _stop_all(nodes)
         server.stop()
+        codec.stop()
         shutil.rmtree(state, ignore_errors=True)
 
 
@@ -476,6 +498,7 @@ async def _demo_run(
 _COMMANDS = {
     "node": cmd_node,
     "plugins": cmd_plugins,
+    "codec-server": cmd_codec_server,
     "queue": cmd_queue,
     "status": cmd_status,
     "list": cmd_list,

@@ -56,12 +56,14 @@ class DevServer:
         ui_port: int | None = None,
         ui: bool = True,
         namespace: str = "default",
+        codec_endpoint: str | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
         self.port = port or free_port()
         self.ui_port = ui_port or free_port()
         self.ui = ui
         self.namespace = namespace
+        self.codec_endpoint = codec_endpoint
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -101,6 +103,8 @@ class DevServer:
             cmd += ["--search-attribute", f"{name}={kind}"]
         if not self.ui:
             cmd.append("--headless")
+        elif self.codec_endpoint:  # the UI shows gangflow's msgpack payloads as JSON through it
+            cmd += ["--ui-codec-endpoint", self.codec_endpoint]
         with open(self.log_file, "ab") as log:
             self.process = subprocess.Popen(
                 cmd,
