@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from engine.core.gang import RankContext
+from engine.core.gang import GangPlugin, RankContext
 
 __all__ = ["PyTorch"]
 
@@ -25,7 +25,7 @@ _BACKENDS = ("auto", "nccl", "gloo")
 
 
 @dataclass(frozen=True)
-class PyTorch:
+class PyTorch(GangPlugin):
     """PyTorch distributed: torchrun's environment, the process group ready before the body."""
 
     nnodes: int = 1
