@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import importlib
+import re
 import sys
 import uuid
 from collections.abc import Callable, Mapping
@@ -236,6 +237,8 @@ class Client:
         if status:
             clauses.append(f"ExecutionStatus = '{_status_name(status)}'")
         if pipeline:
+            if not re.fullmatch(r"[A-Za-z0-9_\-]+", pipeline):  # it goes into a visibility query
+                raise InputError(f"pipeline {pipeline!r} is not a workflow name")
             clauses.append(f"{PIPELINE.name} = '{pipeline}'")
         found: list[RunInfo] = []
         async for wf in self.temporal.list_workflows(" AND ".join(clauses), limit=limit):
