@@ -94,15 +94,20 @@ async def _run_ranks_started(client: Client, gang_id: str) -> int:
     return count
 
 
+async def _start_training(stack: Stack) -> tuple[Client, str, str]:
+    """Start the resilient-training example; returns the client, the run id and its gang's id."""
+    client = await stack.client()
+    run_id = await client.start(resilient_training.pipeline, STEPS)
+    return client, run_id, f"{run_id}.train-1"
+
+
 def _pids(gang: dict[str, Any]) -> dict[str, list[int]]:
     return {node["node"]: node["pids"] for node in gang["nodes"]}
 
 
 def test_node_agent_killed_mid_training_resumes_from_checkpoint(stack: Stack):
     async def main() -> None:
-        client = await stack.client()
-        run_id = await client.start(resilient_training.pipeline, STEPS)
-        gang_id = f"{run_id}.train-1"
+        client, run_id, gang_id = await _start_training(stack)
         gang = await _running_gang(client, gang_id, min_step=25)
         pids = _pids(gang)
         victim = sorted(pids)[-1]
@@ -123,9 +128,7 @@ def test_node_agent_killed_mid_training_resumes_from_checkpoint(stack: Stack):
 
 def test_killed_rank_restarts_the_gang(stack: Stack):
     async def main() -> None:
-        client = await stack.client()
-        run_id = await client.start(resilient_training.pipeline, STEPS)
-        gang_id = f"{run_id}.train-1"
+        client, run_id, gang_id = await _start_training(stack)
         gang = await _running_gang(client, gang_id, min_step=15)
         pids = _pids(gang)
         os.kill(sorted(pid for node in pids.values() for pid in node)[0], signal.SIGKILL)
@@ -142,9 +145,7 @@ def test_hung_rank_is_detected_and_restarted(stack: Stack):
     hang_timeout = 20  # what resilient_training.train declares
 
     async def main() -> None:
-        client = await stack.client()
-        run_id = await client.start(resilient_training.pipeline, STEPS)
-        gang_id = f"{run_id}.train-1"
+        client, run_id, gang_id = await _start_training(stack)
         gang = await _running_gang(client, gang_id, min_step=15)
         pids = _pids(gang)
         stopped = sorted(pid for node in pids.values() for pid in node)[-1]
@@ -184,9 +185,7 @@ def test_exhausted_restart_budget_lists_every_attempt(stack: Stack):
 
 def test_worker_killed_and_server_restarted_mid_gang(stack: Stack):
     async def main() -> None:
-        client = await stack.client()
-        run_id = await client.start(resilient_training.pipeline, STEPS)
-        gang_id = f"{run_id}.train-1"
+        client, run_id, gang_id = await _start_training(stack)
         await _running_gang(client, gang_id, min_step=10)
         stack.worker.kill()  # the workflow worker dies; the ranks keep training on the node agents
         await asyncio.sleep(1.0)

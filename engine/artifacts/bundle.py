@@ -19,6 +19,7 @@ __all__ = ["CodeBundle", "pack_code"]
 
 _SKIP_DIRS = {"__pycache__", ".venv", "venv", "node_modules", ".git", ".gangflow", "build", "dist"}
 _MAX_BUNDLE_BYTES = 20 * 1024 * 1024
+_packed: dict[tuple[object, ...], CodeBundle] = {}
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,11 @@ def pack_code(file: str | os.PathLike[str]) -> CodeBundle:
             if sub.name not in _SKIP_DIRS and not sub.name.startswith("."):
                 files += _package_files(sub, root)
     module = ".".join(path.relative_to(root).with_suffix("").parts)
+    # Starting many runs of the same file should not re-read and re-zip it each time: the stat of every
+    # file identifies the bundle's content well enough to reuse the last zip.
+    key = (str(path), tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files))
+    if key in _packed:
+        return _packed[key]
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for f in files:
@@ -66,4 +72,6 @@ def pack_code(file: str | os.PathLike[str]) -> CodeBundle:
             f"the code bundle for {file} is {len(data) / 1e6:.0f} MB: {root} holds too much code; "
             "move the workflow into its own folder or package"
         )
-    return CodeBundle(data, module, root)
+    _packed.clear()  # keep only the latest bundle per process: enough for repeated starts
+    _packed[key] = CodeBundle(data, module, root)
+    return _packed[key]

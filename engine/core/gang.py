@@ -49,10 +49,6 @@ class GangShape:
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
 
-    @property
-    def gpus_per_rank(self) -> int:
-        return self.gpus_per_node // self.nproc_per_node
-
 
 #: (rank, size, local rank, local size) as MPICH's hydra and Open MPI name them
 _MPI_NAMES = (

@@ -27,7 +27,6 @@ class TaskRecord:
     started: datetime | None = None
     finished: datetime | None = None
     error: str | None = None
-    summary: str | None = None
     child_id: str | None = None  # the child workflow (GangRun for a distributed task)
     detail: str | None = None  # live state, e.g. why a distributed task is still pending
 

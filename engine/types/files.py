@@ -53,10 +53,6 @@ class Artifact(os.PathLike[str]):
         return {"kind": self.kind, "uri": self.uri, "sha256": self.sha256, "name": self.name, "size": self.size}
 
     @property
-    def local(self) -> bool:
-        return self._path is not None
-
-    @property
     def path(self) -> str:
         """Local filesystem path. Not available in workflow code, where artifacts are references."""
         if self._path is None:
