@@ -19,7 +19,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check engine workflows plugins examples tests
-	$(VENV)/bin/mypy engine/errors.py engine/core engine/types engine/scheduling workflows plugins
+	$(VENV)/bin/mypy engine/errors.py engine/core engine/types engine/scheduling workflows plugins engine/cli engine/artifacts
 	$(VENV)/bin/lint-imports
 
 unit: $(STAMP)

@@ -29,7 +29,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from engine.artifacts import ArtifactStore, default_artifact_root, pack_code
 from engine.core.definitions import WorkflowDefinition, definition_of
 from engine.core.wire import CodeRef, Envelope, RunContext
-from engine.errors import InputError
+from engine.errors import GangflowError, InputError
 from engine.runtime.connection import PIPELINE, TASK_QUEUE, TENANT, Endpoint, connect
 from engine.runtime.history import TaskRecord, read_tasks
 from engine.types.codec import unpack
@@ -279,6 +279,58 @@ class Client:
         handle = self.temporal.get_workflow_handle(SCHEDULER_ID)
         return await handle.query("describe")  # type: ignore[no-any-return]
 
+    async def release(self, gang_id: str, *, force: bool = False, confirm_s: float = 10.0) -> dict[str, Any]:
+        """Operators: make the Scheduler free a gang's placement, or withdraw its queued request, and wait
+        until it has. Returns the Scheduler's entry for the gang as ``queue()`` showed it, plus ``state``
+        (``"running"`` or ``"pending"``). Raises GangflowError when no Scheduler answers, when it holds no
+        such gang, and (unless ``force``) when the gang's GangRun still runs: its ranks may be using the
+        GPUs, and a placement given away under them would be handed to another gang."""
+        scheduler = self.temporal.get_workflow_handle(SCHEDULER_ID)
+
+        async def describe() -> dict[str, Any]:
+            try:
+                return await scheduler.query("describe", rpc_timeout=timedelta(seconds=10))  # type: ignore[no-any-return]
+            except RPCError as exc:
+                if exc.status == RPCStatusCode.NOT_FOUND:
+                    raise GangflowError(
+                        "no Scheduler is running here: it starts when the first node agent registers (gangflow node)"
+                    ) from None
+                raise GangflowError(f"the Scheduler did not answer: {exc.message}") from None
+            except TemporalError as exc:
+                raise GangflowError(f"the Scheduler did not answer: {exc}") from None
+
+        state = await describe()
+        entry = _held(state, gang_id)
+        if entry is None:
+            totals = state.get("totals", {})
+            raise GangflowError(
+                f"the Scheduler holds no gang {gang_id!r} ({totals.get('running', 0)} running, "
+                f"{totals.get('pending', 0)} pending); 'gangflow queue' lists them"
+            )
+        if not force:
+            try:
+                owner = await self.temporal.get_workflow_handle(gang_id).describe()
+            except RPCError as exc:
+                if exc.status != RPCStatusCode.NOT_FOUND:  # not knowing is no reason to free GPUs in use
+                    raise GangflowError(f"cannot tell whether gang {gang_id!r} is in use: {exc.message}") from None
+            else:
+                if owner.status == WorkflowExecutionStatus.RUNNING:
+                    run = owner.parent_id or gang_id
+                    raise GangflowError(
+                        f"gang {gang_id!r} is still in use: its GangRun runs (run {run}), so its ranks may hold "
+                        f"the GPUs; cancel the run instead (gangflow cancel {run}), or force the release (--force)"
+                    )
+        await scheduler.signal("release", gang_id)
+        deadline = asyncio.get_running_loop().time() + confirm_s
+        while _held(await describe(), gang_id) is not None:
+            if asyncio.get_running_loop().time() > deadline:
+                raise GangflowError(
+                    f"asked the Scheduler to release {gang_id!r}, but it still holds it after {confirm_s:g} s; "
+                    "is a gangflow worker running?"
+                )
+            await asyncio.sleep(0.2)
+        return entry
+
     async def cancel(self, run_id: str) -> None:
         await self.handle(run_id).cancel()
 
@@ -309,3 +361,12 @@ def _status_name(status: str) -> str:
     if key not in names:
         raise InputError(f"unknown status {status!r}; expected one of {', '.join(sorted(names))}")
     return "".join(part.capitalize() for part in names[key].name.lower().split("_"))
+
+
+def _held(state: Mapping[str, Any], gang_id: str) -> dict[str, Any] | None:
+    """The Scheduler's entry for a gang (``describe``'s shape), with ``state``: running or pending."""
+    for where in ("running", "pending"):
+        for entry in state.get(where, []):
+            if entry.get("gang_id") == gang_id:
+                return {"state": where, **entry}
+    return None

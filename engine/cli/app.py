@@ -1,6 +1,10 @@
-"""The ``gangflow`` command: dev, worker, run, status, list, cancel, logs, demo.
+"""The ``gangflow`` command: dev, worker, node, run, status, list, cancel, logs, queue, release, demo.
 
-Exit codes: 0 success, 1 a failed run (or an unreachable server), 2 bad input (nothing was started).
+Exit codes: 0 success, 1 a failed run (or an unreachable server, an unknown run or gang), 2 bad input
+(nothing was started).
+
+Every parser is built with ``allow_abbrev=False``: argparse's prefix matching would otherwise hand a
+workflow parameter such as ``--n`` to ``--namespace``.
 """
 
 from __future__ import annotations
@@ -37,10 +41,20 @@ from engine.runtime.codec_server import CodecServer
 from engine.runtime.history import read_tasks
 from engine.runtime.node import NodeConfig, run_node
 
-from .params import parse_params
-from .render import console, err_console, print_json, run_json, show_queue, show_runs, show_status
+from .params import RunArgv, check_collisions, check_missing, parse_params, split_run_argv
+from .render import (
+    console,
+    err_console,
+    print_json,
+    print_unwrapped,
+    run_json,
+    show_queue,
+    show_release,
+    show_runs,
+    show_status,
+)
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run_options"]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 #: the demo stands in for a 2-server cluster with 2 GPUs each
@@ -58,11 +72,38 @@ def _connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace", help="Temporal namespace (default $GANGFLOW_NAMESPACE or default)")
 
 
+_RUN_EPILOG = """\
+The workflow's parameters follow the target as --name value or --name=value (--total-steps and
+--total_steps are the same; structured values are JSON). A parameter named like one of the options
+above (json, address, namespace, detach, artifacts ...) goes after a '--' separator, which ends
+gangflow's own options, or into --input-json:
+  gangflow run flow.py:wf --detach -- --json 1 --address x
+"""
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def run_options(parser: argparse.ArgumentParser) -> dict[str, bool]:
+    """``gangflow run``'s own option strings → whether each takes a value (what ``split_run_argv`` needs)."""
+    run = _subcommands(parser)["run"]
+    return {option: action.nargs != 0 for action in run._actions for option in action.option_strings}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gangflow", description="Typed, durable ML pipelines on Temporal.")
+    parser = argparse.ArgumentParser(
+        prog="gangflow", description="Typed, durable ML pipelines on Temporal.", allow_abbrev=False
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("dev", help="run an embedded Temporal dev server (with Web UI) and a worker")
+    def command(name: str, summary: str, **options: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=summary, allow_abbrev=False, **options)
+
+    p = command("dev", "run an embedded Temporal dev server (with Web UI) and a worker")
     p.add_argument("--port", type=int, default=7233)
     p.add_argument("--ui-port", type=int, default=8233)
     p.add_argument("--state-dir", default=".gangflow", help="sqlite state and artifacts (default .gangflow)")
@@ -70,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=0, help="node agents to start on this machine (default 0)")
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPU slots per node agent (logical on a CPU box)")
 
-    p = sub.add_parser("node", help="run a node agent: the executor of distributed tasks on this machine")
+    p = command("node", "run a node agent: the executor of distributed tasks on this machine")
     p.add_argument("--node-id", required=True)
     p.add_argument("--gpus", type=int, help="GPUs to offer (default: what nvidia-smi reports, else 0)")
     p.add_argument("--cpus", type=float, help="CPUs to offer (default: all)")
@@ -79,23 +120,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-queue", default=TASK_QUEUE, help="the workflow workers' queue (default %(default)s)")
     _connection_args(p)
 
-    p = sub.add_parser("codec-server", help="serve the Web UI's codec endpoint (shows payloads as JSON)")
+    p = command("codec-server", "serve the Web UI's codec endpoint (shows payloads as JSON)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8081)
 
-    p = sub.add_parser("plugins", help="the installed distributed-task plugins (entry points gangflow.plugins)")
+    p = command("plugins", "the installed distributed-task plugins (entry points gangflow.plugins)")
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("queue", help="nodes, free and used GPUs, running gangs and the pending queue")
+    p = command("queue", "nodes, free and used GPUs, running gangs and the pending queue")
     _connection_args(p)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("worker", help="run a workflow + CPU task worker against a running Temporal")
+    p = command("worker", "run a workflow + CPU task worker against a running Temporal")
     _connection_args(p)
     p.add_argument("--load", action="append", default=[], metavar="PKG", help="preload a package of workflows")
     p.add_argument("--task-queue", default=TASK_QUEUE, help=f"queue to poll (default {TASK_QUEUE})")
 
-    p = sub.add_parser("run", help="run FILE.py:WORKFLOW [--param value ...]")
+    p = command(
+        "run",
+        "run FILE.py:WORKFLOW [--param value ...] [-- --param value ...]",
+        usage="gangflow run FILE.py:WORKFLOW [options] [--param value ...] [-- --param value ...]",
+        epilog=_RUN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("target", metavar="FILE.py:WORKFLOW")
     _connection_args(p)
     p.add_argument("--input-json", help="inputs as one JSON object")
@@ -106,29 +153,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object: run_id, status, result")
     p.add_argument("--detach", action="store_true", help="start the run and exit")
 
-    p = sub.add_parser("status", help="show a run: status, tasks, result or error")
+    p = command("status", "show a run: status, tasks, result or error")
     p.add_argument("run_id")
     _connection_args(p)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("list", help="list runs")
+    p = command("list", "list runs")
     _connection_args(p)
     p.add_argument("--status", help="running, completed, failed, canceled, terminated, timed_out")
     p.add_argument("--pipeline")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("cancel", help="cancel a run (its running tasks are cancelled too)")
+    p = command("cancel", "cancel a run (its running tasks are cancelled too)")
     p.add_argument("run_id")
     _connection_args(p)
 
-    p = sub.add_parser("logs", help="print the captured output of a run's tasks")
+    p = command("logs", "print the captured output of a run's tasks")
     p.add_argument("run_id")
     p.add_argument("--task", help="only this task")
     p.add_argument("--rank", type=int, help="only this rank of a distributed task")
     _connection_args(p)
 
-    p = sub.add_parser("demo", help="run examples/ddp_pipeline.py on a throwaway stack with 2 node agents")
+    p = command("release", "operators: free a gang's placement or withdraw its queued request")
+    p.add_argument("gang_id", metavar="GANG_ID", help="as 'gangflow queue' shows it (<run>.<task>-<n>)")
+    p.add_argument(
+        "--force", action="store_true", help="even when the gang's GangRun is still running (its ranks may hold GPUs)"
+    )
+    _connection_args(p)
+    p.add_argument("--json", action="store_true")
+
+    p = command("demo", "run examples/ddp_pipeline.py on a throwaway stack with 2 node agents")
     p.add_argument("--file", help="the pipeline to run (default examples/ddp_pipeline.py:pipeline)")
     p.add_argument("--nodes", type=int, default=DEMO_NODES, help="node agents to start (default %(default)s)")
     p.add_argument("--keep", action="store_true", help="leave the stack up after the run (Ctrl-C stops it)")
@@ -170,10 +225,12 @@ async def _follow(client: Client, run_id: str, quiet: bool) -> Any:
     return waiter.result()
 
 
-async def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
+async def cmd_run(args: argparse.Namespace, argv: RunArgv, options: dict[str, bool]) -> int:
     try:
         defn = load_workflow_file(args.target)
-        inputs = parse_params(defn.interface, extra, args.input_json)
+        check_collisions(defn.interface, options, argv, args.target, args.input_json)
+        inputs = parse_params(defn.interface, argv.params, args.input_json)
+        check_missing(defn.interface, options, inputs, args.target)
         defn, envelope = prepare_run(defn, inputs, artifacts=args.artifacts, run_id=args.run_id, tenant=args.tenant)
     except (GangflowError, DefinitionError) as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
@@ -243,13 +300,67 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
 
 async def cmd_logs(args: argparse.Namespace) -> int:
     client = await _client(args)
-    files = await client.logs(args.run_id, args.task, args.rank)
-    if not files:
-        what = (f" task {args.task}" if args.task else "") + (f" rank {args.rank}" if args.rank is not None else "")
-        raise CliError(f"no logs for run {args.run_id}{what}")
+    try:
+        files = await client.logs(args.run_id, args.task, args.rank)
+    except RPCError as exc:
+        raise CliError(f"run {args.run_id!r}: {exc.message}") from None
+    if not any(text for _, text in files):
+        # Three different answers hide behind "no output": a task the run does not have, one that has not
+        # started, and one that ran and printed nothing (its log file is only created on the first write).
+        err_console.print(escape(await _why_no_output(client, args, bool(files))))
+        return EXIT_OK
     for name, text in files:
-        console.rule(name)
+        console.rule(escape(name))
         sys.stdout.write(text)
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+async def _why_no_output(client: Client, args: argparse.Namespace, empty_files: bool) -> str:
+    """Why ``logs`` found no output (raising CliError when the question named something that is not
+    there); ``empty_files``: log files were found but all were empty."""
+    tasks, _ = await read_tasks(client.handle(args.run_id))
+    names = list(dict.fromkeys(t.name for t in tasks))
+    if args.task and args.task not in names:
+        known = ", ".join(names) or "none has started yet"
+        raise CliError(f"run {args.run_id!r} has no task {args.task!r}; its tasks: {known}")
+    chosen = [t for t in tasks if not args.task or t.name == args.task]
+    what = f"task {args.task!r} of run {args.run_id}" if args.task else f"run {args.run_id}"
+    if not chosen:
+        return f"{what}: no task has started yet, so nothing was printed yet"
+    gangs = [t for t in chosen if t.kind == "gang"]
+    if args.rank is not None and not gangs:
+        raise CliError(f"{what} has no ranks: --rank is for distributed tasks")
+    if all(t.status == "scheduled" for t in chosen):
+        return f"{what}: not started yet, so nothing was printed yet"
+    if not empty_files and len(gangs) == len(chosen):
+        # a rank's log file is created when the rank starts, however little it prints
+        ranks = {n for name, _ in await client.logs(args.run_id, args.task) if (n := _rank_of(name)) is not None}
+        if args.rank is not None and ranks:
+            raise CliError(f"{what} has no rank {args.rank}; its ranks: {', '.join(map(str, sorted(ranks)))}")
+        return f"{what}: no rank has started yet, so nothing was printed yet"
+    who = f"rank {args.rank}" if args.rank is not None else ("it" if args.task else "its tasks")
+    return f"{what}: {who} ran and printed nothing (no output on stdout or stderr)"
+
+
+def _rank_of(log_name: str) -> int | None:
+    """``train-1.rank3.attempt0.log`` → 3; a plain task's log has no rank."""
+    for part in log_name.split("."):
+        if part.startswith("rank") and part[4:].isdigit():
+            return int(part[4:])
+    return None
+
+
+async def cmd_release(args: argparse.Namespace) -> int:
+    client = await _client(args)
+    try:
+        freed = await client.release(args.gang_id, force=args.force)
+    except GangflowError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print_json(freed)
+    else:
+        show_release(freed)
     return EXIT_OK
 
 
@@ -410,8 +521,9 @@ async def cmd_dev(args: argparse.Namespace) -> int:
             f"[bold]gangflow dev[/]: Temporal on {server.address}"
             + ("" if args.headless else f", Web UI {server.ui_url}")
         )
-        console.print(f"state in {state}; in another shell:")
-        console.print(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
+        print_unwrapped(f"state in {state}; in another shell:")
+        # one line however narrow the terminal: a wrapped second line would be pasted as a separate command
+        print_unwrapped(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
         console.print("  gangflow run examples/quickstart.py:pipeline")
         nodes = _spawn_nodes(server.address, args.nodes, args.gpus_per_node, state)
         if nodes:
@@ -504,6 +616,7 @@ _COMMANDS = {
     "list": cmd_list,
     "cancel": cmd_cancel,
     "logs": cmd_logs,
+    "release": cmd_release,
     "worker": cmd_worker,
     "dev": cmd_dev,
     "demo": cmd_demo,
@@ -512,16 +625,21 @@ _COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "run":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    options = run_options(parser)
+    split = RunArgv((), (), frozenset(), False)
+    if tokens[:1] == ["run"]:  # gangflow's options go to argparse, the workflow's parameters to parse_params
+        split = split_run_argv(tokens[1:], options)
+        tokens = ["run", *split.own]
+    args = parser.parse_args(tokens)
     try:
         if args.command == "run":
-            code = asyncio.run(cmd_run(args, extra))
+            code = asyncio.run(cmd_run(args, split, options))
         else:
             code = asyncio.run(_COMMANDS[args.command](args))
     except CliError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
+        # one line however long: it may quote a command to paste
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         code = exc.code
     except KeyboardInterrupt:
         code = 130

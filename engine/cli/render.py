@@ -7,11 +7,22 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from engine.client import RunInfo, to_jsonable
 
-__all__ = ["console", "err_console", "print_json", "run_json", "show_runs", "show_status"]
+__all__ = [
+    "console",
+    "err_console",
+    "print_json",
+    "print_unwrapped",
+    "run_json",
+    "show_queue",
+    "show_release",
+    "show_runs",
+    "show_status",
+]
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -39,6 +50,12 @@ def _styled(status: str) -> str:
 
 def print_json(data: Any) -> None:
     print(json.dumps(data, default=str))
+
+
+def print_unwrapped(text: str) -> None:
+    """One line, never broken by rich however narrow the terminal (the terminal may still fold it on
+    screen, but a copy of it stays one line): commands to paste, ids to copy."""
+    console.print(text, soft_wrap=True, markup=False)
 
 
 def run_json(info: RunInfo) -> dict[str, Any]:
@@ -69,7 +86,9 @@ def run_json(info: RunInfo) -> dict[str, Any]:
 
 def show_status(info: RunInfo, *, result: bool = True) -> None:
     console.print(
-        f"[bold]{info.run_id}[/]  workflow [bold]{info.workflow}[/]  {_styled(info.status)}  tenant {info.tenant}"
+        f"[bold]{escape(info.run_id)}[/]  workflow [bold]{info.workflow}[/]  {_styled(info.status)}  "
+        f"tenant {info.tenant}",
+        soft_wrap=True,  # the run id stays whole, to be copied
     )
     if info.progress:
         running = ", ".join(info.progress.get("running") or []) or "—"
@@ -91,25 +110,67 @@ def show_status(info: RunInfo, *, result: bool = True) -> None:
 
 
 def show_runs(runs: list[RunInfo]) -> None:
-    table = Table(show_edge=False, header_style="bold")
-    for column in ("run", "workflow", "status", "tenant", "started", "closed"):
-        table.add_column(column)
-    for r in runs:
-        table.add_row(
+    """A table when it fits the terminal with every run id whole (ids are copied into ``status``, so they
+    are never cut short); otherwise one run per two lines, the id alone on the first."""
+    if not runs:
+        console.print("no runs")
+        return
+    rows = [
+        (
             r.run_id,
             r.workflow,
-            _styled(r.status),
+            r.status,
             r.tenant or "",
             r.start_time.strftime("%Y-%m-%d %H:%M:%S") if r.start_time else "",
             r.close_time.strftime("%H:%M:%S") if r.close_time else "",
         )
-    console.print(table if runs else "no runs")
+        for r in runs
+    ]
+    table = Table(show_edge=False, header_style="bold")
+    table.add_column("run", no_wrap=True)
+    for column in ("workflow", "status", "tenant", "started", "closed"):
+        table.add_column(column)
+    for run_id, workflow, status, tenant, started, closed in rows:
+        table.add_row(escape(run_id), escape(workflow), _styled(status), escape(tenant), started, closed)
+    # the narrowest the table can be with no word broken (measured as if the terminal were unbounded)
+    needed = Measurement.get(console, console.options.update_width(10_000), table).minimum
+    if needed <= console.width:
+        console.print(table)
+        return
+    for run_id, workflow, status, tenant, started, closed in rows:
+        print_unwrapped(run_id)
+        when = started + (f" → {closed}" if closed else "")
+        console.print(f"  {escape(workflow)}  {_styled(status)}  tenant {escape(tenant)}  {when}")
+
+
+def show_release(freed: dict[str, Any]) -> None:
+    """What ``Client.release`` freed: a running gang's nodes and GPUs, or a queued request."""
+    gang = escape(freed["gang_id"])
+    if freed["state"] == "pending":
+        console.print(
+            f"withdrew the queued request of gang [bold]{gang}[/] (#{freed['position']} in the queue, asking "
+            f"for {freed['gpus_per_node']} GPU(s) on each of {freed['nnodes']} node(s)); nothing was allocated",
+            soft_wrap=True,
+        )
+        return
+    nodes = freed["nodes"]
+    gpus = sum(len(n["gpu_ids"]) for n in nodes)
+    where = "; ".join(
+        f"{escape(n['node_id'])} " + (f"GPUs {','.join(map(str, n['gpu_ids']))}" if n["gpu_ids"] else "(no GPUs)")
+        for n in nodes
+    )
+    console.print(
+        f"released gang [bold]{gang}[/] (tenant {escape(freed['tenant'])}): {gpus} GPU(s) on {len(nodes)} "
+        f"node(s) free again: {where}",
+        soft_wrap=True,
+    )
 
 
 def show_queue(data: dict[str, Any]) -> None:
     nodes = Table(title="nodes", show_edge=False, header_style="bold")
-    for column in ("node", "address", "alive", "GPUs free/total", "free ids", "CPUs free/total", "gangs"):
-        nodes.add_column(column)
+    nodes.add_column("node", no_wrap=True, overflow="fold")  # ids are copied into other commands: never "…"
+    for column in ("address", "alive", "GPUs free/total", "free ids", "CPUs free/total", "gangs"):
+        nodes.add_column(column, overflow="fold")
     for n in data.get("nodes", []):
         nodes.add_row(
             n["node_id"],
@@ -123,16 +184,19 @@ def show_queue(data: dict[str, Any]) -> None:
     console.print(nodes if data.get("nodes") else "no nodes registered")
     if data.get("running"):
         running = Table(title="running gangs", show_edge=False, header_style="bold")
-        for column in ("gang", "tenant", "placement"):
-            running.add_column(column)
+        running.add_column("gang", no_wrap=True, overflow="fold")
+        for column in ("tenant", "placement"):
+            running.add_column(column, overflow="fold")
         for g in data["running"]:
             where = "; ".join(f"{a['node_id']} gpus {a['gpu_ids']}" for a in g["nodes"])
             running.add_row(g["gang_id"], g["tenant"], where)
         console.print(running)
     if data.get("pending"):
         pending = Table(title="pending", show_edge=False, header_style="bold")
-        for column in ("#", "gang", "tenant", "why"):
-            pending.add_column(column)
+        pending.add_column("#")
+        pending.add_column("gang", no_wrap=True, overflow="fold")
+        for column in ("tenant", "why"):
+            pending.add_column(column, overflow="fold")
         for q in data["pending"]:
             pending.add_row(str(q["position"]), q["gang_id"], q.get("tenant", ""), q.get("reason", ""))
         console.print(pending)

@@ -1,0 +1,227 @@
+"""The CLI as a newcomer meets it, through real ``python -m engine.cli`` processes on a real server:
+``logs`` answers an unknown run, an unknown task and a silent task each with one clear line, ``list``
+never cuts a run id short, ``dev`` prints its export line whole, and ``release`` frees a gang."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import NodeAgent, WorkerProcess, make_client
+
+from engine.errors import GangflowError
+from engine.runtime import DevServer, free_port
+
+FLOW = """
+from engine import task, workflow
+
+
+@task
+def chatty(n: int) -> int:
+    print(f"chatty says {n}")
+    return n
+
+
+@task
+def quiet(n: int) -> int:
+    return n
+
+
+@workflow
+async def talk(n: int = 1) -> int:
+    return await chatty(n=n) + await quiet(n=n)
+
+
+@workflow
+async def hush(n: int = 1) -> int:
+    return await quiet(n=n)
+"""
+
+
+def cli(address: str, *args: str, columns: int = 100, cwd: Path | None = None, **env: str):
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, GANGFLOW_ADDRESS=address, COLUMNS=str(columns), **env),
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(server, worker, state_root, tmp_path_factory):
+    """Two finished runs of the flow above: one whose task printed, one whose task printed nothing."""
+    tmp_path = tmp_path_factory.mktemp("cli-commands")
+    artifacts = str(state_root / "artifacts")  # the `artifacts` fixture's folder (that one is per test)
+    (tmp_path / "flow.py").write_text(FLOW)
+    suffix = os.urandom(4).hex()
+    ids = {"talk": f"talk-run-with-a-rather-long-id-{suffix}", "hush": f"hush-run-with-a-rather-long-id-{suffix}"}
+    for name, run_id in ids.items():
+        done = cli(
+            server.address,
+            "run",
+            f"flow.py:{name}",
+            "--run-id",
+            run_id,
+            "--json",
+            cwd=tmp_path,
+            GANGFLOW_ARTIFACTS=artifacts,
+        )
+        assert done.returncode == 0, done.stderr
+    return ids
+
+
+def test_logs_says_which_of_unknown_run_unknown_task_or_silent_task(server, runs):
+    unknown = cli(server.address, "logs", "no-such-run-xyz")
+    assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
+    assert unknown.stderr.strip().startswith("error: run 'no-such-run-xyz'") and len(unknown.stderr.splitlines()) == 1
+
+    no_task = cli(server.address, "logs", runs["talk"], "--task", "nope")
+    assert no_task.returncode == 1 and "Traceback" not in no_task.stderr
+    assert "has no task 'nope'; its tasks: chatty, quiet" in " ".join(no_task.stderr.split())
+
+    silent = cli(server.address, "logs", runs["hush"], "--task", "quiet")
+    assert silent.returncode == 0 and silent.stdout == ""
+    assert "task 'quiet' of run" in silent.stderr and "it ran and printed nothing" in silent.stderr
+
+    whole_run = cli(server.address, "logs", runs["hush"])
+    assert whole_run.returncode == 0 and "its tasks ran and printed nothing" in whole_run.stderr
+
+    chatty = cli(server.address, "logs", runs["talk"], "--task", "chatty")
+    assert chatty.returncode == 0 and "chatty says 1" in chatty.stdout
+
+    no_rank = cli(server.address, "logs", runs["talk"], "--task", "chatty", "--rank", "1")
+    assert no_rank.returncode == 1 and "--rank is for distributed tasks" in " ".join(no_rank.stderr.split())
+
+
+@pytest.mark.parametrize("columns", [40, 60, 200])
+def test_list_never_cuts_a_run_id_short(server, runs, columns):
+    for pipeline, run_id in runs.items():
+        listed = cli(server.address, "list", "--pipeline", pipeline, "--limit", "50", columns=columns)
+        assert listed.returncode == 0, listed.stderr
+        assert any(run_id in line for line in listed.stdout.splitlines()), listed.stdout
+        assert "…" not in listed.stdout
+
+
+def test_dev_prints_the_export_line_whole_in_a_narrow_terminal(tmp_path):
+    state = tmp_path / "a-state-folder-with-a-long-name-so-that-the-line-would-wrap"
+    ports = ["--port", str(free_port()), "--ui-port", str(free_port())]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", "dev", "--headless", *ports, "--state-dir", str(state)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, COLUMNS="40", PYTHONUNBUFFERED="1"),
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while not any("gangflow run" in line for line in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            lines.append(proc.stdout.readline())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    export = [line for line in lines if line.startswith("  export ")]
+    assert len(export) == 1, lines
+    assert "GANGFLOW_ADDRESS=127.0.0.1:" in export[0]
+    assert f"GANGFLOW_ARTIFACTS={state.resolve() / 'artifacts'}\n" in export[0]
+
+
+def test_release_frees_a_gang_and_refuses_what_it_cannot(tmp_path):
+    """A throwaway stack of its own (server, worker, one node agent): the Scheduler's state is shared
+    by every gang on a server, and this test hands it requests by hand."""
+    with DevServer(tmp_path / "temporal", ui=False) as server:
+        address = server.address
+        worker = WorkerProcess(address, "gangflow", tmp_path / "worker").start()
+        node = None
+        try:
+            none_yet = cli(address, "release", "some-gang")
+            assert none_yet.returncode == 1 and "Traceback" not in none_yet.stderr
+            assert "no Scheduler is running here" in none_yet.stderr and len(none_yet.stderr.splitlines()) == 1
+
+            node = NodeAgent(address, "n0", 2, tmp_path / "node")
+            asyncio.run(_release_scenario(server, str(tmp_path / "artifacts"), address))
+        finally:
+            if node is not None:
+                node.stop()
+            worker.stop()
+
+
+async def _release_scenario(server: DevServer, artifacts: str, address: str) -> None:
+    client = await make_client(server, artifacts)
+    deadline = time.monotonic() + 60
+    while True:  # the node agent starts the Scheduler when it registers
+        with contextlib.suppress(Exception):
+            if (await client.queue())["totals"]["alive_nodes"] == 1:
+                break
+        assert time.monotonic() < deadline, "the node agent did not register"
+        await asyncio.sleep(0.2)
+    scheduler = client.temporal.get_workflow_handle("gangflow-scheduler")
+
+    async def gang(gang_id: str) -> Any:
+        """A gang request whose owner is a workflow no worker serves: it stands in for a live GangRun
+        (the Scheduler's owner check releases what a closed owner held)."""
+        owner = await client.temporal.start_workflow("StandInGangRun", id=gang_id, task_queue="nobody-polls-this")
+        await scheduler.signal("submit", {"gang_id": gang_id, "nnodes": 1, "gpus_per_node": 2, "cpus_per_node": 1})
+        return owner
+
+    async def until(running: list[str], pending: list[str]) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            view = await client.queue()
+            ids = ([g["gang_id"] for g in view["running"]], [g["gang_id"] for g in view["pending"]])
+            if ids == (running, pending):
+                return
+            assert time.monotonic() < deadline, view
+            await asyncio.sleep(0.2)
+
+    def release(*args: str) -> subprocess.CompletedProcess[str]:
+        return cli(address, "release", *args)
+
+    owner1 = await gang("owner-1")
+    await until(["owner-1"], [])
+    await gang("owner-2")  # the node's 2 GPUs are taken: queued
+    await until(["owner-1"], ["owner-2"])
+
+    unknown = await asyncio.to_thread(release, "no-such-gang")
+    assert unknown.returncode == 1
+    assert "the Scheduler holds no gang 'no-such-gang' (1 running, 1 pending)" in unknown.stderr
+    in_use = await asyncio.to_thread(release, "owner-1")
+    assert in_use.returncode == 1 and "gang 'owner-1' is still in use" in in_use.stderr
+    assert "--force" in in_use.stderr and "Traceback" not in in_use.stderr
+
+    withdrawn = await asyncio.to_thread(release, "owner-2", "--force")
+    assert withdrawn.returncode == 0, withdrawn.stderr
+    assert "withdrew the queued request of gang owner-2" in withdrawn.stdout
+    await until(["owner-1"], [])
+
+    # Its owner gone, a gang is released without --force (unless the owner check got there first).
+    await owner1.terminate()
+    try:
+        entry = await client.release("owner-1")
+        assert entry["state"] == "running" and entry["nodes"][0]["gpu_ids"] == [0, 1]
+    except GangflowError as exc:
+        assert "holds no gang 'owner-1'" in str(exc)
+    await until([], [])
+
+    await gang("owner-3")
+    await until(["owner-3"], [])
+    freed = await asyncio.to_thread(release, "owner-3", "--force", "--json")
+    assert freed.returncode == 0, freed.stderr
+    entry = json.loads(freed.stdout)
+    assert entry["state"] == "running" and entry["nodes"][0]["node_id"] == "n0"
+    assert sorted(entry["nodes"][0]["gpu_ids"]) == [0, 1]
+    view = await client.queue()
+    assert view["running"] == [] and view["pending"] == [] and view["totals"]["gpus_free"] == 2
