@@ -1,6 +1,7 @@
 """gangflow: typed, durable ML pipelines on Temporal.
 
 from engine import task, workflow, Resources, Retry, File, Directory
+engine.now(), engine.random(), engine.uuid4(), await engine.sleep(s): replay-safe in a workflow body
 """
 
 from engine.core import (
@@ -14,7 +15,9 @@ from engine.core import (
     task,
     workflow,
 )
+from engine.core.determinism import now, random, sleep, uuid4
 from engine.core.gang import GangPlugin, ProcessSpec, RankContext, current_rank
+from engine.core.guard import NonDeterministicCall
 from engine.core.plugins import available_plugins, plugin
 from engine.progress import report
 from engine.types import Directory, File
@@ -26,6 +29,7 @@ __all__ = [
     "GangPlugin",
     "GangflowError",
     "InputError",
+    "NonDeterministicCall",
     "PayloadTooLargeError",
     "ProcessSpec",
     "RankContext",
@@ -35,10 +39,14 @@ __all__ = [
     "available_plugins",
     "checkpoint",
     "current_rank",
+    "now",
     "plugin",
+    "random",
     "report",
     "run_local",
+    "sleep",
     "task",
+    "uuid4",
     "workflow",
 ]
 

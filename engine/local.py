@@ -1,23 +1,29 @@
 """``run_local``: run a workflow in this process, for quick debugging, with the same checks as a run on
 Temporal: inputs and outputs of every task are validated and encoded, and File / Directory values go
-through a (temporary) artifact store, so a pipeline that passes here fails on the cluster only for
-reasons the cluster adds (durability, placement), not for types or serialization.
+through a (temporary) artifact store, and the determinism guard watches the workflow body (a
+``time.time()`` there fails here as it would on the cluster), so a pipeline that passes here fails on the
+cluster only for reasons the cluster adds (durability, placement), not for types, serialization or replay.
+``engine.now()`` / ``random()`` / ``uuid4()`` / ``sleep()`` use the real clock and randomness here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import socket
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from engine.artifacts.store import ArtifactStore
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
 from engine.core.dispatch import using_dispatcher
 from engine.core.gang import RankContext, base_rank_env
+from engine.core.guard import guarding, hooked, rearm, unguarded
 from engine.errors import InputError
 from engine.types.codec import check_payload_size, pack, unpack
 
@@ -29,15 +35,19 @@ class LocalDispatcher:
 
     def __init__(self, store: ArtifactStore) -> None:
         self.store = store
+        # its own generator: the guard refuses the random module's shared one inside a workflow body
+        self._random = random.Random()
 
     def _roundtrip(self, wire: Any, where: str) -> Any:
         return unpack(check_payload_size(pack(wire), where))
 
     async def run_task(self, task: TaskDefinition, inputs: dict[str, Any]) -> Any:
+        rearm()
         ctx = self.store.context()
         wire = self._roundtrip(task.interface.inputs_to_wire(inputs, ctx), f"the inputs of task {task.name!r}")
         args = task.interface.inputs_from_wire(wire, ctx)
-        with using_dispatcher(None):
+        # a task body is not workflow code (an async one runs right here, on the workflow's loop)
+        with using_dispatcher(None), unguarded():
             if task.gang is not None:
                 result = await asyncio.to_thread(self._single_rank, task, args)
             elif task.is_async:
@@ -83,10 +93,26 @@ class LocalDispatcher:
                     os.environ[key] = value
 
     async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any:
+        rearm()
         ctx = self.store.context()
         args = wf.interface.inputs_from_wire(wf.interface.inputs_to_wire(inputs, ctx), ctx)
-        result = await wf.fn(**args)
+        with guarding(wf.name, wf.module) as scope:
+            result = await wf.fn(**args)
+        scope.check()  # a forbidden call the body caught and swallowed still fails the run
         return wf.interface.output_from_wire(wf.interface.output_to_wire(result, ctx), ctx)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def random(self) -> random.Random:
+        return self._random
+
+    def uuid4(self) -> uuid.UUID:
+        return uuid.uuid4()
+
+    async def sleep(self, seconds: float) -> None:
+        rearm()
+        await asyncio.sleep(seconds)
 
 
 def run_local(wf: Callable[..., Any], /, artifacts: str | None = None, **inputs: Any) -> Any:
@@ -98,7 +124,7 @@ def run_local(wf: Callable[..., Any], /, artifacts: str | None = None, **inputs:
     dispatcher = LocalDispatcher(store)
 
     async def main() -> Any:
-        with using_dispatcher(dispatcher):
+        with using_dispatcher(dispatcher), hooked():
             return await dispatcher.run_workflow(defn, inputs)
 
     return asyncio.run(main())

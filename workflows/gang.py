@@ -4,12 +4,20 @@ Each attempt: request a placement → reserve a fresh rendezvous port on node ra
 per node on that node's own queue (``node/<id>``) → wait; the first failure stops every other node's
 ranks → give the placement back (always, also when cancelled). Rank 0's encoded result is the result.
 
-When an attempt fails, the failure is classified. A *system* failure (a node lost: heartbeat or
+A node that died is found fast: when one node's ranks fail (the survivors of a lost peer see their
+collective break within a fraction of a second), every node still running is **probed** with a tiny
+activity on its own queue. A node agent answers within a second; one that does not is declared lost at
+once, without waiting for its heartbeat timeout, and the gang does not wait for it to confirm its ranks
+stopped (a dead machine never confirms). A node whose activity timed out but whose agent answers the
+probe (it was restarted) is not reported lost.
+
+When an attempt fails, the failure is classified. A *system* failure (a node lost: probe, heartbeat or
 schedule-to-start timeout; a rank killed by a signal; a hung gang) spends the restart budget
 (``max_restarts``): lost nodes are reported to the Scheduler, and every rank is relaunched on a new
 placement with ``GANGFLOW_ATTEMPT`` + 1 and the same checkpoint folder. A *user* error (an exception in
-the task body) is retried only as far as the task's retry policy says. The budget and the attempt list
-live in workflow state, so they survive any crash of workers or server.
+the task body) is retried only as far as the task's retry policy says (attempts, backoff capped at
+``max_interval``, ``non_retryable`` types; type mismatches never). The budget and the attempt list live
+in workflow state, so they survive any crash of workers or server.
 
 The node activities get no retries from Temporal (``maximum_attempts=1``): a retry would be queued on
 the same node's queue, which may belong to a dead machine. This workflow owns every retry.
@@ -19,10 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import (
@@ -35,15 +44,30 @@ from temporalio.exceptions import (
 from temporalio.workflow import ActivityCancellationType, ActivityHandle
 
 from engine.core.gang import NodeLaunch
+from engine.core.resources import Retry
 from engine.core.wire import Envelope
-from engine.scheduling import Placement
+from engine.scheduling import DEFAULT_LOST_NODE_WAIT_S, NodeAssignment, Placement
 from workflows.scheduler import PENDING_SIGNAL, PLACEMENT_SIGNAL, REJECTED_SIGNAL, SCHEDULER_ID
 
-__all__ = ["GANG_TYPE", "REMOTE_COMMAND", "RESERVE_PORT", "RUN_RANKS", "GangRun", "GangSpec", "node_queue"]
+__all__ = [
+    "GANG_TYPE",
+    "PING",
+    "PROBE_TIMEOUT",
+    "REMOTE_COMMAND",
+    "RESERVE_PORT",
+    "RUN_RANKS",
+    "GangRun",
+    "GangSpec",
+    "node_queue",
+]
 
 GANG_TYPE = "GangRun"
 RUN_RANKS = "gangflow.run_ranks"
 RESERVE_PORT = "gangflow.reserve_port"
+#: a node agent's liveness probe: answered at once by a live agent
+PING = "gangflow.ping"
+#: how long a probed node agent has to answer before it is declared lost
+PROBE_TIMEOUT = timedelta(seconds=1.5)
 #: a launcher's command for another node (MPI proxies), relayed through this workflow
 REMOTE_COMMAND = "remote_command"
 
@@ -70,32 +94,59 @@ class GangSpec:
     user_attempts: int = 1
     retry_backoff_s: float = 1.0
     hang_timeout_s: float | None = None
+    retry_max_interval_s: float | None = None
+    non_retryable: list[str] = field(default_factory=list)
+    lost_node_wait_s: float = DEFAULT_LOST_NODE_WAIT_S
+
+    @property
+    def retry(self) -> Retry:
+        return Retry(
+            attempts=self.user_attempts,
+            backoff=self.retry_backoff_s,
+            max_interval=self.retry_max_interval_s,
+            non_retryable=tuple(self.non_retryable),
+        )
 
 
 class _AttemptFailed(Exception):
-    def __init__(self, system: bool, reason: str, lost_nodes: list[str]) -> None:
+    def __init__(self, system: bool, reason: str, lost_nodes: list[str], error_type: str | None = None) -> None:
         super().__init__(reason)
-        self.system, self.reason, self.lost_nodes = system, reason, lost_nodes
+        self.system, self.reason, self.lost_nodes, self.error_type = system, reason, lost_nodes, error_type
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    node_id: str
+    system: bool
+    reason: str
+    node_lost: bool
+    error_type: str | None = None
+    #: a timeout only suggests the node is lost: its agent is probed before it is reported lost
+    suspect: bool = False
 
 
 _SYSTEM_TYPES = ("RankKilled", "RankHung")
 _NODE_LOST = (TimeoutType.HEARTBEAT, TimeoutType.SCHEDULE_TO_START, TimeoutType.SCHEDULE_TO_CLOSE)
 
 
-def _classify(err: BaseException, node_id: str) -> tuple[bool, str, bool] | None:
-    """(system?, reason, node lost?) for one node's failure; None when it was only our own cancel."""
+def _classify(err: BaseException, node_id: str) -> _Verdict | None:
+    """What one node's failure means; None when it was only our own cancel."""
     if not isinstance(err, ActivityError) or is_cancelled_exception(err):
         return None
     cause = err.cause
     if isinstance(cause, TimeoutError):
         if cause.type in _NODE_LOST:
-            return True, f"node {node_id} lost ({cause.type.name.lower().replace('_', '-')} timeout)", True
-        return False, f"the task exceeded its timeout on node {node_id}", False
+            return _Verdict(
+                node_id, True, f"node {node_id} lost ({cause.type.name.lower().replace('_', '-')} timeout)", True
+            )
+        return _Verdict(node_id, False, f"the task exceeded its timeout on node {node_id}", False)
     if isinstance(cause, ApplicationError):
         if cause.type == "NodeShutdown":
-            return True, cause.message, True
-        return cause.type in _SYSTEM_TYPES, cause.message, False
-    return True, f"node {node_id}: {err.message}: {cause}", False
+            return _Verdict(node_id, True, cause.message, True)
+        details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
+        error_type = details.get("error_type") if isinstance(details.get("error_type"), str) else None
+        return _Verdict(node_id, cause.type in _SYSTEM_TYPES, cause.message, False, error_type)
+    return _Verdict(node_id, True, f"node {node_id}: {err.message}: {cause}", False)
 
 
 def _record(order: list[int], index: int, _: object) -> None:
@@ -117,22 +168,35 @@ class GangRun:
         self.restarts = 0
         self.remote: dict[str, list[str]] = {}  # "<attempt>/<node rank>" -> command
 
+    # A signal handler that raises fails the workflow task again and again: every payload is checked
+    # here, and a malformed one is logged and dropped.
     @workflow.signal(name=PLACEMENT_SIGNAL)
-    def on_placement(self, placement: dict[str, Any]) -> None:
-        self.placement = Placement.model_validate(placement)
+    def on_placement(self, placement: Any) -> None:
+        try:
+            self.placement = Placement.model_validate(placement)
+        except (ValidationError, TypeError, ValueError) as exc:
+            workflow.logger.warning("ignoring a malformed placement %r: %s", placement, exc)
 
     @workflow.signal(name=REJECTED_SIGNAL)
-    def on_rejected(self, reason: str) -> None:
-        self.rejected = reason
+    def on_rejected(self, reason: Any) -> None:
+        self.rejected = reason if isinstance(reason, str) else f"rejected by the scheduler: {reason!r}"
 
     @workflow.signal(name=PENDING_SIGNAL)
-    def on_pending(self, reason: str) -> None:
-        self.pending = reason
-        self._say(reason)
+    def on_pending(self, reason: Any) -> None:
+        if isinstance(reason, str):
+            self.pending = reason
+            self._say(reason)
 
     @workflow.signal(name=REMOTE_COMMAND)
-    def on_remote_command(self, payload: dict[str, Any]) -> None:
-        self.remote[f"{payload['attempt']}/{payload['node_rank']}"] = list(payload["command"])
+    def on_remote_command(self, payload: Any) -> None:
+        try:
+            attempt, node_rank, command = int(payload["attempt"]), int(payload["node_rank"]), payload["command"]
+            if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
+                raise TypeError("command must be a list of strings")
+        except (KeyError, TypeError, ValueError) as exc:
+            workflow.logger.warning("ignoring a malformed remote command %r: %s", payload, exc)
+            return
+        self.remote[f"{attempt}/{node_rank}"] = command
 
     @workflow.query(name=REMOTE_COMMAND)
     def remote_command(self, attempt: int, node_rank: int) -> list[str] | None:
@@ -156,6 +220,7 @@ class GangRun:
     async def run(self, spec: GangSpec, envelope: bytes) -> bytes:
         gang_id = workflow.info().workflow_id
         scheduler = workflow.get_external_workflow_handle(SCHEDULER_ID)
+        retry = spec.retry
         user_failures = 0
         attempt = 0
         while True:
@@ -171,7 +236,6 @@ class GangRun:
                 for node_id in failure.lost_nodes if failure else []:
                     await scheduler.signal("node_lost", node_id)
                 await scheduler.signal("release", gang_id)
-            assert failure is not None
             kind = "system" if failure.system else "user"
             self.attempts.append({"attempt": attempt, "kind": kind, "reason": failure.reason})
             if failure.system:
@@ -184,14 +248,17 @@ class GangRun:
                     )
             else:
                 user_failures += 1
-                if user_failures >= spec.user_attempts:
-                    allowed = f"{spec.user_attempts} attempt(s) allowed by the task's retry policy"
+                if not retry.retries(failure.error_type, user_failures):
+                    if user_failures < spec.user_attempts:
+                        why = f"{failure.error_type} is not retried"
+                    else:
+                        why = f"{spec.user_attempts} attempt(s) allowed by the task's retry policy"
                     raise ApplicationError(
-                        self._summary(f"user error in the task body, not restarted ({allowed})"),
+                        self._summary(f"user error in the task body, not restarted ({why})"),
                         type="RankFailed",
                         non_retryable=True,
                     )
-                await workflow.sleep(timedelta(seconds=spec.retry_backoff_s * 2 ** (user_failures - 1)))
+                await workflow.sleep(retry.delay(user_failures))
             attempt += 1
             self._say(f"restarting (attempt {attempt}) after {kind} failure: {_first_line(failure.reason)}")
 
@@ -211,6 +278,7 @@ class GangRun:
             "cpus_per_node": spec.cpus_per_node,
             "mem_per_node": spec.mem_per_node,
             "tenant": spec.tenant,
+            "lost_node_wait_s": spec.lost_node_wait_s,
         }
         try:
             await scheduler.signal("submit", request)
@@ -226,10 +294,9 @@ class GangRun:
         except asyncio.CancelledError:
             await scheduler.signal("release", gang_id)  # withdraw the queued request
             raise
-        if self.rejected is not None:
+        if self.placement is None:
             await scheduler.signal("release", gang_id)
-            raise ApplicationError(self.rejected, type="Unschedulable", non_retryable=True)
-        assert self.placement is not None
+            raise ApplicationError(self.rejected or "rejected", type="Unschedulable", non_retryable=True)
         return self.placement
 
     async def _attempt(self, spec: GangSpec, envelope: bytes, placement: Placement, attempt: int) -> bytes:
@@ -247,9 +314,11 @@ class GangRun:
                 retry_policy=RetryPolicy(maximum_attempts=3),
             )
         except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise  # the run is being cancelled while the port is reserved: nothing runs yet
             verdict = _classify(err, nodes[0].node_id)
-            assert verdict is not None
-            raise _AttemptFailed(True, verdict[1], [nodes[0].node_id]) from err
+            reason = verdict.reason if verdict else f"node {nodes[0].node_id} did not reserve a port: {err}"
+            raise _AttemptFailed(True, reason, [nodes[0].node_id]) from err
         checkpoint_dir = f"{run.artifacts}/checkpoints/{run.run_id}/{spec.call}"
         handles: list[ActivityHandle[bytes]] = []
         for node in nodes:
@@ -289,33 +358,60 @@ class GangRun:
         finished: list[int] = []  # node indexes in the order their activities ended (deterministic on replay)
         for index, handle in enumerate(handles):
             handle.add_done_callback(functools.partial(_record, finished, index))
+        lost: set[str] = set()
         try:
             await workflow.wait(handles, return_when=asyncio.FIRST_EXCEPTION)
-        except asyncio.CancelledError:
-            await self._stop(handles)
-            raise
-        if all(h.done() and h.exception() is None for h in handles):
-            return handles[0].result()
-        # Stop the survivors first, then judge: the root cause (a node that vanished, a rank killed
-        # from outside) often reports after its peers' collective errors ("connection closed by peer").
-        self._say(f"attempt {attempt}: a rank failed; stopping the others and waiting for every node to confirm")
-        await self._stop(handles)
-        verdicts: list[tuple[str, bool, str, bool]] = []
+            if all(h.done() and h.exception() is None for h in handles):
+                return handles[0].result()
+            # Stop the survivors first, then judge: the root cause (a node that vanished, a rank killed
+            # from outside) often reports after its peers' collective errors ("connection closed by peer").
+            self._say(f"attempt {attempt}: a rank failed; probing the other nodes and stopping their ranks")
+            lost = await self._probe([n.node_id for n, h in zip(nodes, handles, strict=True) if not h.done()])
+        finally:
+            await self._stop(handles, nodes, lost)  # on success a no-op; on cancel, also stop every rank
+        verdicts: list[_Verdict] = [
+            _Verdict(node_id, True, f"node {node_id} lost (its agent did not answer a probe after a peer failed)", True)
+            for node_id in sorted(lost)
+        ]
         for index in finished:  # earliest failure first: it is the likely root cause among equals
             failure = handles[index].exception()
             verdict = _classify(failure, nodes[index].node_id) if failure is not None else None
-            if verdict is not None:
-                verdicts.append((nodes[index].node_id, *verdict))
+            if verdict is not None and verdict.node_id not in lost:
+                verdicts.append(verdict)
+        suspects = [v.node_id for v in verdicts if v.suspect]
+        alive = set(suspects) - await self._probe(suspects)  # e.g. its agent was restarted meanwhile
         if not verdicts:  # every node reported cancellation: treat as lost contact
             raise _AttemptFailed(True, "the gang's node activities were cancelled", [])
-        system = [v for v in verdicts if v[1]]
-        lost = [node_id for node_id, _, _, node_lost in verdicts if node_lost]
+        system = [v for v in verdicts if v.system]
         root = system[0] if system else verdicts[0]
-        raise _AttemptFailed(bool(system), root[2], lost)
+        lost_nodes = [v.node_id for v in verdicts if v.node_lost and v.node_id not in alive]
+        raise _AttemptFailed(bool(system), root.reason, lost_nodes, root.error_type)
 
-    async def _stop(self, handles: list[ActivityHandle[bytes]]) -> None:
-        """Cancel every node's ranks and wait until each node agent confirms they are gone."""
+    async def _probe(self, node_ids: list[str]) -> set[str]:
+        """The nodes whose agent does not answer a ping within PROBE_TIMEOUT (declared lost)."""
+
+        async def silent(node_id: str) -> bool:
+            try:
+                await workflow.execute_activity(
+                    PING,
+                    task_queue=node_queue(node_id),
+                    schedule_to_close_timeout=PROBE_TIMEOUT,
+                    retry_policy=RetryPolicy(maximum_attempts=1),
+                    summary=f"probe {node_id}",
+                )
+            except ActivityError as err:
+                if is_cancelled_exception(err):
+                    raise
+                return True
+            return False
+
+        answers = await asyncio.gather(*(silent(node_id) for node_id in node_ids))
+        return {node_id for node_id, no_answer in zip(node_ids, answers, strict=True) if no_answer}
+
+    async def _stop(self, handles: list[ActivityHandle[bytes]], nodes: list[NodeAssignment], lost: set[str]) -> None:
+        """Cancel every node's ranks and wait until each node agent still alive confirms they are gone."""
         for handle in handles:
             if not handle.done():
                 handle.cancel()
-        await asyncio.gather(*handles, return_exceptions=True)
+        waited = [h for h, n in zip(handles, nodes, strict=True) if n.node_id not in lost]
+        await asyncio.gather(*waited, return_exceptions=True)

@@ -7,10 +7,13 @@ and lightweight tasks) or child workflows.
 
 The shell runs *without* Temporal's import sandbox. User modules come from code bundles that the worker
 loads once and caches by hash; the sandbox would re-import every such module (torch included, which it
-cannot load) on every run. Determinism is kept the way Temporal's own unsandboxed runner keeps it: all
-I/O happens in tasks, time and randomness must come from ``workflow.now()`` / ``workflow.random()``,
-and a replay that diverges fails with a non-determinism error. Pinning each run to its bundle removes
-the usual cause of those errors (code edited while a run is in flight).
+cannot load) on every run. Determinism is kept by gangflow's own guard instead: all I/O happens in
+tasks, time, randomness, ids and timers come from ``engine.now()`` / ``random()`` / ``uuid4()`` /
+``sleep()`` (answered here from ``workflow.now()`` / ``workflow.random()`` / ``workflow.uuid4()`` /
+``workflow.sleep()``), and a body that reads the clock or does I/O anyway fails its run with
+``NonDeterministicCall`` (:mod:`engine.core.guard`; the worker's runner installs the hook, ``run``
+below marks the body). Pinning each run to its bundle removes the other usual cause of non-determinism
+errors (code edited while a run is in flight).
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import asyncio
 import traceback
 from collections import Counter
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
+from random import Random
 from typing import Any, Protocol
+from uuid import UUID
 
 from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
@@ -33,17 +38,18 @@ from temporalio.exceptions import (
     TimeoutType,
     is_cancelled_exception,
 )
+from temporalio.workflow import ParentClosePolicy
 
 from engine.core.definitions import TaskDefinition, WorkflowDefinition
 from engine.core.dispatch import using_dispatcher
-from engine.core.resources import Retry
+from engine.core.guard import guarding, rearm
+from engine.core.resources import NEVER_RETRIED, Retry
 from engine.core.wire import CodeRef, Envelope
 from engine.errors import GangflowError
 from engine.types.codec import check_payload_size, pack, unpack
 from workflows.gang import GANG_TYPE, GangSpec
 
 __all__ = [
-    "NON_RETRYABLE_TYPES",
     "PROGRESS_QUERY",
     "SYSTEM_RETRIES",
     "CodeResolver",
@@ -55,8 +61,6 @@ __all__ = [
 PROGRESS_QUERY = "gangflow_progress"
 #: a task whose worker died (heartbeat timeout) is started again this many times, apart from its retries
 SYSTEM_RETRIES = 3
-#: failure types that no retry can fix
-NON_RETRYABLE_TYPES = ("TypeMismatch", "InputError", "PayloadTooLarge", "DefinitionError", "CodeNotFound")
 
 
 class CodeResolver(Protocol):
@@ -83,15 +87,31 @@ def _get_resolver() -> CodeResolver:
 
 
 def retry_policy(retry: Retry) -> RetryPolicy:
-    assert isinstance(retry.backoff, timedelta)
-    assert retry.max_interval is None or isinstance(retry.max_interval, timedelta)
+    """Temporal's policy for what Temporal retries itself: lightweight tasks (local activities), which
+    run inside the workflow worker and so cannot lose a worker of their own."""
     return RetryPolicy(
-        initial_interval=retry.backoff,
+        initial_interval=retry.delay(1),
         backoff_coefficient=2.0,
-        maximum_interval=retry.max_interval,
+        maximum_interval=retry.max_interval if isinstance(retry.max_interval, timedelta) else None,
         maximum_attempts=retry.attempts,
-        non_retryable_error_types=[*NON_RETRYABLE_TYPES, *retry.non_retryable_names],
+        non_retryable_error_types=[*NEVER_RETRIED, *retry.non_retryable_names],
     )
+
+
+def _failure_type(err: FailureError) -> str | None:
+    """The exception type (or gangflow error kind) a task body failed with, as its activity reported it."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        return cause.type
+    return None
+
+
+class _TaskFailed(Exception):
+    """A plain task call failed for good after ``tries`` tries of its body."""
+
+    def __init__(self, error: ActivityError, tries: int) -> None:
+        super().__init__(str(error))
+        self.error, self.tries = error, tries
 
 
 def _worker_lost(err: ActivityError) -> bool:
@@ -119,6 +139,7 @@ class _TemporalDispatcher:
         self.calls: dict[str, int] = {}
 
     async def run_task(self, task: TaskDefinition, inputs: dict[str, Any]) -> Any:
+        rearm()
         wire = task.interface.inputs_to_wire(inputs)
         blob = Envelope(self.resolver.ref_for(task), wire, self.envelope.run).encode(
             f"the inputs of task {task.name!r}"
@@ -126,12 +147,16 @@ class _TemporalDispatcher:
         self.shell.task_started(task.name)
         try:
             result = await (self._run_gang(task, blob) if task.gang is not None else self._execute(task, blob))
-        except (ActivityError, ChildWorkflowError) as err:
+        except (ActivityError, ChildWorkflowError, _TaskFailed) as failed:
             self.shell.task_finished(task.name, failed=True)
+            err = failed.error if isinstance(failed, _TaskFailed) else failed
             if is_cancelled_exception(err):
-                raise  # the run was cancelled: let Temporal record it as cancelled, not failed
-            exhausted = task.retry.attempts > 1 and "MAXIMUM_ATTEMPTS" in str(err.retry_state)
-            tries = f" after {task.retry.attempts} attempts" if exhausted else ""
+                raise failed  # the run was cancelled: let Temporal record it as cancelled, not failed
+            if isinstance(failed, _TaskFailed):
+                tries = f" after {failed.tries} attempts" if failed.tries > 1 else ""
+            else:
+                exhausted = task.retry.attempts > 1 and "MAXIMUM_ATTEMPTS" in str(err.retry_state)
+                tries = f" after {task.retry.attempts} attempts" if exhausted else ""
             raise ApplicationError(
                 f"task {task.name!r} failed{tries}: {_describe_failure(err)}", type="TaskFailed", non_retryable=True
             ) from err
@@ -140,25 +165,31 @@ class _TemporalDispatcher:
 
     async def _run_gang(self, task: TaskDefinition, blob: bytes) -> bytes:
         """A distributed task: a GangRun child workflow places and launches its ranks."""
-        assert task.gang is not None
-        self.calls[task.name] = self.calls.get(task.name, 0) + 1
-        call = f"{task.name}-{self.calls[task.name]}"
+        gang = task.gang
+        if gang is None:  # pragma: no cover - run_task routes only gang tasks here
+            raise ApplicationError(f"task {task.name!r} is not distributed", non_retryable=True)
+        call = self._call_id(task)
         info = workflow.info()
         spec = GangSpec(
             task=task.name,
             call=call,
-            nnodes=task.gang.nnodes,
-            nproc_per_node=task.gang.nproc_per_node,
-            gpus_per_node=task.gang.gpus_per_node,
-            cpus_per_node=task.gang.cpus_per_node,
-            mem_per_node=task.gang.mem_per_node,
+            nnodes=gang.nnodes,
+            nproc_per_node=gang.nproc_per_node,
+            gpus_per_node=gang.gpus_per_node,
+            cpus_per_node=gang.cpus_per_node,
+            mem_per_node=gang.mem_per_node,
             timeout_s=task.timeout.total_seconds(),
             heartbeat_timeout_s=task.heartbeat_timeout.total_seconds(),
             tenant=self.envelope.run.tenant,
             max_restarts=task.max_restarts,
             user_attempts=task.retry.attempts,
-            retry_backoff_s=task.retry.backoff.total_seconds() if isinstance(task.retry.backoff, timedelta) else 1.0,
+            retry_backoff_s=task.retry.delay(1).total_seconds(),
+            retry_max_interval_s=(
+                task.retry.max_interval.total_seconds() if isinstance(task.retry.max_interval, timedelta) else None
+            ),
+            non_retryable=list(task.retry.non_retryable_names),
             hang_timeout_s=task.hang_timeout.total_seconds() if task.hang_timeout else None,
+            lost_node_wait_s=task.lost_node_wait.total_seconds(),
         )
         return await workflow.execute_child_workflow(  # type: ignore[no-any-return]
             GANG_TYPE,
@@ -167,8 +198,15 @@ class _TemporalDispatcher:
             task_queue=info.task_queue,
             result_type=bytes,
             memo={"gangflow_task": task.name},
-            static_summary=f"{task.name}: {task.gang.nnodes} node(s) × {task.gang.nproc_per_node} rank(s)",
+            static_summary=f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)",
+            # a terminated or timed-out run cancels its gangs, so they stop their ranks and free their GPUs
+            parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
         )
+
+    def _call_id(self, task: TaskDefinition) -> str:
+        """``train-1``, ``train-2``, ...: unique per task call within the run (names logs, checkpoints, tries)."""
+        self.calls[task.name] = self.calls.get(task.name, 0) + 1
+        return f"{task.name}-{self.calls[task.name]}"
 
     async def _execute(self, task: TaskDefinition, blob: bytes) -> bytes:
         summary = task.name if task.version is None else f"{task.name} (v{task.version})"
@@ -181,25 +219,61 @@ class _TemporalDispatcher:
                 retry_policy=retry_policy(task.retry),
                 summary=summary,
             )
-        for system_try in range(SYSTEM_RETRIES + 1):
+        # Gangflow retries plain tasks itself, one activity per try, rather than through Temporal's retry
+        # policy: Temporal counts a heartbeat timeout (the worker died) as a try, which would spend the
+        # user's retries on a system failure. Each try's activity id is "<call>#<try>" (read_tasks joins them).
+        call = self._call_id(task)
+        failures = lost = 0
+        while True:
+            tries = failures + lost + 1
+            label = (
+                summary if tries == 1 else f"{summary} (try {tries}{': worker lost' if lost and not failures else ''})"
+            )
             try:
                 return await workflow.execute_activity(  # type: ignore[no-any-return]
                     task.name,
                     blob,
                     result_type=bytes,
+                    activity_id=f"{call}#{tries}",
                     task_queue=workflow.info().task_queue,
                     start_to_close_timeout=task.timeout,
                     heartbeat_timeout=task.heartbeat_timeout,
-                    retry_policy=retry_policy(task.retry),
-                    summary=summary if system_try == 0 else f"{summary} (restart {system_try}: worker lost)",
+                    retry_policy=RetryPolicy(maximum_attempts=1),
+                    summary=label,
                 )
             except ActivityError as err:
-                if not _worker_lost(err) or system_try == SYSTEM_RETRIES:
+                if is_cancelled_exception(err):
                     raise
-                workflow.logger.warning("task %s lost its worker; starting it again", task.name)
-        raise AssertionError("unreachable")
+                if _worker_lost(err):
+                    lost += 1
+                    if lost > SYSTEM_RETRIES:
+                        raise _TaskFailed(err, failures + 1) from err
+                    workflow.logger.warning("task %s lost its worker; starting it again", task.name)
+                    continue
+                failures += 1
+                if not task.retry.retries(_failure_type(err), failures):
+                    raise _TaskFailed(err, failures) from err
+                await workflow.sleep(task.retry.delay(failures))
+
+    # -- engine.now() / random() / uuid4() / sleep(): answered from history, the same on every replay --
+    def now(self) -> datetime:
+        return workflow.now()
+
+    def random(self) -> Random:
+        return workflow.random()
+
+    def uuid4(self) -> UUID:
+        return workflow.uuid4()
+
+    async def sleep(self, seconds: float) -> None:
+        rearm()
+        if seconds > 0:
+            await workflow.sleep(seconds)  # a durable timer
+        else:
+            await asyncio.sleep(0)  # Temporal has no zero-length timer: just let other tasks run
 
     async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any:
+        rearm()
         wire = wf.interface.inputs_to_wire(inputs)
         blob = Envelope(self.resolver.ref_for(wf), wire, self.envelope.run).encode(
             f"the inputs of workflow {wf.name!r}"
@@ -216,6 +290,7 @@ class _TemporalDispatcher:
                 result_type=bytes,
                 search_attributes=info.typed_search_attributes,
                 execution_timeout=wf.timeout,
+                parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
             )
         except ChildWorkflowError as err:
             self.shell.task_finished(wf.name, failed=True)
@@ -280,8 +355,9 @@ class UserWorkflow:
             )
         try:
             inputs = defn.interface.inputs_from_wire(envelope.inputs)
-            with using_dispatcher(_TemporalDispatcher(self, envelope)):
+            with using_dispatcher(_TemporalDispatcher(self, envelope)), guarding(defn.name, defn.module) as scope:
                 result = await defn.fn(**inputs)
+            scope.check()  # a forbidden call the body caught and swallowed still fails the run
             return check_payload_size(pack(defn.interface.output_to_wire(result)), f"the result of {defn.name!r}")
         except (FailureError, asyncio.CancelledError):
             raise  # Temporal failures (task failed, cancelled, ...) already say what happened

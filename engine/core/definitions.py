@@ -41,6 +41,8 @@ DEFAULT_TASK_TIMEOUT = timedelta(hours=24)
 DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 #: lightweight tasks run as local activities: short CPU work only
 DEFAULT_LIGHTWEIGHT_TIMEOUT = timedelta(minutes=1)
+#: how long a gang waits for lost nodes to come back (a cluster restarting after maintenance)
+DEFAULT_LOST_NODE_WAIT = timedelta(minutes=10)
 
 
 def _check_name(name: str, what: str) -> str:
@@ -68,6 +70,7 @@ class TaskDefinition:
     gang: GangShape | None
     max_restarts: int
     hang_timeout: timedelta | None
+    lost_node_wait: timedelta
     is_async: bool
 
 
@@ -105,6 +108,7 @@ def task(
     plugin: Any = None,
     max_restarts: int = 3,
     hang_timeout: float | timedelta | None = None,
+    lost_node_wait: float | timedelta | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -122,6 +126,7 @@ def task(
     plugin: Any = None,
     max_restarts: int = 3,
     hang_timeout: float | timedelta | None = None,
+    lost_node_wait: float | timedelta | None = None,
 ) -> Any:
     """Declare a typed task.
 
@@ -135,6 +140,8 @@ def task(
     killed from outside, a hung gang); each restart relaunches every rank from the latest checkpoint.
     ``hang_timeout`` (seconds) treats a gang as hung when a rank has not called ``engine.report`` for
     that long (the clock starts at launch, so it must cover start-up too); off by default.
+    ``lost_node_wait`` (seconds, default 600) is how long a gang that only lost nodes could hold waits for
+    them to come back (a whole-cluster restart) before it fails as unschedulable.
     """
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -147,6 +154,7 @@ def task(
             limit = to_timedelta(timeout, f"{owner}: timeout")
             beat = to_timedelta(heartbeat_timeout, f"{owner}: heartbeat_timeout")
             hang = to_timedelta(hang_timeout, f"{owner}: hang_timeout")
+            node_wait = to_timedelta(lost_node_wait, f"{owner}: lost_node_wait")
         except ValueError as exc:
             raise DefinitionError(f"{owner}: {exc}") from None
         if resources is not None and not isinstance(resources, Resources):
@@ -158,6 +166,8 @@ def task(
         shape = gang_shape(plugin, resources or Resources(), owner) if plugin is not None else None
         if shape is None and hang is not None:
             raise DefinitionError(f"{owner}: hang_timeout applies to distributed tasks (plugin=...) only")
+        if shape is None and node_wait is not None:
+            raise DefinitionError(f"{owner}: lost_node_wait applies to distributed tasks (plugin=...) only")
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
             raise DefinitionError(f"{owner}: max_restarts must be a non-negative int, got {max_restarts!r}")
         defn = TaskDefinition(
@@ -176,6 +186,7 @@ def task(
             gang=shape,
             max_restarts=max_restarts,
             hang_timeout=hang,
+            lost_node_wait=node_wait or DEFAULT_LOST_NODE_WAIT,
             is_async=inspect.iscoroutinefunction(func),
         )
 

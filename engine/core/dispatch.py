@@ -5,14 +5,22 @@ The Temporal workflow shell installs a dispatcher that schedules activities and 
 ``engine.run_local`` installs one that runs tasks in-process. Outside any dispatcher a task is a plain
 Python function. The dispatcher lives in a context variable, so concurrent workflow runs in one worker
 process (each its own asyncio task) never see each other's.
+
+The dispatcher is also where a workflow body gets the time, randomness, ids and timers that stay the
+same on replay (``engine.now()``, ``engine.random()``, ``engine.uuid4()``, ``engine.sleep()``): the
+Temporal shell answers from workflow history, the local dispatchers from the real clock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
+import random as stdlib_random
+import uuid as stdlib_uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -25,6 +33,20 @@ class Dispatcher(Protocol):
     async def run_task(self, task: TaskDefinition, inputs: dict[str, Any]) -> Any: ...
 
     async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any: ...
+
+    def now(self) -> datetime:
+        """The current time, timezone-aware UTC."""
+        ...
+
+    def random(self) -> stdlib_random.Random:
+        """A random generator that yields the same sequence on every replay of the run."""
+        ...
+
+    def uuid4(self) -> stdlib_uuid.UUID: ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` (>= 0; a durable timer on Temporal)."""
+        ...
 
 
 _current: contextvars.ContextVar[Dispatcher | None] = contextvars.ContextVar("gangflow_dispatcher", default=None)
@@ -55,3 +77,16 @@ class DirectDispatcher:
 
     async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any:
         return await wf.fn(**inputs)
+
+    # Plain Python: the real clock and the random module's own generator, as outside any workflow.
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def random(self) -> stdlib_random.Random:
+        return stdlib_random._inst
+
+    def uuid4(self) -> stdlib_uuid.UUID:
+        return stdlib_uuid.uuid4()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)

@@ -6,7 +6,10 @@ import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-__all__ = ["Resources", "Retry", "parse_memory", "to_timedelta"]
+__all__ = ["NEVER_RETRIED", "Resources", "Retry", "parse_memory", "to_timedelta"]
+
+#: failure types that no retry can fix (gangflow's own error kinds, and code that cannot be found)
+NEVER_RETRIED = ("TypeMismatch", "InputError", "PayloadTooLarge", "DefinitionError", "CodeNotFound")
 
 _MEM_UNITS = {
     "": 1,
@@ -100,6 +103,20 @@ class Retry:
     @property
     def non_retryable_names(self) -> tuple[str, ...]:
         return tuple(n if isinstance(n, str) else n.__name__ for n in self.non_retryable)
+
+    def retries(self, error_type: str | None, failures: int) -> bool:
+        """Whether a failure of ``error_type`` (an exception's type name or gangflow error kind), the
+        ``failures``-th user failure of this call, is tried again."""
+        if failures >= self.attempts:
+            return False
+        return error_type not in (*NEVER_RETRIED, *self.non_retryable_names)
+
+    def delay(self, failures: int) -> timedelta:
+        """The wait before the next try after ``failures`` user failures: exponential, capped."""
+        backoff = self.backoff if isinstance(self.backoff, timedelta) else timedelta(seconds=float(self.backoff))
+        wait: timedelta = backoff * 2 ** max(0, failures - 1)
+        cap = self.max_interval
+        return min(wait, cap) if isinstance(cap, timedelta) else wait
 
     @classmethod
     def coerce(cls, value: int | Retry | None) -> Retry:

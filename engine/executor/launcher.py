@@ -69,6 +69,14 @@ class RankFailure:
         return "user"
 
     @property
+    def error_type(self) -> str | None:
+        """The exception type the task body raised (its first word; a gangflow error's kind), if any."""
+        if not self.error:
+            return None
+        head = self.error.split(":", 1)[0].strip()
+        return head if head.isidentifier() else None
+
+    @property
     def priority(self) -> int:
         """Which of several failures is the root cause: outside kills and hangs first, then an exception
         in the body (a rank that wrote its traceback), then crashes and bare exit codes."""
@@ -253,4 +261,6 @@ def _signal_group(pgid: int, sig: int) -> None:
 def runner_command(spec_path: str | None) -> list[str]:
     """The rank runner; without a spec path it reads ``GANGFLOW_RANK_SPEC`` (set per node, so one
     launcher command line serves ranks on every node)."""
-    return [sys.executable, "-m", "engine.executor.rank", *([spec_path] if spec_path else [])]
+    # -P: the rank starts in the bundle's folder, which must not shadow the standard library or gangflow
+    # (a user's ``logging.py``); the bundle's own modules are imported through the bundle loader anyway
+    return [sys.executable, "-P", "-m", "engine.executor.rank", *([spec_path] if spec_path else [])]

@@ -20,6 +20,7 @@ from engine.artifacts.store import ArtifactStore
 from engine.core.definitions import TaskDefinition
 from engine.core.gang import RankContext
 from engine.core.wire import Envelope
+from engine.errors import GangflowError
 from engine.types.codec import check_payload_size, pack, unpack
 
 __all__ = ["main", "write_atomic"]
@@ -82,7 +83,10 @@ def main(argv: list[str] | None = None) -> None:
         _run(spec, rank)
     except BaseException as exc:
         traceback.print_exc()
-        report = f"{type(exc).__name__}: {exc}\n{''.join(traceback.format_exception(exc))}"
+        # the first word names the error for retry policies: a gangflow error's kind (TypeMismatch is never
+        # retried), else the exception's class name (what ``Retry(non_retryable=...)`` lists)
+        kind = exc.kind if isinstance(exc, GangflowError) else type(exc).__name__
+        report = f"{kind}: {exc}\n{''.join(traceback.format_exception(exc))}"
         write_atomic(Path(spec["error_dir"], f"rank{rank.rank}"), report.encode())
         code = 1
     sys.stdout.flush()

@@ -60,16 +60,26 @@ def _local_activity_name(event: HistoryEvent) -> str:
 async def read_tasks(handle: WorkflowHandle) -> tuple[list[TaskRecord], str | None]:
     """Task records in scheduling order, and the run's failure text if it failed."""
     records: dict[int, TaskRecord] = {}
+    calls: dict[str, TaskRecord] = {}  # "<call>" of activity ids "<call>#<try>": one record per task call
     failure: str | None = None
     async for event in handle.fetch_history_events():
         et, when = event.event_type, event.event_time.ToDatetime()
         if et == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = event.activity_task_scheduled_event_attributes
+            call, sep, tries = attrs.activity_id.rpartition("#")
+            earlier = calls.get(call) if sep else None
+            if earlier is not None and tries.isdigit():  # the shell tried this call again
+                earlier.status, earlier.attempt, earlier.finished = "scheduled", int(tries), None
+                records[event.event_id] = earlier
+                continue
             records[event.event_id] = TaskRecord(attrs.activity_type.name, "task", scheduled=when)
+            if sep:
+                calls[call] = records[event.event_id]
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             a = event.activity_task_started_event_attributes
             rec = records[a.scheduled_event_id]
-            rec.status, rec.started, rec.attempt = "running", when, a.attempt
+            rec.status, rec.started = "running", when
+            rec.attempt = max(rec.attempt, a.attempt)
             if a.HasField("last_failure"):
                 rec.error = format_failure(a.last_failure, traces=False)
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
@@ -112,7 +122,7 @@ async def read_tasks(handle: WorkflowHandle) -> tuple[list[TaskRecord], str | No
                 rec.error = format_failure(a.failure)
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
             failure = format_failure(event.workflow_execution_failed_event_attributes.failure)
-    return list(records.values()), failure
+    return list({id(r): r for r in records.values()}.values()), failure
 
 
 _CHILD_CLOSED = {

@@ -37,13 +37,14 @@ from engine.executor.launcher import NodeGang, RankFailure, RankLaunch, runner_c
 from engine.runtime.activities import store_for
 from engine.runtime.connection import TASK_QUEUE
 from engine.types.codec import pack
-from workflows.gang import REMOTE_COMMAND, RESERVE_PORT, RUN_RANKS, node_queue
+from workflows.gang import PING, REMOTE_COMMAND, RESERVE_PORT, RUN_RANKS, node_queue
 from workflows.scheduler import SCHEDULER_ID, SCHEDULER_TYPE
 
 __all__ = ["NodeActivities", "NodeConfig", "register", "run_node"]
 
-#: how often a node re-registers (its liveness signal to the Scheduler)
-REGISTER_EVERY = timedelta(seconds=15)
+#: how often a node re-registers: its liveness signal to the Scheduler, which declares a node lost after
+#: a few missed registrations (engine.scheduling DEFAULT_NODE_TTL_S), busy or idle
+REGISTER_EVERY = timedelta(seconds=5)
 #: SIGTERM means "save and exit": ranks get this long before SIGKILL
 STOP_GRACE_S = 5.0
 #: how a rank failure is reported to GangRun: a user error, or a system failure that spends restarts
@@ -68,6 +69,11 @@ class NodeActivities:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.workdir = cache_dir() / "nodes" / _safe(config.node_id)
+
+    @activity.defn(name=PING)
+    async def ping(self) -> str:
+        """GangRun's liveness probe: a live agent answers at once (see workflows.gang)."""
+        return self.config.node_id
 
     @activity.defn(name=RESERVE_PORT)
     async def reserve_port(self) -> int:
@@ -129,7 +135,13 @@ class NodeActivities:
                 await asyncio.to_thread(gang.terminate, STOP_GRACE_S)
                 raise ApplicationError(
                     state.describe(),
-                    {"rank": state.rank, "node": state.node_id, "returncode": state.returncode, "kind": state.kind},
+                    {
+                        "rank": state.rank,
+                        "node": state.node_id,
+                        "returncode": state.returncode,
+                        "kind": state.kind,
+                        "error_type": state.error_type,
+                    },
                     type=FAILURE_TYPES[state.kind],
                     non_retryable=True,
                 )
@@ -305,8 +317,12 @@ async def register(client: Client, config: NodeConfig) -> None:
         "cpus": config.cpus,
         "mem": config.mem,
     }
+    # Only read when this registration starts the Scheduler: how many events one of its runs handles before
+    # it continues as new (tests force many continue-as-new cycles with a small number).
+    events = os.environ.get("GANGFLOW_SCHEDULER_EVENTS_PER_RUN", "")
     await client.start_workflow(
         SCHEDULER_TYPE,
+        {"max_events": int(events)} if events.isdigit() else None,
         id=SCHEDULER_ID,
         task_queue=config.scheduler_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -321,7 +337,7 @@ async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> N
     worker = Worker(
         client,
         task_queue=node_queue(config.node_id),
-        activities=[activities.reserve_port, activities.run_ranks],
+        activities=[activities.ping, activities.reserve_port, activities.run_ranks],
         max_concurrent_activities=64,
         # heartbeats carry cancellation: keep them frequent so a cancel kills the ranks within ~1 s
         max_heartbeat_throttle_interval=timedelta(seconds=1),

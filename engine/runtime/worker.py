@@ -7,17 +7,23 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
 from engine.artifacts.loader import LOADER
 from engine.runtime import logs
 from engine.runtime.activities import configure_threads, run_task
 from engine.runtime.connection import TASK_QUEUE
+from engine.runtime.guard import GuardedWorkflowRunner
+from engine.runtime.owners import closed_owners
+from engine.runtime.prefetch import prefetching_client, prefetching_converter
 from workflows.gang import GangRun
 from workflows.scheduler import Scheduler
 from workflows.shell import UserWorkflow, configure
 
-__all__ = ["build_worker", "preload"]
+__all__ = ["WORKFLOWS", "build_replayer", "build_worker", "preload"]
+
+#: the workflows every gangflow worker runs (a replay of their histories needs the same set)
+WORKFLOWS: tuple[type, ...] = (UserWorkflow, GangRun, Scheduler)
 
 
 def preload(modules: Sequence[str]) -> None:
@@ -36,16 +42,18 @@ def build_worker(
     """A worker that runs user workflows and plain tasks from the same queue.
 
     Sharing one queue lets Temporal hand a task to this worker in the same round trip that scheduled it
-    (eager activity dispatch), which roughly halves the per-task latency.
+    (eager activity dispatch), which roughly halves the per-task latency. User workflows run under the
+    determinism guard, and their code is loaded before their first workflow task is timed (prefetch).
     """
     configure(LOADER)
     configure_threads(max_concurrent_activities)
     logs.install()
     return Worker(
-        client,
+        prefetching_client(client),
         task_queue=task_queue,
-        workflows=[UserWorkflow, GangRun, Scheduler],
-        activities=[run_task],
+        workflows=list(WORKFLOWS),
+        unsandboxed_workflow_runner=GuardedWorkflowRunner(),
+        activities=[run_task, closed_owners],
         max_concurrent_activities=max_concurrent_activities,
         max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
         # A dead worker's sticky queue holds the next workflow task until this expires; the default
@@ -55,4 +63,16 @@ def build_worker(
         max_heartbeat_throttle_interval=timedelta(seconds=2),
         default_heartbeat_throttle_interval=timedelta(seconds=2),
         graceful_shutdown_timeout=timedelta(seconds=5),
+    )
+
+
+def build_replayer() -> Replayer:
+    """Replays recorded histories the way :func:`build_worker`'s worker runs them (same workflows, same
+    runner, same code loader), without a server: ``tests/test_replay.py`` uses it so a workflow change
+    that would break runs in flight fails there."""
+    configure(LOADER)
+    return Replayer(
+        workflows=list(WORKFLOWS),
+        unsandboxed_workflow_runner=GuardedWorkflowRunner(),
+        data_converter=prefetching_converter(),  # a heavy import must not trip the replay's deadlock timer either
     )

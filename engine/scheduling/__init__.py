@@ -16,8 +16,11 @@ from engine.scheduling.events import (
     NodeRegistered,
     Pending,
     Rejected,
+    Tick,
 )
 from engine.scheduling.model import (
+    DEFAULT_LOST_NODE_WAIT_S,
+    DEFAULT_NODE_TTL_S,
     Allocation,
     ClusterState,
     GangRequest,
@@ -27,9 +30,11 @@ from engine.scheduling.model import (
     Placement,
     QueuedGang,
 )
-from engine.scheduling.policy import pending_reasons, place, step
+from engine.scheduling.policy import next_deadline, pending_reasons, place, step
 
 __all__ = [
+    "DEFAULT_LOST_NODE_WAIT_S",
+    "DEFAULT_NODE_TTL_S",
     "Admitted",
     "Allocation",
     "ClusterState",
@@ -48,7 +53,9 @@ __all__ = [
     "Placement",
     "QueuedGang",
     "Rejected",
+    "Tick",
     "describe",
+    "next_deadline",
     "pending_reasons",
     "place",
     "step",

@@ -23,6 +23,7 @@ __all__ = [
     "NodeRegistered",
     "Pending",
     "Rejected",
+    "Tick",
 ]
 
 
@@ -61,7 +62,16 @@ class GangReleased(Frozen):
     gang_id: str
 
 
-Event: TypeAlias = Annotated[NodeRegistered | NodeLost | GangSubmitted | GangReleased, Field(discriminator="kind")]
+class Tick(Frozen):
+    """Time passed: nothing happened but a deadline (a node's registration, a gang's wait for lost nodes)
+    may have expired. The Scheduler sends it when it wakes up for the next deadline."""
+
+    kind: Literal["tick"] = "tick"
+
+
+Event: TypeAlias = Annotated[
+    NodeRegistered | NodeLost | GangSubmitted | GangReleased | Tick, Field(discriminator="kind")
+]
 
 
 class Admitted(Frozen):

@@ -14,6 +14,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "DEFAULT_LOST_NODE_WAIT_S",
+    "DEFAULT_NODE_TTL_S",
     "Allocation",
     "ClusterState",
     "GangRequest",
@@ -23,6 +25,12 @@ __all__ = [
     "Placement",
     "QueuedGang",
 ]
+
+
+#: node agents re-register every 5 s; three missed registrations and a margin make a node lost
+DEFAULT_NODE_TTL_S = 20.0
+#: how long a gang waits for lost nodes (a cluster restarting after maintenance) before it is rejected
+DEFAULT_LOST_NODE_WAIT_S = 600.0
 
 
 class Frozen(BaseModel):
@@ -61,6 +69,8 @@ class GangRequest(Frozen):
     cpus_per_node: float = 1.0
     mem_per_node: int | None = None
     tenant: str = "default"
+    #: how long the gang may wait for lost nodes to come back when only they could hold it; then rejected
+    lost_node_wait_s: float = DEFAULT_LOST_NODE_WAIT_S
 
 
 class NodeAssignment(Frozen):
@@ -80,10 +90,16 @@ class Placement(Frozen):
 
 
 class NodeState(Frozen):
-    """A registered node. Its usage is derived from ``ClusterState.running`` (see ``capacity``)."""
+    """A registered node. Its usage is derived from ``ClusterState.running`` (see ``capacity``).
+
+    ``last_seen`` is when it last registered (seconds, the Scheduler's workflow clock): a node that
+    stops re-registering is declared lost after ``ClusterState.node_ttl_s``, whether or not a gang
+    runs on it.
+    """
 
     spec: NodeSpec
     alive: bool = True
+    last_seen: float = 0.0
 
     @property
     def node_id(self) -> str:
@@ -102,10 +118,16 @@ class Allocation(Frozen):
 
 
 class QueuedGang(Frozen):
-    """A pending request and the last pending reason sent for it (to send ``Pending`` only on change)."""
+    """A pending request and the last pending reason sent for it (to send ``Pending`` only on change).
+
+    ``lost_wait_since`` is set while the gang could only fit if lost nodes came back (after a
+    whole-cluster restart, say): it then waits for them, without holding up the gangs behind it,
+    until ``request.lost_node_wait_s`` has passed.
+    """
 
     request: GangRequest
     reason: str = ""
+    lost_wait_since: float | None = None
 
 
 class ClusterState(Frozen):
@@ -119,6 +141,8 @@ class ClusterState(Frozen):
     nodes: dict[str, NodeState] = Field(default_factory=dict)
     queue: tuple[QueuedGang, ...] = ()
     running: dict[str, Allocation] = Field(default_factory=dict)
+    #: a node not re-registered for this long is lost (agents re-register every few seconds)
+    node_ttl_s: float = Field(default=DEFAULT_NODE_TTL_S, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> ClusterState:

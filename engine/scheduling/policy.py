@@ -1,7 +1,8 @@
-"""The scheduling policy: ``step(state, event) -> (state, decisions)``, pure and deterministic.
+"""The scheduling policy: ``step(state, event, now) -> (state, decisions)``, pure and deterministic.
 
-It runs inside the Scheduler workflow, so it uses no clocks, no randomness, no I/O and never mutates
-its input; the same state and event always give the same answer, also after a continue-as-new.
+It runs inside the Scheduler workflow, so it reads no clock (time comes in as ``now``, the workflow's
+own deterministic clock), uses no randomness, no I/O and never mutates its input; the same state,
+event and ``now`` always give the same answer, also after a continue-as-new.
 
 Admission is **strict FIFO and all-or-nothing**. After each event the head of the queue is admitted
 only if *all* of its nodes can be placed at once, and admission repeats while the new head fits. If
@@ -11,10 +12,12 @@ waiting forever (it needs many nodes free at the same moment); without it, every
 bounded wait, at the price of some idle capacity while the head waits. Quotas, priorities and
 checkpoint-aware preemption will refine this order later.
 
-A request is rejected only when it is submitted: malformed, a duplicate id, or too big for the *alive*
-cluster even when idle. A queued gang is never rejected later: if node losses make it unfittable it
-keeps waiting (the nodes may come back), its reason says so, and it holds the head of the queue
-meanwhile; the GangRun that submitted it decides how long to wait and may release it.
+A request is rejected when it is submitted if it is malformed, a duplicate id, or too big for every
+*registered* node even when idle (lost nodes count: after a whole-cluster restart the nodes are expected
+back). A gang that only lost nodes could hold **waits for them** without holding the head of the queue
+(it cannot start anyway, so reserving for it would only block everyone behind it), and is rejected once
+it waited ``request.lost_node_wait_s`` for them. A node that has not re-registered for
+``state.node_ttl_s`` is lost, whether or not a gang runs on it; its next registration revives it.
 
 Placement is **best fit**: one node's share goes to each of ``nnodes`` distinct alive nodes that have
 room, preferring the nodes with the fewest free GPUs, then the fewest free CPUs, then the lowest node
@@ -53,13 +56,24 @@ from engine.scheduling.model import (
     Placement,
     QueuedGang,
 )
-from engine.scheduling.reasons import behind_reason, head_reason, malformed_reason, never_fits_reason
+from engine.scheduling.reasons import (
+    behind_reason,
+    head_reason,
+    lost_wait_expired_reason,
+    lost_wait_reason,
+    malformed_reason,
+    never_fits_reason,
+)
 
-__all__ = ["pending_reasons", "place", "step"]
+__all__ = ["next_deadline", "pending_reasons", "place", "step"]
 
 
-def step(state: ClusterState, event: Event) -> tuple[ClusterState, list[Decision]]:
-    """Apply one event, then admit what fits; return the new state and the decisions to send."""
+def step(state: ClusterState, event: Event, now: float | None = None) -> tuple[ClusterState, list[Decision]]:
+    """Apply one event, then admit what fits; return the new state and the decisions to send.
+
+    ``now`` (seconds on the Scheduler's workflow clock) drives the time-based rules: node expiry and
+    the bounded wait for lost nodes. Without it (unit tests of the pure rules) no deadline fires.
+    """
     # working copies: the input state (and its dicts) are never touched
     nodes = dict(state.nodes)
     queue = list(state.queue)
@@ -68,7 +82,7 @@ def step(state: ClusterState, event: Event) -> tuple[ClusterState, list[Decision
 
     if isinstance(event, NodeRegistered):
         # a re-registration replaces the capacity and revives the node; its allocations stay in `running`
-        nodes[event.spec.node_id] = NodeState(spec=event.spec, alive=True)
+        nodes[event.spec.node_id] = NodeState(spec=event.spec, alive=True, last_seen=now or 0.0)
     elif isinstance(event, NodeLost):
         node = nodes.get(event.node_id)
         if node is not None and node.alive:
@@ -82,10 +96,14 @@ def step(state: ClusterState, event: Event) -> tuple[ClusterState, list[Decision
     elif isinstance(event, GangReleased):
         running.pop(event.gang_id, None)
         queue = [q for q in queue if q.request.gang_id != event.gang_id]
+    if now is not None:
+        _expire_silent_nodes(nodes, state.node_ttl_s, now)
 
     ledger = Ledger(running)
-    admitted = 0
+    admitted: set[str] = set()
     for queued in queue:
+        if never_fits_reason(queued.request, nodes) is not None:
+            continue  # it waits for lost nodes: holding the queue for them could block everyone for good
         placement = _place(queued.request, nodes, ledger)
         if placement is None:
             break  # strict FIFO: nothing overtakes a head that does not fit (see the module docstring)
@@ -93,18 +111,48 @@ def step(state: ClusterState, event: Event) -> tuple[ClusterState, list[Decision
             ledger.take(queued.request, assignment.node_id, assignment.gpu_ids)
         running[queued.request.gang_id] = Allocation(request=queued.request, placement=placement)
         decisions.append(Admitted(placement=placement))
-        admitted += 1
-    queue = queue[admitted:]
+        admitted.add(queued.request.gang_id)
+
+    waiting: list[QueuedGang] = []
+    for queued in queue:
+        if queued.request.gang_id in admitted:
+            continue
+        if never_fits_reason(queued.request, nodes) is None:
+            waiting.append(queued.model_copy(update={"lost_wait_since": None}) if queued.lost_wait_since else queued)
+            continue
+        since = queued.lost_wait_since if queued.lost_wait_since is not None else now
+        if since is not None and now is not None and now - since >= queued.request.lost_node_wait_s:
+            decisions.append(
+                Rejected(gang_id=queued.request.gang_id, reason=lost_wait_expired_reason(queued.request, nodes))
+            )
+            continue
+        waiting.append(
+            queued.model_copy(update={"lost_wait_since": since}) if since != queued.lost_wait_since else queued
+        )
 
     still: list[QueuedGang] = []
-    reasons = _pending_reasons([q.request for q in queue], nodes, ledger)
-    for queued, reason in zip(queue, reasons, strict=True):
+    reasons = _pending_reasons([q.request for q in waiting], nodes, ledger)
+    for queued, reason in zip(waiting, reasons, strict=True):
         if reason != queued.reason:
             decisions.append(Pending(gang_id=queued.request.gang_id, reason=reason))
             queued = queued.model_copy(update={"reason": reason})
         still.append(queued)
 
-    return ClusterState(nodes=nodes, queue=tuple(still), running=running), decisions
+    return state.model_copy(update={"nodes": nodes, "queue": tuple(still), "running": running}), decisions
+
+
+def next_deadline(state: ClusterState) -> float | None:
+    """When ``step`` would next change something on its own (a node expiring, a lost-node wait running
+    out): the Scheduler sleeps until then and sends a ``Tick``. None: no deadline pending."""
+    deadlines = [node.last_seen + state.node_ttl_s for node in state.nodes.values() if node.alive]
+    deadlines += [q.lost_wait_since + q.request.lost_node_wait_s for q in state.queue if q.lost_wait_since is not None]
+    return min(deadlines) if deadlines else None
+
+
+def _expire_silent_nodes(nodes: dict[str, NodeState], ttl: float, now: float) -> None:
+    for node_id, node in list(nodes.items()):
+        if node.alive and now - node.last_seen > ttl:
+            nodes[node_id] = node.model_copy(update={"alive": False})
 
 
 def place(state: ClusterState, request: GangRequest) -> Placement | None:
@@ -123,12 +171,19 @@ def pending_reasons(state: ClusterState) -> dict[str, str]:
 
 def _pending_reasons(requests: list[GangRequest], nodes: Mapping[str, NodeState], ledger: Ledger) -> list[str]:
     reasons = []
-    for position, request in enumerate(requests):
-        if position == 0:
+    head: GangRequest | None = None
+    ahead = 0
+    for request in requests:
+        if never_fits_reason(request, nodes) is not None:
+            reasons.append(lost_wait_reason(request, nodes))
+        elif head is None:
+            head = request
             reasons.append(head_reason(request, nodes, ledger))
+            ahead = 1
         else:
             fits_now = _place(request, nodes, ledger) is not None
-            reasons.append(behind_reason(request, position, requests[0].gang_id, fits_now))
+            reasons.append(behind_reason(request, ahead, head.gang_id, fits_now))
+            ahead += 1
     return reasons
 
 
@@ -145,7 +200,7 @@ def _refusal(
         return f"rejected: gang id {request.gang_id!r} is already running; release it before submitting it again"
     if any(q.request.gang_id == request.gang_id for q in queue):
         return f"rejected: gang id {request.gang_id!r} is already queued"
-    return never_fits_reason(request, nodes)
+    return never_fits_reason(request, nodes, count_lost=True)
 
 
 def _place(request: GangRequest, nodes: Mapping[str, NodeState], ledger: Ledger) -> Placement | None:

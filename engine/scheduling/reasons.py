@@ -11,9 +11,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from engine.scheduling.capacity import MILLI, Ledger, fits_idle, millicores
-from engine.scheduling.model import GangRequest, NodeState
+from engine.scheduling.model import GangRequest, NodeSpec, NodeState
 
-__all__ = ["behind_reason", "head_reason", "malformed_reason", "needs", "never_fits_reason"]
+__all__ = [
+    "behind_reason",
+    "head_reason",
+    "lost_wait_expired_reason",
+    "lost_wait_reason",
+    "malformed_reason",
+    "needs",
+    "never_fits_reason",
+]
 
 #: how many node or gang ids a reason lists before saying "and N more" (reasons stay one line)
 _LIST_LIMIT = 4
@@ -82,23 +90,51 @@ def _lost(nodes: Mapping[str, NodeState]) -> list[str]:
     return sorted(node_id for node_id, node in nodes.items() if not node.alive)
 
 
-def never_fits_reason(request: GangRequest, nodes: Mapping[str, NodeState]) -> str | None:
-    """Why the request cannot fit the alive cluster even with nothing running, or None if it could."""
-    alive = [node.spec for _, node in sorted(nodes.items()) if node.alive]
-    big = [spec for spec in alive if fits_idle(spec, request)]
-    if len(big) >= request.nnodes:
+def _big_enough(request: GangRequest, nodes: Mapping[str, NodeState], *, count_lost: bool) -> list[NodeSpec]:
+    return [n.spec for _, n in sorted(nodes.items()) if (n.alive or count_lost) and fits_idle(n.spec, request)]
+
+
+def never_fits_reason(request: GangRequest, nodes: Mapping[str, NodeState], count_lost: bool = False) -> str | None:
+    """Why the request cannot fit the alive cluster (with ``count_lost``: every registered node) even with
+    nothing running, or None if it could."""
+    if len(_big_enough(request, nodes, count_lost=count_lost)) >= request.nnodes:
         return None
+    counted = [node.spec for _, node in sorted(nodes.items()) if node.alive or count_lost]
+    big = len(_big_enough(request, nodes, count_lost=count_lost))
     lost = _lost(nodes)
-    lost_note = f"; {_count(len(lost), 'lost node')} not counted: {_ids(lost)}" if lost else ""
-    if not alive:
-        return f"rejected: needs {needs(request)}; no alive node is registered{lost_note}"
-    largest = [_count(max(s.gpus for s in alive), "GPU"), _count(max(s.cpus for s in alive), "CPU")]
-    mems = [s.mem for s in alive if s.mem is not None]
+    if count_lost and lost:
+        of, tail = f"{_count(len(counted), 'registered node')} ({len(lost)} of them lost)", ""
+    else:
+        of = _count(len(counted), "alive node")
+        tail = f"; {_count(len(lost), 'lost node')} not counted: {_ids(lost)}" if lost else ""
+    if not counted:
+        return f"rejected: needs {needs(request)}; no alive node is registered{tail}"
+    largest = [_count(max(s.gpus for s in counted), "GPU"), _count(max(s.cpus for s in counted), "CPU")]
+    mems = [s.mem for s in counted if s.mem is not None]
     if request.mem_per_node is not None and mems:
         largest.append(_bytes(max(mems)))
     return (
-        f"rejected: needs {needs(request)}; only {len(big)} of {_count(len(alive), 'alive node')} "
-        f"{'is' if len(big) == 1 else 'are'} that big even when idle (largest: {', '.join(largest)}){lost_note}"
+        f"rejected: needs {needs(request)}; only {big} of {of} "
+        f"{'is' if big == 1 else 'are'} that big even when idle (largest: {', '.join(largest)}){tail}"
+    )
+
+
+def lost_wait_reason(request: GangRequest, nodes: Mapping[str, NodeState]) -> str:
+    """Why a gang that only lost nodes could hold waits (it does not hold up the queue meanwhile)."""
+    lost = [s.node_id for s in _big_enough(request, nodes, count_lost=True) if not nodes[s.node_id].alive]
+    alive = len(_big_enough(request, nodes, count_lost=False))
+    return (
+        f"pending: needs {needs(request)}; only {alive} alive {'node is' if alive == 1 else 'nodes are'} big enough "
+        f"even when idle: waiting for lost {'node' if len(lost) == 1 else 'nodes'} {_ids(lost)} to come back "
+        f"(up to {_num(request.lost_node_wait_s)} s; gangs behind it may start meanwhile)"
+    )
+
+
+def lost_wait_expired_reason(request: GangRequest, nodes: Mapping[str, NodeState]) -> str:
+    lost = [s.node_id for s in _big_enough(request, nodes, count_lost=True) if not nodes[s.node_id].alive]
+    return (
+        f"unschedulable: needs {needs(request)}; waited {_num(request.lost_node_wait_s)} s for lost "
+        f"{'node' if len(lost) == 1 else 'nodes'} {_ids(lost)} to come back, and they did not"
     )
 
 
@@ -132,12 +168,6 @@ def head_reason(request: GangRequest, nodes: Mapping[str, NodeState], ledger: Le
                 busy.append(f"{spec.node_id} short of {'/'.join(short)}{held}")
         if busy:
             parts.append(f"busy: {_ids(busy)}")
-    big = sum(1 for spec in alive if fits_idle(spec, request))
-    if big < request.nnodes:
-        parts.append(
-            f"even idle only {_count(big, 'alive node')} {'is' if big == 1 else 'are'} big enough: "
-            "it waits for lost nodes to come back or new nodes to register"
-        )
     lost = _lost(nodes)
     if lost:
         parts.append(f"{_count(len(lost), 'lost node')} not offered: {_ids(lost)}")
@@ -145,7 +175,8 @@ def head_reason(request: GangRequest, nodes: Mapping[str, NodeState], ledger: Le
 
 
 def behind_reason(request: GangRequest, ahead: int, head_id: str, fits_now: bool) -> str:
-    """Why a gang behind the head waits: strict FIFO (no backfill), whatever is free."""
+    """Why a gang behind the head waits: strict FIFO (no backfill), whatever is free. ``ahead`` counts
+    the gangs ahead of it that hold the queue (gangs waiting for lost nodes do not)."""
     reason = (
         f"pending: {_count(ahead, 'gang')} ahead in the queue, head {head_id!r} "
         f"(strict FIFO: gangs start in submission order); needs {needs(request)}"

@@ -25,12 +25,15 @@ from engine.scheduling import (
     NodeSpec,
     Pending,
     Rejected,
+    Tick,
     describe,
+    next_deadline,
     pending_reasons,
     place,
     step,
     usage,
 )
+from engine.scheduling.reasons import never_fits_reason
 
 # ---------------------------------------------------------------- helpers
 
@@ -45,12 +48,14 @@ def gang(gang_id: str, nnodes: int = 1, gpus: int = 0, cpus: float = 1.0, mem: i
     )
 
 
-def run(events: Iterable[Event], state: ClusterState | None = None) -> tuple[ClusterState, list[Decision]]:
+def run(
+    events: Iterable[Event], state: ClusterState | None = None, now: float | None = None
+) -> tuple[ClusterState, list[Decision]]:
     """Apply events in order; return the final state and the decisions of the *last* event."""
     state = state or ClusterState()
     decisions: list[Decision] = []
     for event in events:
-        state, decisions = step(state, event)
+        state, decisions = step(state, event, now)
     return state, decisions
 
 
@@ -166,11 +171,51 @@ def test_a_gang_larger_than_the_cluster_is_rejected_at_once() -> None:
     assert state.queue == ()
 
 
-def test_rejection_does_not_count_lost_nodes_and_says_so() -> None:
-    _, decisions = run([*TWO_NODES, NodeLost(node_id="b"), gang("pair", nnodes=2, gpus=1)])
-    reason = only(decisions, Rejected, "pair")
-    assert "only 1 of 1 alive node is that big" in reason
-    assert "1 lost node not counted: b" in reason
+def test_a_gang_that_needs_lost_nodes_waits_for_them_without_blocking_the_queue() -> None:
+    # a whole-cluster restart: the nodes are lost, not gone; a gang that needs them waits (bounded)
+    state, decisions = run([*TWO_NODES, NodeLost(node_id="b"), gang("pair", nnodes=2, gpus=1)], now=100.0)
+    assert not [d for d in decisions if isinstance(d, Rejected)]
+    assert "waiting for lost node b to come back (up to 600 s" in only(decisions, Pending, "pair")
+    assert state.queue[0].lost_wait_since == 100.0
+    # it does not hold the queue: a gang behind it that fits starts at once
+    state, decisions = step(state, gang("solo", gpus=1), now=101.0)
+    assert admitted(decisions) == ["solo"] and state.queued_ids() == ("pair",)
+    # b registers again: the pair starts on the capacity left
+    state, decisions = step(state, node("b", gpus=2), now=102.0)
+    assert admitted(decisions) == ["pair"]
+
+
+def test_a_gang_waiting_for_lost_nodes_is_rejected_after_its_wait() -> None:
+    request = GangRequest(gang_id="pair", nnodes=2, gpus_per_node=1, lost_node_wait_s=30)
+    events = [*TWO_NODES, NodeLost(node_id="b"), GangSubmitted(request=request)]
+    state, _ = run(events, ClusterState(node_ttl_s=1000), now=0.0)
+    assert next_deadline(state) == 30.0  # the Scheduler wakes up then (b, lost, has no deadline)
+    state, decisions = step(state, Tick(), now=29.0)
+    assert decisions == [] and state.queued_ids() == ("pair",)
+    state, decisions = step(state, Tick(), now=30.0)
+    assert only(decisions, Rejected, "pair") == (
+        "unschedulable: needs 2 GPUs on 2 nodes (1 GPU, 1 CPU per node); waited 30 s for lost node b to come "
+        "back, and they did not"
+    )
+    assert state.queue == ()
+
+
+def test_rejection_counts_lost_nodes_and_says_so() -> None:
+    _, decisions = run([*TWO_NODES, NodeLost(node_id="b"), gang("triple", nnodes=3, gpus=1)])
+    reason = only(decisions, Rejected, "triple")
+    assert "only 2 of 2 registered nodes (1 of them lost) are that big even when idle" in reason
+
+
+def test_a_node_that_stops_registering_expires_even_when_idle() -> None:
+    state, _ = run([node("a", gpus=2)], now=0.0)
+    state, _ = run([node("b", gpus=2)], state, now=10.0)
+    assert next_deadline(state) == 20.0  # a's registration expires first (ttl 20 s)
+    state, _ = step(state, Tick(), now=20.0)
+    assert state.nodes["a"].alive  # exactly at the ttl: not yet
+    state, _ = step(state, Tick(), now=20.5)
+    assert not state.nodes["a"].alive and state.nodes["b"].alive
+    state, _ = step(state, node("a", gpus=2), now=21.0)  # re-registration revives it
+    assert state.nodes["a"].alive and state.nodes["a"].last_seen == 21.0
 
 
 # ---------------------------------------------------------------- placement
@@ -284,8 +329,7 @@ def test_pending_reason_says_what_is_needed_what_is_free_and_who_holds_it() -> N
     assert decisions == []
     state, decisions = step(state, NodeLost(node_id="b"))
     changed = only(decisions, Pending, "pair")
-    assert "even idle only 1 alive node is big enough" in changed
-    assert "it waits for lost nodes to come back" in changed
+    assert "only 1 alive node is big enough even when idle: waiting for lost node b to come back" in changed
 
 
 def test_cpu_only_pending_reason() -> None:
@@ -350,9 +394,7 @@ def test_inconsistent_state_is_refused_on_load() -> None:
 
 
 def test_describe_summarizes_nodes_running_and_pending() -> None:
-    state, _ = run(
-        [*TWO_NODES, gang("x", gpus=1), gang("y", nnodes=2, gpus=2), gang("z", gpus=1), NodeLost(node_id="b")]
-    )
+    state, _ = run([*TWO_NODES, NodeLost(node_id="b"), gang("x", gpus=1), gang("y", gpus=2), gang("z", gpus=1)])
     summary = describe(state)
     json.dumps(summary)  # plain JSON
     assert summary["totals"] == {
@@ -416,7 +458,11 @@ def register_st() -> st.SearchStrategy[NodeRegistered]:
 
 @st.composite
 def events_st(draw: st.DrawFn, state: ClusterState) -> Event:
-    kind = draw(st.sampled_from(["register", "lost", "submit", "submit", "submit", "submit", "release", "release"]))
+    kind = draw(
+        st.sampled_from(["register", "lost", "submit", "submit", "submit", "submit", "release", "release", "tick"])
+    )
+    if kind == "tick":
+        return Tick()
     if kind == "register":
         return draw(register_st())
     if kind == "lost":
@@ -428,6 +474,7 @@ def events_st(draw: st.DrawFn, state: ClusterState) -> Event:
             gpus_per_node=draw(st.sampled_from(GPUS_PER_NODE)),
             cpus_per_node=draw(st.sampled_from(CPUS_PER_NODE)),
             mem_per_node=draw(st.sampled_from(MEM_PER_NODE)),
+            lost_node_wait_s=draw(st.sampled_from([5.0, 600.0])),
         )
         return GangSubmitted(request=request)
     # mostly a gang the scheduler knows (running ones more often: they free capacity), sometimes any id
@@ -465,8 +512,9 @@ def check_invariants(state: ClusterState, shrunk: set[str]) -> None:
             assert ids <= set(range(spec.gpus))
             assert cpus[node_id] <= round(spec.cpus * 1000)
             assert spec.mem is None or mem[node_id] <= spec.mem
-    if state.queue:
-        assert place(state, state.queue[0].request) is None, "the head fits but was not admitted"
+    holders = [q for q in state.queue if never_fits_reason(q.request, state.nodes) is None]
+    if holders:
+        assert place(state, holders[0].request) is None, "the head fits but was not admitted"
 
 
 @settings(max_examples=200, deadline=None)
@@ -474,6 +522,7 @@ def check_invariants(state: ClusterState, shrunk: set[str]) -> None:
 def test_random_event_sequences_keep_the_invariants(data: st.DataObject) -> None:
     state = ClusterState()
     shrunk: set[str] = set()
+    now = 0.0  # the Scheduler's clock: node registrations expire and lost-node waits run out as it advances
     # start from a small cluster so that most submissions have somewhere to go
     initial: list[Event] = data.draw(st.lists(register_st(), min_size=1, max_size=4))
     for i in range(data.draw(st.integers(1, 60))):
@@ -482,22 +531,35 @@ def test_random_event_sequences_keep_the_invariants(data: st.DataObject) -> None
         old = state.nodes.get(event.spec.node_id) if isinstance(event, NodeRegistered) else None
         if isinstance(event, NodeRegistered) and old is not None and _shrinks(old.spec, event.spec):
             shrunk.add(event.spec.node_id)
-        new, decisions = step(state, event)
+        now += data.draw(st.sampled_from([0.0, 1.0, 7.0, 30.0]))
+        new, decisions = step(state, event, now)
         assert state.model_dump(mode="json") == before, "step mutated its input"
         check_invariants(new, shrunk)
 
-        # FIFO without backfill: the admitted gangs are exactly a prefix of the queue the event left
-        expected = list(state.queued_ids())
+        # FIFO without backfill: the admitted gangs are exactly a prefix of the queue the event left,
+        # leaving out the gangs that wait for lost nodes (they hold no place in the queue)
+        # a submission is refused at once ("rejected: ..."); a queued gang is dropped only once its wait for
+        # lost nodes ran out ("unschedulable: ...")
+        refused = [d.gang_id for d in decisions if isinstance(d, Rejected) and d.reason.startswith("rejected:")]
+        expired = [d.gang_id for d in decisions if isinstance(d, Rejected) and d.reason.startswith("unschedulable:")]
+        assert not refused or (isinstance(event, GangSubmitted) and refused == [event.request.gang_id])
+        for gang_id in expired:
+            waited = next(q for q in state.queue if q.request.gang_id == gang_id)
+            assert (
+                waited.lost_wait_since is not None and now - waited.lost_wait_since >= waited.request.lost_node_wait_s
+            )
+        expected = [g for g in state.queued_ids() if g not in expired]
         if isinstance(event, GangReleased):
             expected = [g for g in expected if g != event.gang_id]
-        rejected = [d.gang_id for d in decisions if isinstance(d, Rejected)]
-        if isinstance(event, GangSubmitted) and not rejected:
+        if isinstance(event, GangSubmitted) and not refused:
             expected.append(event.request.gang_id)
+        requests = {q.request.gang_id: q.request for q in (*state.queue, *new.queue)}
+        if isinstance(event, GangSubmitted):
+            requests[event.request.gang_id] = event.request
+        holding = [g for g in expected if never_fits_reason(requests[g], new.nodes) is None]
         got = admitted(decisions)
-        assert got == expected[: len(got)]
-        assert list(new.queued_ids()) == expected[len(got) :]
-        if rejected:
-            assert isinstance(event, GangSubmitted) and rejected == [event.request.gang_id]
+        assert got == holding[: len(got)]
+        assert list(new.queued_ids()) == [g for g in expected if g not in got]
         for d in decisions:
             if isinstance(d, Admitted):
                 assert d.gang_id in new.running

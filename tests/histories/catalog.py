@@ -1,0 +1,142 @@
+"""The recorded histories and the code bundles they need: layout, scenario list and bundle install.
+
+Shared by ``record.py`` (which writes them) and ``tests/test_replay.py`` (which replays them):
+
+    tests/histories/<scenario>/<workflow-id>.json     one per workflow execution of the scenario
+    tests/histories/<scenario>/<workflow-id>~<n>.json  the n-th run (1 = first) when a workflow id has
+                                                       several (the Scheduler's continue-as-new runs)
+    tests/histories/bundles/<sha256>.zip               each code bundle the histories reference, once
+
+A replay runs the *current* workflow code (workflows/) on each recorded history; the user's own code
+comes from the bundle the run was pinned to, installed where the worker's loader finds an extracted
+bundle (``cache_dir()/bundles/<sha>/``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHistory
+
+from engine.core.wire import CodeRef, Envelope
+
+__all__ = [
+    "BUNDLES",
+    "HERE",
+    "SCENARIOS",
+    "Recorded",
+    "bundle_refs",
+    "code_refs",
+    "install_bundles",
+    "recorded",
+    "workflow_id_of",
+]
+
+HERE = Path(__file__).resolve().parent
+BUNDLES = HERE / "bundles"
+
+#: every scenario record.py knows, with what it exercises (the replay test checks each was recorded)
+SCENARIOS: dict[str, str] = {
+    "quickstart": "examples/quickstart.py: plain tasks, Directory/File results, a retrain branch",
+    "ddp_pipeline": "examples/ddp_pipeline.py: a 2 × 2 PyTorch DDP gang between plain tasks",
+    "jax_pipeline": "examples/jax_pipeline.py: a 2-process JAX gang",
+    "xgboost_pipeline": "examples/xgboost_pipeline.py: a 2-worker XGBoost gang",
+    "mpi_pipeline": "examples/mpi_pipeline.py: an MPI gang (remote commands relayed through GangRun)",
+    "resilient_training": "examples/resilient_training.py: a checkpointing DDP gang, no failure",
+    "child_workflows": "a workflow calling a child workflow of lightweight (local activity) tasks",
+    "node_loss": "a node agent SIGKILLed mid-gang: node lost, new placement, resume from checkpoint",
+    "rank_kill": "one rank SIGKILLed mid-gang: system failure, restart of every rank",
+    "cancel_task": "a run cancelled while a plain task runs",
+    "cancel_gang": "a run cancelled while its gang runs (ranks stopped, GPUs released)",
+    "user_error_task": "an exception in a plain task fails the run",
+    "user_error_rank": "an exception in one rank fails the gang without a restart",
+    "task_retries": "a plain task that fails twice, then succeeds under its retry policy",
+    "worker_lost": "the worker SIGKILLed mid-task: the task is started again (worker lost, not a retry)",
+    "scheduler_continue_as_new": "two gangs while the Scheduler continues as new every few events",
+}
+
+_SCANNED = {
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED: "workflow_execution_started_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED: "activity_task_scheduled_event_attributes",
+    EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED: (
+        "start_child_workflow_execution_initiated_event_attributes"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Recorded:
+    scenario: str
+    path: Path
+
+    @property
+    def workflow_id(self) -> str:
+        return workflow_id_of(self.path)
+
+    @property
+    def test_id(self) -> str:
+        return f"{self.scenario}/{self.path.stem}"
+
+    def history(self) -> WorkflowHistory:
+        return WorkflowHistory.from_json(self.workflow_id, self.path.read_text())
+
+
+def workflow_id_of(path: Path) -> str:
+    return path.stem.split("~", 1)[0]
+
+
+def recorded(root: Path = HERE) -> list[Recorded]:
+    """Every recorded history, in a stable order."""
+    found = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name in SCENARIOS):
+        found += [Recorded(folder.name, path) for path in sorted(folder.glob("*.json"))]
+    return found
+
+
+def _envelopes(history: WorkflowHistory) -> Iterator[Envelope]:
+    """The gangflow envelopes (workflow starts, task calls, gang launches) among a history's inputs."""
+    for event in history.events:
+        field = _SCANNED.get(event.event_type)
+        if field is None:
+            continue
+        for payload in getattr(event, field).input.payloads:
+            if payload.metadata.get("encoding") != b"binary/plain":
+                continue
+            try:
+                yield Envelope.decode(payload.data)
+            except Exception:  # another bytes argument, not an envelope
+                continue
+
+
+def code_refs(history: WorkflowHistory) -> set[CodeRef]:
+    """The code of every workflow and task call in the history."""
+    return {e.code for e in _envelopes(history)}
+
+
+def bundle_refs(history: WorkflowHistory) -> dict[str, str]:
+    """sha256 → URI of every code bundle the history's runs and task calls were pinned to."""
+    return {ref.bundle_sha: ref.bundle for ref in code_refs(history) if ref.bundle_sha and ref.bundle}
+
+
+def install_bundles(cache: Path, shas: set[str], source: Path = BUNDLES) -> None:
+    """Extract the saved bundles into ``<cache>/bundles/<sha>/``, where the worker's loader looks for an
+    already extracted bundle before fetching it from the artifact store (gone since the recording)."""
+    missing = sorted(sha for sha in shas if not (source / f"{sha}.zip").is_file())
+    if missing:
+        raise FileNotFoundError(
+            f"code bundle(s) {', '.join(s[:12] for s in missing)} referenced by the recorded histories are not in "
+            f"{source}: record again with 'python tests/histories/record.py'"
+        )
+    for sha in sorted(shas):
+        data = (source / f"{sha}.zip").read_bytes()
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise ValueError(f"{source / sha}.zip is corrupt: its sha256 is not its name")
+        target = cache / "bundles" / sha
+        if not target.exists():
+            zipfile.ZipFile(io.BytesIO(data)).extractall(target)
