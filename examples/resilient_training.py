@@ -9,8 +9,9 @@ When a node dies, its ranks die with it; the survivors' collective breaks at onc
 nodes still running (a dead agent does not answer within 1.5 s; a node with no survivor to notice is
 caught by the heartbeat timeout), stops the survivors, reports the node lost, gets a new placement and
 relaunches every rank with GANGFLOW_ATTEMPT + 1. The ranks load the latest checkpoint from
-GANGFLOW_CHECKPOINT_DIR (the same for every attempt) and continue from there, so at most `checkpoint_every` steps are lost. A rank that stops
-making progress for `hang_timeout` seconds is treated the same way.
+GANGFLOW_CHECKPOINT_DIR (the same for every attempt) and continue from there, so at most
+`checkpoint_every` steps are lost. A rank that stops making progress for `hang_timeout` seconds is
+treated the same way.
 """
 
 from __future__ import annotations
