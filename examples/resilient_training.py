@@ -6,7 +6,7 @@
     gangflow status <run-id>                                  # the gang restarts on the spare node
 
 When a node dies, its ranks die with it; the survivors' collective breaks at once, GangRun probes the
-nodes still running (a dead agent does not answer within 1.5 s; a node with no survivor to notice is
+nodes still running (a dead agent does not answer within 1 s; a node with no survivor to notice is
 caught by the heartbeat timeout), stops the survivors, reports the node lost, gets a new placement and
 relaunches every rank with GANGFLOW_ATTEMPT + 1. The ranks load the latest checkpoint from
 GANGFLOW_CHECKPOINT_DIR (the same for every attempt) and continue from there, so at most

@@ -126,6 +126,23 @@ def test_node_agent_killed_mid_training_resumes_from_checkpoint(stack: Stack):
     run(main())
 
 
+def test_a_slow_but_alive_node_agent_is_never_declared_lost(stack: Stack):
+    async def main() -> None:
+        client, run_id, gang_id = await _start_training(stack)
+        gang = await _running_gang(client, gang_id, min_step=10)
+        frozen = stack.nodes[sorted(_pids(gang))[-1]].proc.pid
+        os.kill(frozen, signal.SIGSTOP)  # the agent stalls (swapping, a debugger); its ranks train on
+        await asyncio.sleep(2)
+        os.kill(frozen, signal.SIGCONT)
+        result = await client.result(run_id, resilient_training.pipeline)
+        assert result.attempt == 0 and result.optimizer_steps == STEPS["total_steps"]
+        info = await client.gang(gang_id)
+        assert info["restarts"] == 0 and info["failed_attempts"] == []
+        assert all(node["alive"] for node in (await client.queue())["nodes"])
+
+    run(main())
+
+
 def test_killed_rank_restarts_the_gang(stack: Stack):
     async def main() -> None:
         client, run_id, gang_id = await _start_training(stack)

@@ -67,7 +67,7 @@ RESERVE_PORT = "gangflow.reserve_port"
 #: a node agent's liveness probe: answered at once by a live agent
 PING = "gangflow.ping"
 #: how long a probed node agent has to answer before it is declared lost
-PROBE_TIMEOUT = timedelta(seconds=1.5)
+PROBE_TIMEOUT = timedelta(seconds=1)
 #: a launcher's command for another node (MPI proxies), relayed through this workflow
 REMOTE_COMMAND = "remote_command"
 
