@@ -19,7 +19,8 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check engine workflows plugins examples tests
-	$(VENV)/bin/mypy engine/errors.py engine/core engine/types engine/scheduling workflows plugins engine/cli engine/artifacts
+	$(VENV)/bin/mypy engine/errors.py engine/core engine/types engine/scheduling workflows plugins engine/cli engine/artifacts \
+		engine/runtime engine/executor engine/client.py engine/local.py engine/checkpoint.py engine/progress.py engine/atomic.py
 	$(VENV)/bin/lint-imports
 
 unit: $(STAMP)

@@ -26,9 +26,10 @@ import os
 import pickle
 import re
 import signal
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from engine.atomic import write_atomic
 
 __all__ = [
     "directory",
@@ -88,16 +89,7 @@ def save(state: Any, *, step: int, keep: int = 3, all_ranks: bool = False) -> Pa
         return None
     folder = directory()
     target = folder / f"step-{step:09d}.ckpt"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".partial-")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            _dump(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(target, lambda handle: _dump(state, handle))
     for old in _steps(folder)[:-keep] if keep > 0 else []:
         (folder / f"step-{old:09d}.ckpt").unlink(missing_ok=True)
     return target

@@ -199,7 +199,8 @@ class Client:
 
     async def progress(self, run_id: str) -> dict[str, Any] | None:
         try:
-            return await self.handle(run_id).query(PROGRESS_QUERY)  # type: ignore[no-any-return]
+            progress: dict[str, Any] | None = await self.handle(run_id).query(PROGRESS_QUERY)
+            return progress
         except (RPCError, TemporalError):
             return None
 
@@ -277,7 +278,8 @@ class Client:
     async def queue(self) -> dict[str, Any]:
         """The Scheduler's view: nodes, free and used GPUs, running gangs, the pending queue."""
         handle = self.temporal.get_workflow_handle(SCHEDULER_ID)
-        return await handle.query("describe")  # type: ignore[no-any-return]
+        described: dict[str, Any] = await handle.query("describe")
+        return described
 
     async def release(self, gang_id: str, *, force: bool = False, confirm_s: float = 10.0) -> dict[str, Any]:
         """Operators: make the Scheduler free a gang's placement, or withdraw its queued request, and wait
@@ -289,7 +291,8 @@ class Client:
 
         async def describe() -> dict[str, Any]:
             try:
-                return await scheduler.query("describe", rpc_timeout=timedelta(seconds=10))  # type: ignore[no-any-return]
+                described: dict[str, Any] = await scheduler.query("describe", rpc_timeout=timedelta(seconds=10))
+                return described
             except RPCError as exc:
                 if exc.status == RPCStatusCode.NOT_FOUND:
                     raise GangflowError(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -25,6 +24,8 @@ from engine.core.dispatch import using_dispatcher
 from engine.core.gang import RankContext, base_rank_env
 from engine.core.guard import guarding, hooked, rearm, unguarded
 from engine.errors import InputError
+from engine.executor.ports import free_port
+from engine.executor.process import spawn, stop_processes
 from engine.types.codec import check_payload_size, pack, unpack
 
 __all__ = ["LocalDispatcher", "run_local"]
@@ -60,11 +61,8 @@ class LocalDispatcher:
     def _single_rank(self, task: TaskDefinition, args: dict[str, Any]) -> Any:
         """A distributed task as one process (world size 1): the plugin sets its framework up as it
         would on a node, so the same body runs unchanged, just without peers."""
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
         rank = RankContext(
-            0, 0, 1, 1, 0, 1, "127.0.0.1", port, (), "local", 0, tempfile.mkdtemp(prefix="gangflow-checkpoints-")
+            0, 0, 1, 1, 0, 1, "127.0.0.1", free_port(), (), "local", 0, tempfile.mkdtemp(prefix="gangflow-checkpoints-")
         )
         env = {**base_rank_env(rank, cpus_per_rank=os.cpu_count() or 1), **task.plugin.rank_env(rank)}
         command = task.plugin.command(rank)
@@ -73,7 +71,8 @@ class LocalDispatcher:
             return None
         coordinator = getattr(task.plugin, "coordinator", None)
         extra = coordinator(rank) if coordinator is not None else None  # e.g. XGBoost's tracker
-        helper = subprocess.Popen(extra.command, env={**os.environ, **env, **extra.env}) if extra else None
+        # no parent-death signal: this runs on a pool thread, whose exit would fire it (see engine.executor.process)
+        helper = spawn(extra.command, env={**os.environ, **env, **extra.env}, parent_death=None) if extra else None
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
@@ -84,8 +83,7 @@ class LocalDispatcher:
                 task.plugin.teardown(rank)
         finally:
             if helper is not None:
-                helper.terminate()
-                helper.wait()
+                stop_processes([helper])
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)

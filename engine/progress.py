@@ -14,6 +14,8 @@ import os
 import time
 from typing import Any
 
+from engine.atomic import write_atomic
+
 __all__ = ["report"]
 
 _MIN_INTERVAL = 0.5
@@ -30,7 +32,6 @@ def report(step: int, *, force: bool = False, **metrics: Any) -> None:
         return
     _last_write = now
     clean = {k: (v if isinstance(v, int | float | str | bool) or v is None else str(v)) for k, v in metrics.items()}
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as handle:
-        json.dump({"step": int(step), "time": time.time(), "pid": os.getpid(), **clean}, handle)
-    os.replace(tmp, path)
+    line = json.dumps({"step": int(step), "time": time.time(), "pid": os.getpid(), **clean})
+    # rewritten every half second and stale after a crash anyway: no fsync
+    write_atomic(path, line.encode(), durable=False)

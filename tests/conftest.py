@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 
+from engine.executor.process import spawn, stop_processes  # noqa: E402
 from engine.runtime.devserver import DevServer  # noqa: E402
 
 
@@ -104,15 +105,8 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         self.home.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, GANGFLOW_CACHE=str(self.home / "cache"), PYTHONUNBUFFERED="1", TMPDIR=str(self.home))
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "engine.cli", "worker", "--address", self.address, "--task-queue", self.queue],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.home,
-                start_new_session=True,
-            )
+        cmd = [sys.executable, "-m", "engine.cli", "worker", "--address", self.address, "--task-queue", self.queue]
+        self.proc = spawn(cmd, log=self.log, env=env, cwd=self.home, new_session=True, parent_death=None)
         deadline = time.monotonic() + 30
         while b"gangflow worker on" not in self.log.read_bytes():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -121,9 +115,8 @@ class WorkerProcess:
         return self
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(15)
+        if self.proc and self.proc.poll() is None:  # a reaped leader's pid may be a new group's by now
+            stop_processes([self.proc], 15, sig=sig, group=True)
 
     def stop(self) -> None:
         self.kill(signal.SIGTERM)
@@ -163,23 +156,17 @@ class NodeAgent:
         cmd = ["node", "--node-id", self.node_id, "--cpus", "4"]
         cmd += ["--gpus", str(self.gpus)] if self.gpus >= 0 else []  # negative: detect with nvidia-smi
         cmd += ["--address", self.address, "--advertise-addr", "127.0.0.1"]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "engine.cli", *cmd],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
+        self.proc = spawn(
+            [sys.executable, "-m", "engine.cli", *cmd], log=self.log, env=env, new_session=True, parent_death=None
+        )
 
     def restart(self) -> None:
         self.stop()
         self.start()
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(30)
+        """``sig`` to the agent alone (its ranks die with it: their parent-death signal), SIGKILL after 30 s."""
+        stop_processes([self.proc], 30, sig=sig)
 
 
 @pytest.fixture(scope="session")

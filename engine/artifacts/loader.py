@@ -44,10 +44,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import io
-import os
-import shutil
 import sys
-import tempfile
 import threading
 import types
 import zipfile
@@ -59,6 +56,7 @@ from typing import Any
 import fsspec
 
 from engine.artifacts.store import cache_dir
+from engine.atomic import publishing
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
 from engine.core.wire import CodeRef
 
@@ -179,17 +177,8 @@ class CodeLoader:
             data = handle.read()
         if hashlib.sha256(data).hexdigest() != sha:
             raise CodeNotFoundError(f"code bundle {uri} does not match its sha256 {sha}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
-        try:
+        with publishing(target) as staging:  # a concurrent extraction may win the race: its copy is the same
             zipfile.ZipFile(io.BytesIO(data)).extractall(staging)
-            try:
-                os.replace(staging, target)
-            except OSError:
-                if not target.exists():
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
         return target
 
     def _bundle_for(self, uri: str, sha: str) -> _Bundle:

@@ -12,14 +12,14 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import shutil
 import tarfile
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import fsspec
 
+from engine.atomic import publishing
 from engine.types.files import Artifact, Directory
 
 __all__ = ["ArtifactStore", "cache_dir", "default_artifact_root"]
@@ -96,14 +96,15 @@ class ArtifactStore:
         sha = hashlib.sha256(data).hexdigest()
         target = self._cas_path(sha)
         if not self.fs.exists(target):
-            self._write_atomic(target, lambda handle: handle.write(data))
+            self._publish(target, lambda tmp: self.fs.pipe_file(tmp, data))
         return self._uri(target), sha
 
-    def _write_atomic(self, target: str, write: Any) -> None:
+    def _publish(self, target: str, write: Callable[[str], object]) -> None:
+        """``write`` a temporary object beside ``target``, then move it there: a reader never sees half an
+        object (the remote stores' counterpart of engine.atomic)."""
         self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         tmp = f"{target}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
-        with self.fs.open(tmp, "wb") as handle:
-            write(handle)
+        write(tmp)
         self.fs.mv(tmp, target)
 
     def put_file(self, path: str) -> tuple[str, str, int]:
@@ -112,10 +113,7 @@ class ArtifactStore:
         sha, size = _sha256_file(path)
         target = self._cas_path(sha)
         if not self.fs.exists(target):
-            self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-            tmp = f"{target}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
-            self.fs.put_file(path, tmp)
-            self.fs.mv(tmp, target)
+            self._publish(target, lambda tmp: self.fs.put_file(path, tmp))
         return self._uri(target), sha, size
 
     def upload(self, art: Artifact) -> None:
@@ -137,29 +135,19 @@ class ArtifactStore:
     def fetch(self, art: Artifact) -> str:
         """A local path holding the artifact's content, downloaded once per sha256 into the cache."""
         assert art.uri and art.sha256
-        base = cache_dir() / "artifacts" / art.sha256[:2] / art.sha256
-        target = base / art.name
+        target = cache_dir() / "artifacts" / art.sha256[:2] / art.sha256 / art.name
         if target.exists():
             return str(target)
-        base.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=base, prefix=".partial-"))
-        try:
+        with publishing(target) as staging:  # a concurrent fetch may win the race: its copy is the same
             if isinstance(art, Directory):
                 with tarfile.open(fileobj=io.BytesIO(self.get_bytes(art.uri))) as tar:
-                    tar.extractall(staging / art.name, filter="data")
+                    tar.extractall(staging, filter="data")
             else:
                 fs, path = fsspec.core.url_to_fs(art.uri)
-                fs.get_file(path, str(staging / art.name))
-                sha, _ = _sha256_file(str(staging / art.name))
+                fs.get_file(path, str(staging))
+                sha, _ = _sha256_file(str(staging))
                 if sha != art.sha256:
                     raise OSError(f"artifact {art.uri} is corrupt: sha256 {sha} != {art.sha256}")
-            try:
-                os.replace(staging / art.name, target)
-            except OSError:
-                if not target.exists():  # a concurrent fetch may have won the race
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
         return str(target)
 
     def context(self, *, upload: bool = True, fetch: bool = True) -> dict[str, Any]:

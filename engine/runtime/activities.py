@@ -14,9 +14,9 @@ import functools
 import inspect
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TextIO
+from typing import IO, Any
 
 from temporalio import activity
 from temporalio.common import RawValue
@@ -55,8 +55,13 @@ def _call(defn: TaskDefinition, inputs: dict[str, Any]) -> Any:
         return asyncio.run(defn.fn(**inputs))
     result = defn.fn(**inputs)
     if inspect.isawaitable(result):
-        return asyncio.run(result)  # type: ignore[arg-type]
+        return asyncio.run(_awaited(result))
     return result
+
+
+async def _awaited(value: Awaitable[Any]) -> Any:
+    """asyncio.run takes a coroutine; a sync body may return any awaitable."""
+    return await value
 
 
 class _TaskLog:
@@ -66,7 +71,7 @@ class _TaskLog:
     def __init__(self, store: ArtifactStore, run_id: str, task: str, info: activity.Info) -> None:
         self.store = store
         self.target = store.log_path(run_id, f"{task}.{info.activity_id}.attempt{info.attempt}.log")
-        self.handle: TextIO | None = None
+        self.handle: IO[str] | None = None
 
     def write(self, text: str) -> int:
         if self.handle is None:
@@ -109,7 +114,7 @@ def _execute(envelope: Envelope, info: activity.Info) -> bytes:
         raise _non_retryable(exc) from exc
     log = _TaskLog(store, envelope.run.run_id, defn.name, info)
     try:
-        with logs.capture(log):  # type: ignore[arg-type]
+        with logs.capture(log):
             result = _call(defn, inputs)
     finally:
         log.close()

@@ -87,7 +87,8 @@ class CodecServer:
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
+        # the bound address (port 0 became a real one); server_address is typed to allow bytes, never given here
+        host, port = self.httpd.socket.getsockname()[:2]
         return f"http://{host}:{port}"
 
     def start(self) -> CodecServer:

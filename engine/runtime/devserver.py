@@ -8,23 +8,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from engine.executor.process import set_parent_death_signal
+from engine.executor.ports import free_port
+from engine.executor.process import spawn, stop_processes
 from engine.runtime.connection import SEARCH_ATTRIBUTES
 
-__all__ = ["DevServer", "find_temporal_binary", "free_port"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = ["DevServer", "find_temporal_binary"]
 
 
 def find_temporal_binary() -> str:
@@ -105,14 +99,7 @@ class DevServer:
             cmd.append("--headless")
         elif self.codec_endpoint:  # the UI shows gangflow's msgpack payloads as JSON through it
             cmd += ["--ui-codec-endpoint", self.codec_endpoint]
-        with open(self.log_file, "ab") as log:
-            self.process = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=set_parent_death_signal,
-            )
+        self.process = spawn(cmd, log=self.log_file)
         deadline = time.monotonic() + timeout
         # The port opens before the frontend serves (clients then get "Frontend is not healthy yet"):
         # wait for the server's own health check to say SERVING.
@@ -138,14 +125,8 @@ class DevServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            stop_processes([proc], timeout)
 
     def __enter__(self) -> DevServer:
         return self.start()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.failure.v1 import Failure
@@ -57,7 +58,7 @@ def _local_activity_name(event: HistoryEvent) -> str:
         return "lightweight task"
 
 
-async def read_tasks(handle: WorkflowHandle) -> tuple[list[TaskRecord], str | None]:
+async def read_tasks(handle: WorkflowHandle[Any, Any]) -> tuple[list[TaskRecord], str | None]:
     """Task records in scheduling order, and the run's failure text if it failed."""
     records: dict[int, TaskRecord] = {}
     calls: dict[str, TaskRecord] = {}  # "<call>" of activity ids "<call>#<try>": one record per task call
@@ -65,34 +66,34 @@ async def read_tasks(handle: WorkflowHandle) -> tuple[list[TaskRecord], str | No
     async for event in handle.fetch_history_events():
         et, when = event.event_type, event.event_time.ToDatetime()
         if et == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            attrs = event.activity_task_scheduled_event_attributes
-            call, sep, tries = attrs.activity_id.rpartition("#")
+            scheduled = event.activity_task_scheduled_event_attributes
+            call, sep, tries = scheduled.activity_id.rpartition("#")
             earlier = calls.get(call) if sep else None
             if earlier is not None and tries.isdigit():  # the shell tried this call again
                 earlier.status, earlier.attempt, earlier.finished = "scheduled", int(tries), None
                 records[event.event_id] = earlier
                 continue
-            records[event.event_id] = TaskRecord(attrs.activity_type.name, "task", scheduled=when)
+            records[event.event_id] = TaskRecord(scheduled.activity_type.name, "task", scheduled=when)
             if sep:
                 calls[call] = records[event.event_id]
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            a = event.activity_task_started_event_attributes
-            rec = records[a.scheduled_event_id]
+            started = event.activity_task_started_event_attributes
+            rec = records[started.scheduled_event_id]
             rec.status, rec.started = "running", when
-            rec.attempt = max(rec.attempt, a.attempt)
-            if a.HasField("last_failure"):
-                rec.error = format_failure(a.last_failure, traces=False)
+            rec.attempt = max(rec.attempt, started.attempt)
+            if started.HasField("last_failure"):
+                rec.error = format_failure(started.last_failure, traces=False)
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             rec = records[event.activity_task_completed_event_attributes.scheduled_event_id]
             rec.status, rec.finished, rec.error = "completed", when, None
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
-            a = event.activity_task_failed_event_attributes
-            rec = records[a.scheduled_event_id]
-            rec.status, rec.finished, rec.error = "failed", when, format_failure(a.failure)
+            failed = event.activity_task_failed_event_attributes
+            rec = records[failed.scheduled_event_id]
+            rec.status, rec.finished, rec.error = "failed", when, format_failure(failed.failure)
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
-            a = event.activity_task_timed_out_event_attributes
-            rec = records[a.scheduled_event_id]
-            rec.status, rec.finished, rec.error = "timed out", when, format_failure(a.failure, traces=False)
+            timed_out = event.activity_task_timed_out_event_attributes
+            rec = records[timed_out.scheduled_event_id]
+            rec.status, rec.finished, rec.error = "timed out", when, format_failure(timed_out.failure, traces=False)
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
             rec = records[event.activity_task_canceled_event_attributes.scheduled_event_id]
             rec.status, rec.finished = "cancelled", when
@@ -100,26 +101,26 @@ async def read_tasks(handle: WorkflowHandle) -> tuple[list[TaskRecord], str | No
             et == EventType.EVENT_TYPE_MARKER_RECORDED
             and event.marker_recorded_event_attributes.marker_name.startswith("core_local_activity")
         ):
-            attrs = event.marker_recorded_event_attributes
+            marker = event.marker_recorded_event_attributes
             rec = TaskRecord(_local_activity_name(event), "lightweight", scheduled=when, finished=when)
-            rec.status = "failed" if attrs.HasField("failure") else "completed"
-            rec.error = format_failure(attrs.failure) if attrs.HasField("failure") else None
+            rec.status = "failed" if marker.HasField("failure") else "completed"
+            rec.error = format_failure(marker.failure) if marker.HasField("failure") else None
             records[event.event_id] = rec
         elif et == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
-            attrs = event.start_child_workflow_execution_initiated_event_attributes
-            task = attrs.memo.fields.get("gangflow_task")
-            name, kind = (json.loads(task.data), "gang") if task is not None else (attrs.workflow_type.name, "workflow")
-            records[event.event_id] = TaskRecord(name, kind, scheduled=when, child_id=attrs.workflow_id)
+            child = event.start_child_workflow_execution_initiated_event_attributes
+            task = child.memo.fields.get("gangflow_task")
+            name, kind = (json.loads(task.data), "gang") if task is not None else (child.workflow_type.name, "workflow")
+            records[event.event_id] = TaskRecord(name, kind, scheduled=when, child_id=child.workflow_id)
         elif et == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED:
             rec = records[event.child_workflow_execution_started_event_attributes.initiated_event_id]
             rec.status, rec.started = "running", when
         elif et in _CHILD_CLOSED:
             status, attr = _CHILD_CLOSED[et]
-            a = getattr(event, attr)
-            rec = records[a.initiated_event_id]
+            closed = getattr(event, attr)
+            rec = records[closed.initiated_event_id]
             rec.status, rec.finished = status, when
             if et == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_FAILED:
-                rec.error = format_failure(a.failure)
+                rec.error = format_failure(closed.failure)
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
             failure = format_failure(event.workflow_execution_failed_event_attributes.failure)
     return list({id(r): r for r in records.values()}.values()), failure

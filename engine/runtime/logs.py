@@ -13,11 +13,20 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
-__all__ = ["capture", "install"]
+__all__ = ["LogSink", "capture", "install"]
 
-_current: contextvars.ContextVar[TextIO | None] = contextvars.ContextVar("gangflow_task_log", default=None)
+
+class LogSink(Protocol):
+    """Where one task's output goes: an open text file, or anything that writes like one."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+_current: contextvars.ContextVar[LogSink | None] = contextvars.ContextVar("gangflow_task_log", default=None)
 _installed = threading.Lock()
 
 
@@ -25,7 +34,7 @@ class _RoutingStream(io.TextIOBase):
     def __init__(self, underlying: TextIO) -> None:
         self.underlying = underlying
 
-    def write(self, text: str) -> int:  # type: ignore[override]
+    def write(self, text: str) -> int:
         target = _current.get()
         if target is not None:
             try:
@@ -52,13 +61,13 @@ def install() -> None:
     """Route stdout/stderr through the task-aware streams (idempotent)."""
     with _installed:
         if not isinstance(sys.stdout, _RoutingStream):
-            sys.stdout = _RoutingStream(sys.stdout)  # type: ignore[assignment]
+            sys.stdout = _RoutingStream(sys.stdout)
         if not isinstance(sys.stderr, _RoutingStream):
-            sys.stderr = _RoutingStream(sys.stderr)  # type: ignore[assignment]
+            sys.stderr = _RoutingStream(sys.stderr)
 
 
 @contextmanager
-def capture(handle: TextIO | None) -> Iterator[None]:
+def capture(handle: LogSink | None) -> Iterator[None]:
     """Within this block (and threads started from it with a copied context) output goes to ``handle``."""
     token = _current.set(handle)
     try:
