@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -35,7 +36,8 @@ from engine.core.resources import parse_memory
 from engine.core.wire import Envelope
 from engine.errors import DefinitionError, GangflowError
 from engine.executor.gpus import detect_gpus
-from engine.executor.process import set_parent_death_signal
+from engine.executor.process import spawn, stop_processes
+from engine.executor.standby import default_warm_modules
 from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
 from engine.runtime.codec_server import CodecServer
 from engine.runtime.history import read_tasks
@@ -59,6 +61,8 @@ __all__ = ["build_parser", "main", "run_options"]
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 #: the demo stands in for a 2-server cluster with 2 GPUs each
 DEMO_NODES, DEMO_GPUS = 2, 2
+#: how long the node agents of `gangflow dev` / `demo` get to stop their own ranks (SIGTERM, 5 s, SIGKILL) and exit
+_NODE_STOP_GRACE_S = 15.0
 
 
 class CliError(Exception):
@@ -118,6 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem", help="memory to offer, e.g. 64Gi (default: all)")
     p.add_argument("--advertise-addr", help="address other nodes reach this one at (default: this host's IP)")
     p.add_argument("--task-queue", default=TASK_QUEUE, help="the workflow workers' queue (default %(default)s)")
+    p.add_argument(
+        "--standby",
+        type=int,
+        help="warm rank processes to keep ready, so a gang (re)starts without waiting for imports "
+        "(default: one per GPU, at least 1; 0: none)",
+    )
+    p.add_argument(
+        "--warm",
+        help="comma-separated modules the standby processes import ahead (default: torch, if installed)",
+    )
     _connection_args(p)
 
     p = command("codec-server", "serve the Web UI's codec endpoint (shows payloads as JSON)")
@@ -408,6 +422,11 @@ async def cmd_node(args: argparse.Namespace) -> int:
             mem=parse_memory(args.mem) if args.mem else _total_memory(),
             scheduler_queue=args.task_queue,
         )
+        if args.standby is not None and args.standby < 0:
+            raise ValueError(f"--standby must be 0 or more, got {args.standby}")
+        standby = max(1, config.gpus) if args.standby is None else args.standby
+        warm = default_warm_modules() if args.warm is None else tuple(m for m in args.warm.split(",") if m)
+        config = dataclasses.replace(config, standby=standby, warm=warm)
     except ValueError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
     endpoint = Endpoint.resolve(args.address, args.namespace)
@@ -417,7 +436,8 @@ async def cmd_node(args: argparse.Namespace) -> int:
         raise CliError(f"cannot reach Temporal at {endpoint.address}: {exc}") from None
     console.print(
         f"gangflow node {config.node_id} on {endpoint.address}: {config.gpus} GPU(s), {config.cpus:g} CPU(s), "
-        f"reachable at {config.address}; queue node/{config.node_id}"
+        f"reachable at {config.address}; queue node/{config.node_id}; {config.standby} standby rank process(es)"
+        + (f" with {', '.join(config.warm)} imported" if config.standby and config.warm else "")
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -467,44 +487,11 @@ async def cmd_queue(args: argparse.Namespace) -> int:
 
 def _spawn_nodes(address: str, count: int, gpus: int, state: Path) -> list[subprocess.Popen[bytes]]:
     """Node agents beside the dev worker, each a real ``gangflow node`` process standing in for a server."""
-    procs = []
-    for i in range(count):
-        log = open(state / f"node-{i}.log", "ab")  # noqa: SIM115 - owned by the child
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "engine.cli",
-                    "node",
-                    "--node-id",
-                    f"node-{i}",
-                    "--gpus",
-                    str(gpus),
-                    "--address",
-                    address,
-                    "--advertise-addr",
-                    "127.0.0.1",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=set_parent_death_signal,
-            )
-        )
-    return procs
-
-
-def _stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 15.0) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    node = [sys.executable, "-m", "engine.cli", "node", "--gpus", str(gpus), "--address", address]
+    return [
+        spawn([*node, "--node-id", f"node-{i}", "--advertise-addr", "127.0.0.1"], log=state / f"node-{i}.log")
+        for i in range(count)
+    ]
 
 
 async def cmd_dev(args: argparse.Namespace) -> int:
@@ -533,7 +520,7 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         try:
             await _serve(Endpoint.resolve(server.address, "default"))
         finally:
-            _stop_all(nodes)
+            stop_processes(nodes, _NODE_STOP_GRACE_S)
     finally:
         server.stop()
         codec.stop()
@@ -580,7 +567,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
                 await _wait_for_nodes(client, args.nodes)
             return await _demo_run(args, client, server, defn, envelope)
     finally:
-        _stop_all(nodes)
+        stop_processes(nodes, _NODE_STOP_GRACE_S)
         server.stop()
         codec.stop()
         shutil.rmtree(state, ignore_errors=True)

@@ -13,14 +13,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.core.gang import RankContext
-from engine.executor.process import set_parent_death_signal
+from engine.executor.process import spawn, stop_processes
+from engine.executor.standby import RUNNER, StandbyPool
 
 __all__ = ["NodeGang", "RankFailure", "RankLaunch", "runner_command"]
 
@@ -126,8 +126,10 @@ class NodeGang:
         workdir: Path,
         cwd: str | None = None,
         hang_timeout: float | None = None,
+        standby: StandbyPool | None = None,
     ) -> None:
         self.node_id = node_id
+        self.standby = standby  # warm rank runners to take ranks from (see engine.executor.standby)
         self.ranks = list(ranks)
         self.workdir = workdir
         self.cwd = cwd
@@ -148,18 +150,20 @@ class NodeGang:
             self.add(launch)
 
     def add(self, launch: RankLaunch) -> subprocess.Popen[bytes]:
-        """Start one more process of this gang."""
-        Path(launch.log_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(launch.log_path, "ab") as log:
-            proc = subprocess.Popen(
+        """Start one more process of this gang: a warm standby rank runner when one waits, else a new one."""
+        proc = None
+        if self.standby is not None and not launch.pipe_output:
+            Path(launch.log_path).parent.mkdir(parents=True, exist_ok=True)
+            proc = self.standby.take(launch.command, launch.env, self.cwd, launch.log_path)
+        if proc is None:
+            proc = spawn(
                 launch.command,
+                log=launch.log_path,
                 env=launch.env,
                 cwd=self.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE if launch.pipe_output else log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),
+                new_session=True,
+                parent_death=signal.SIGKILL,
+                pipe_output=launch.pipe_output,
             )
         self.ranks.append(launch)
         self.procs.append(proc)
@@ -240,22 +244,7 @@ class NodeGang:
 
     def terminate(self, grace: float = 5.0) -> None:
         """SIGTERM every rank's process group, wait up to ``grace`` seconds, then SIGKILL what is left."""
-        live = [p for p in self.procs if p.poll() is None]
-        for proc in live:
-            _signal_group(proc.pid, signal.SIGTERM)
-            _signal_group(proc.pid, signal.SIGCONT)  # a stopped (SIGSTOP) rank handles SIGTERM only once resumed
-        deadline = time.monotonic() + grace
-        while any(p.poll() is None for p in live) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for proc in self.procs:  # the group may hold children even when the rank itself has exited
-            _signal_group(proc.pid, signal.SIGKILL)
-        for proc in live:
-            proc.wait()
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
+        stop_processes(self.procs, grace, group=True)
 
 
 def runner_command(spec_path: str | None) -> list[str]:
@@ -263,4 +252,4 @@ def runner_command(spec_path: str | None) -> list[str]:
     launcher command line serves ranks on every node)."""
     # -P: the rank starts in the bundle's folder, which must not shadow the standard library or gangflow
     # (a user's ``logging.py``); the bundle's own modules are imported through the bundle loader anyway
-    return [sys.executable, "-P", "-m", "engine.executor.rank", *([spec_path] if spec_path else [])]
+    return [*RUNNER, *([spec_path] if spec_path else [])]

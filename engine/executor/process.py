@@ -1,14 +1,29 @@
-"""Process helpers shared by the dev server launcher and the rank launcher."""
+"""Child processes: one way to start them and one way to stop them.
+
+Used for the embedded dev server, the node agents ``gangflow dev`` starts, the ranks of a gang, a local
+run's coordinator and the test fixtures, so they all get the same guarantees: stdin closed, output
+appended to a log, no orphan when the parent dies (a parent-death signal), and a stop that is SIGTERM,
+a grace period, then SIGKILL, never a hang.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeAlias
 
-__all__ = ["set_parent_death_signal"]
+__all__ = ["set_parent_death_signal", "spawn", "stop_processes"]
 
 _PR_SET_PDEATHSIG = 1
+
+#: a path as str or pathlib.Path
+_StrPath: TypeAlias = str | os.PathLike[str]
 
 
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
@@ -19,3 +34,75 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
     """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def spawn(
+    command: Sequence[str],
+    *,
+    log: _StrPath | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: _StrPath | None = None,
+    new_session: bool = False,
+    parent_death: int | None = signal.SIGTERM,
+    pipe_output: bool = False,
+    pipe_input: bool = False,
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` with stdin closed and stdout and stderr appended to ``log``.
+
+    Without ``log`` the output goes where this process's goes; with ``pipe_output`` to a pipe the caller
+    reads (``proc.stdout``; the log is still created, for the caller to copy the output into).
+    ``new_session`` gives the process its own process group, so that :func:`stop_processes` with
+    ``group=True`` also reaches what it forks. ``parent_death`` is the signal it gets when the spawning
+    thread's process dies (see :func:`set_parent_death_signal`); None for none. ``pipe_input`` gives it a
+    stdin the caller writes to (``proc.stdin``) instead of a closed one.
+    """
+    death = parent_death
+    preexec = None if death is None else lambda: set_parent_death_signal(death)
+    handle = None
+    if log is not None:
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        handle = open(log, "ab")  # noqa: SIM115 - closed below: the child holds its own copy
+    try:
+        return subprocess.Popen(
+            list(command),
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            stdin=subprocess.PIPE if pipe_input else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if pipe_output else handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=new_session,
+            preexec_fn=preexec,
+        )
+    finally:
+        if handle is not None:
+            handle.close()
+
+
+def _send(proc: subprocess.Popen[Any], sig: int, group: bool) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+
+
+def stop_processes(
+    procs: Iterable[subprocess.Popen[Any]], grace: float = 10.0, *, sig: int = signal.SIGTERM, group: bool = False
+) -> None:
+    """Send ``sig`` to each live process (to its whole process group with ``group``: it must have been
+    spawned with ``new_session``), wait up to ``grace`` seconds for all of them together, then SIGKILL
+    what is left and reap everything."""
+    procs = list(procs)
+    live = [p for p in procs if p.poll() is None]
+    for proc in live:
+        _send(proc, sig, group)
+        _send(proc, signal.SIGCONT, group)  # a stopped (SIGSTOP) process handles SIGTERM only once resumed
+    deadline = time.monotonic() + grace
+    for proc in live:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+    # a group may hold children even when its leader has exited
+    for proc in procs if group else live:
+        _send(proc, signal.SIGKILL, group)
+    for proc in live:
+        proc.wait()

@@ -17,22 +17,15 @@ from typing import Any
 
 from engine.artifacts.loader import LOADER
 from engine.artifacts.store import ArtifactStore
+from engine.atomic import write_atomic
 from engine.core.definitions import TaskDefinition
 from engine.core.gang import RankContext
 from engine.core.wire import Envelope
 from engine.errors import GangflowError
+from engine.executor.standby import become_rank
 from engine.types.codec import check_payload_size, pack, unpack
 
-__all__ = ["main", "write_atomic"]
-
-
-def write_atomic(path: str | Path, data: bytes) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+__all__ = ["main"]
 
 
 def _run(spec: dict[str, Any], rank: RankContext) -> None:
@@ -75,6 +68,8 @@ def _adopt(rank: RankContext) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--standby"]:  # a warm standby: wait for the rank to become (engine.executor.standby)
+        args = become_rank(args[1] if len(args) > 1 else "")
     spec = unpack(Path(args[0] if args else os.environ["GANGFLOW_RANK_SPEC"]).read_bytes())
     rank = RankContext.from_env()
     _adopt(rank)

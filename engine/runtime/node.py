@@ -14,7 +14,6 @@ import os
 import queue
 import re
 import shutil
-import socket
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -34,6 +33,8 @@ from engine.core.definitions import TaskDefinition
 from engine.core.gang import NodeLaunch, base_rank_env
 from engine.core.wire import Envelope
 from engine.executor.launcher import NodeGang, RankFailure, RankLaunch, runner_command
+from engine.executor.ports import free_port
+from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
 from engine.runtime.connection import TASK_QUEUE
 from engine.types.codec import pack
@@ -59,6 +60,9 @@ class NodeConfig:
     cpus: float
     mem: int | None = None
     scheduler_queue: str = TASK_QUEUE
+    #: warm standby rank runners to keep (engine.executor.standby), and the modules they import ahead
+    standby: int = 0
+    warm: tuple[str, ...] = ()
 
 
 def _safe(name: str) -> str:
@@ -69,6 +73,7 @@ class NodeActivities:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.workdir = cache_dir() / "nodes" / _safe(config.node_id)
+        self.standby = StandbyPool(config.standby, config.warm) if config.standby else None
 
     @activity.defn(name=PING)
     async def ping(self) -> str:
@@ -78,9 +83,7 @@ class NodeActivities:
     @activity.defn(name=RESERVE_PORT)
     async def reserve_port(self) -> int:
         """A port free on this node right now, for the gang's rendezvous (fresh for every attempt)."""
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return int(sock.getsockname()[1])
+        return free_port("")  # every interface: the other nodes' ranks connect to it
 
     @activity.defn(name=RUN_RANKS)
     async def run_ranks(self, launch: NodeLaunch, envelope_blob: bytes) -> bytes:
@@ -119,6 +122,7 @@ class NodeActivities:
             workdir,
             cwd=str(folder) if folder else None,
             hang_timeout=launch.hang_timeout_s,
+            standby=self.standby,
         )
         gang.start()  # on the event loop thread: the parent-death signal follows the spawning thread
         relay = _LauncherRelay(plan, gang) if plan.launcher_mode else None
@@ -344,8 +348,14 @@ async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> N
         default_heartbeat_throttle_interval=timedelta(seconds=1),
         graceful_shutdown_timeout=timedelta(seconds=STOP_GRACE_S + 2),
     )
-    async with worker:
-        while not stop.is_set():
-            await register(client, config)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), REGISTER_EVERY.total_seconds())
+    try:
+        async with worker:
+            while not stop.is_set():
+                await register(client, config)
+                if activities.standby is not None:  # on this (the event loop's) thread: see StandbyPool
+                    activities.standby.fill()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), REGISTER_EVERY.total_seconds())
+    finally:
+        if activities.standby is not None:
+            activities.standby.close()

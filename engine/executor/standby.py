@@ -1,0 +1,120 @@
+"""Warm standby rank processes: a rank that starts in tenths of a second instead of seconds.
+
+Starting a rank costs seconds before the first line of the task body runs, most of it importing the
+framework (torch: about 1.5 s on a busy 2-core machine). After a node is lost, that start-up is most of
+the way back to training. A node agent therefore keeps a few *standby* rank runners that have already
+imported gangflow and the warm modules (torch by default, when it is installed) and wait on their stdin.
+A launch hands one its command line, environment, working directory and log file, and it becomes that
+rank; the agent starts a replacement on its next registration tick, not at once, so the new gang's ranks
+do not share the CPU with a fresh torch import while they start.
+
+A standby is given everything a freshly spawned rank is given at exec time, before any task code runs:
+the environment (replaced whole), the working directory, stdout and stderr. What differs is only what a
+module read from the environment while it was imported, i.e. in the agent's environment. For torch that
+is the OpenMP thread count, which the standby sets from ``OMP_NUM_THREADS`` with
+``torch.set_num_threads``; ``CUDA_VISIBLE_DEVICES`` and the NCCL settings are read when CUDA and NCCL
+initialise, which importing torch does not do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from engine.executor.process import spawn, stop_processes
+
+__all__ = ["RUNNER", "StandbyPool", "become_rank", "default_warm_modules"]
+
+#: the rank runner's command line, without its arguments (see ``launcher.runner_command``)
+RUNNER = (sys.executable, "-P", "-m", "engine.executor.rank")
+
+
+def default_warm_modules() -> tuple[str, ...]:
+    """What standbys import ahead of time when the operator does not say: torch, if it is installed."""
+    return ("torch",) if importlib.util.find_spec("torch") is not None else ()
+
+
+class StandbyPool:
+    """Up to ``size`` standby rank runners of one node agent.
+
+    Call ``fill`` and ``take`` from the agent's event-loop thread: a child's parent-death signal follows
+    the thread that spawned it, and that thread lives as long as the agent.
+    """
+
+    def __init__(self, size: int, warm: Sequence[str]) -> None:
+        self.size, self.warm = size, tuple(warm)
+        self.ready: list[subprocess.Popen[bytes]] = []
+
+    def fill(self) -> None:
+        """Start standbys until ``size`` are waiting (dead ones are dropped)."""
+        self.ready = [proc for proc in self.ready if proc.poll() is None]
+        while len(self.ready) < self.size:
+            # its own process group and SIGKILL on the agent's death, as every rank (see NodeGang.add)
+            command = [*RUNNER, "--standby", ",".join(self.warm)]
+            self.ready.append(spawn(command, new_session=True, parent_death=signal.SIGKILL, pipe_input=True))
+
+    def take(
+        self, command: Sequence[str], env: dict[str, str], cwd: str | None, log_path: str
+    ) -> subprocess.Popen[bytes] | None:
+        """A standby turned into the rank ``command`` runs, or None: not a rank runner command line, or
+        no standby left (the caller then spawns the rank as usual)."""
+        if tuple(command[: len(RUNNER)]) != RUNNER:
+            return None
+        order = json.dumps({"argv": list(command[len(RUNNER) :]), "env": env, "cwd": cwd, "log": log_path})
+        while self.ready:
+            proc = self.ready.pop(0)
+            if proc.poll() is not None or proc.stdin is None:
+                continue
+            try:
+                proc.stdin.write(order.encode() + b"\n")
+                proc.stdin.close()
+            except OSError:  # it died meanwhile (an OOM kill): try the next one
+                with contextlib.suppress(OSError):
+                    proc.kill()
+                proc.wait()
+                continue
+            return proc
+        return None
+
+    def close(self) -> None:
+        """Stop the standbys still waiting."""
+        stop_processes(self.ready, grace=5, group=True)
+        self.ready = []
+
+
+def become_rank(warm: str) -> list[str]:
+    """The standby's side (``python -m engine.executor.rank --standby torch``): import the warm modules,
+    wait for a launch on stdin, take on the rank's environment, working directory and log, and return the
+    rank runner's arguments. Exits quietly when stdin closes without a launch (the pool was closed)."""
+    for name in filter(None, warm.split(",")):
+        with contextlib.suppress(Exception):  # a framework that fails to import: the task body will say so
+            importlib.import_module(name)
+    line = sys.stdin.buffer.readline()
+    if not line:
+        os._exit(0)
+    order = json.loads(line)
+    os.environ.clear()
+    os.environ.update(order["env"])
+    if order["cwd"]:
+        os.chdir(order["cwd"])
+    log = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, target in ((log, 1), (log, 2), (null, 0)):
+        os.dup2(fd, target)
+    os.close(log)
+    os.close(null)
+    # a fresh rank gets these from its environment at start-up (PYTHONUNBUFFERED, OMP_NUM_THREADS)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    torch = sys.modules.get("torch")
+    if torch is not None and threads.isdigit():
+        torch.set_num_threads(int(threads))
+    return list(order["argv"])
