@@ -169,6 +169,53 @@ class NodeAgent:
         stop_processes([self.proc], 30, sig=sig)
 
 
+class Stack:
+    """A whole stack of its own, for tests that kill or restart its parts: a dev server, a worker and
+    ``count`` node agents named ``<prefix>0..`` with ``gpus`` GPU slots each."""
+
+    def __init__(self, root: Path, prefix: str, count: int = 3, gpus: int = 0) -> None:
+        self.root = root
+        self.server = DevServer(root / "server", ui=False).start()
+        self.worker = WorkerProcess(self.server.address, "gangflow", root / "worker").start()
+        self.nodes = {
+            f"{prefix}{i}": NodeAgent(self.server.address, f"{prefix}{i}", gpus, root / "nodes") for i in range(count)
+        }
+        self.artifacts = str(root / "artifacts")
+
+    async def client(self) -> Any:
+        from engine.client import Client
+        from engine.runtime import Endpoint, connect
+
+        return Client(await connect(Endpoint.resolve(self.server.address)), self.artifacts)
+
+    async def queue(self) -> dict[str, Any]:
+        return dict(await (await self.client()).queue())
+
+    async def wait_for(self, what: str, check: Callable[[dict[str, Any]], bool], timeout: float = 60) -> float:
+        """Poll ``check(gangflow queue)`` until it is true; returns the seconds it took."""
+        from temporalio.service import RPCError
+
+        started = time.monotonic()
+        while True:
+            try:
+                if check(await self.queue()):
+                    return time.monotonic() - started
+            except RPCError:  # no Scheduler yet
+                pass
+            assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
+            await asyncio.sleep(0.2)
+
+    async def wait_nodes(self, count: int | None = None) -> None:
+        want = len(self.nodes) if count is None else count
+        await self.wait_for("node agents registered", lambda q: q["totals"]["alive_nodes"] >= want)
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+        self.worker.stop()
+        self.server.stop()
+
+
 @pytest.fixture(scope="session")
 def cluster(server: DevServer, worker: WorkerProcess, state_root: Path) -> Iterator[list[NodeAgent]]:
     """Two node agents with two GPU slots each, registered with the Scheduler."""

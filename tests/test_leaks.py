@@ -19,13 +19,12 @@ from typing import Any
 
 import leaks
 import pytest
-from conftest import ROOT, NodeAgent, WorkerProcess, alive, run
+from conftest import ROOT, Stack, alive, run
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
 from engine.client import Client
-from engine.runtime import DevServer, Endpoint, connect
 from workflows.scheduler import SCHEDULER_ID
 
 sys.path.insert(0, str(ROOT / "examples"))
@@ -37,53 +36,21 @@ NODES, GPUS = 3, 2
 EVENTS_PER_RUN = 10
 
 
-class Stack:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.server = DevServer(root / "server", ui=False).start()
-        self.worker = WorkerProcess(self.server.address, "gangflow", root / "worker").start()
-        self.nodes = {f"g{i}": NodeAgent(self.server.address, f"g{i}", GPUS, root / "nodes") for i in range(NODES)}
-        self.artifacts = str(root / "artifacts")
-
-    async def client(self) -> Client:
-        return Client(await connect(Endpoint.resolve(self.server.address)), self.artifacts)
-
-    async def queue(self) -> dict[str, Any]:
-        return await (await self.client()).queue()
-
-    async def wait_for(self, what: str, check: Any, timeout: float) -> float:
-        """Poll ``check(queue)`` until true; returns the seconds it took."""
-        started = time.monotonic()
-        while True:
-            try:
-                if check(await self.queue()):
-                    return time.monotonic() - started
-            except RPCError:
-                pass
-            assert time.monotonic() - started < timeout, f"{what} not within {timeout} s: {await self.queue()}"
-            await asyncio.sleep(0.2)
-
+class LeakStack(Stack):
     async def all_free(self, timeout: float) -> float:
         def free(q: dict[str, Any]) -> bool:
-            t = q["totals"]
-            return (
-                t["alive_nodes"] == NODES and t["gpus_free"] == NODES * GPUS and not q["running"] and not q["pending"]
-            )
+            totals = q["totals"]
+            idle = not q["running"] and not q["pending"]
+            return bool(idle and totals["alive_nodes"] == NODES and totals["gpus_free"] == NODES * GPUS)
 
         return await self.wait_for("every GPU free", free, timeout)
 
-    def close(self) -> None:
-        for node in self.nodes.values():
-            node.stop()
-        self.worker.stop()
-        self.server.stop()
-
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LeakStack]:
     os.environ["GANGFLOW_SCHEDULER_EVENTS_PER_RUN"] = str(EVENTS_PER_RUN)  # read by the agents that start it
     try:
-        s = Stack(tmp_path_factory.mktemp("leaks"))
+        s = LeakStack(tmp_path_factory.mktemp("leaks"), "g", NODES, GPUS)
     finally:
         del os.environ["GANGFLOW_SCHEDULER_EVENTS_PER_RUN"]
     run(s.all_free(60))
@@ -122,7 +89,7 @@ async def _no_rank_left(pids: list[int], timeout: float = 15) -> None:
         await asyncio.sleep(0.1)
 
 
-def test_terminating_a_run_mid_gang_frees_every_gpu(stack: Stack, tmp_path: Path):
+def test_terminating_a_run_mid_gang_frees_every_gpu(stack: LeakStack, tmp_path: Path):
     async def main() -> None:
         client = await stack.client()
         run_id = await client.start(leaks.hold, {"marker_dir": str(tmp_path)})
@@ -134,7 +101,7 @@ def test_terminating_a_run_mid_gang_frees_every_gpu(stack: Stack, tmp_path: Path
     run(main())
 
 
-def test_a_run_timing_out_around_a_long_gang_frees_every_gpu(stack: Stack, tmp_path: Path):
+def test_a_run_timing_out_around_a_long_gang_frees_every_gpu(stack: LeakStack, tmp_path: Path):
     async def main() -> None:
         client = await stack.client()
         run_id = await client.start(leaks.short_lived, {"marker_dir": str(tmp_path)})
@@ -147,7 +114,7 @@ def test_a_run_timing_out_around_a_long_gang_frees_every_gpu(stack: Stack, tmp_p
     run(main())
 
 
-def test_a_gang_terminated_directly_is_released_by_the_owner_check(stack: Stack, tmp_path: Path):
+def test_a_gang_terminated_directly_is_released_by_the_owner_check(stack: LeakStack, tmp_path: Path):
     async def main() -> None:
         client = await stack.client()
         run_id = await client.start(leaks.hold, {"marker_dir": str(tmp_path)})
@@ -162,7 +129,7 @@ def test_a_gang_terminated_directly_is_released_by_the_owner_check(stack: Stack,
 
 
 @pytest.mark.parametrize("phase", ["queued", "reserving", "running", "stopping"])
-def test_cancel_at_every_phase_frees_the_gpus_within_10_s(stack: Stack, tmp_path: Path, phase: str):
+def test_cancel_at_every_phase_frees_the_gpus_within_10_s(stack: LeakStack, tmp_path: Path, phase: str):
     async def main() -> None:
         client = await stack.client()
         blocker = None
@@ -203,7 +170,7 @@ def test_cancel_at_every_phase_frees_the_gpus_within_10_s(stack: Stack, tmp_path
     run(main())
 
 
-def test_an_idle_node_agent_killed_is_lost_within_30_s(stack: Stack):
+def test_an_idle_node_agent_killed_is_lost_within_30_s(stack: LeakStack):
     async def main() -> None:
         stack.nodes["g2"].stop(signal.SIGKILL)
         took = await stack.wait_for(
@@ -216,7 +183,7 @@ def test_an_idle_node_agent_killed_is_lost_within_30_s(stack: Stack):
     run(main())
 
 
-def test_malformed_signals_never_wedge_the_scheduler_or_a_gang(stack: Stack, tmp_path: Path):
+def test_malformed_signals_never_wedge_the_scheduler_or_a_gang(stack: LeakStack, tmp_path: Path):
     junk: list[Any] = [None, 1, "x", "", [], {}, {"gang_id": 5}, {"gang_id": "g"}, {"node_id": ""}, [1, [2]]]
 
     async def main() -> None:
@@ -241,7 +208,7 @@ def test_malformed_signals_never_wedge_the_scheduler_or_a_gang(stack: Stack, tmp
     run(main())
 
 
-def test_the_scheduler_continued_as_new_many_times_and_lost_nothing(stack: Stack):
+def test_the_scheduler_continued_as_new_many_times_and_lost_nothing(stack: LeakStack):
     async def main() -> None:
         client = await stack.client()
         runs = 0
@@ -254,7 +221,7 @@ def test_the_scheduler_continued_as_new_many_times_and_lost_nothing(stack: Stack
     run(main())
 
 
-def test_whole_cluster_restart_resumes_the_gang_from_its_checkpoint(stack: Stack):
+def test_whole_cluster_restart_resumes_the_gang_from_its_checkpoint(stack: LeakStack):
     steps = dict(total_steps=150, checkpoint_every=10, step_seconds=0.1)
 
     async def main() -> None:

@@ -10,17 +10,15 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import gangs
 import pytest
-from conftest import ROOT, NodeAgent, WorkerProcess, alive, failure_of, run
+from conftest import ROOT, Stack, alive, failure_of, run
 from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError
 
 from engine.client import Client
-from engine.runtime import DevServer, Endpoint, connect
 
 sys.path.insert(0, str(ROOT / "examples"))
 import resilient_training
@@ -30,39 +28,9 @@ pytestmark = pytest.mark.slow
 STEPS = dict(total_steps=80, checkpoint_every=10, step_seconds=0.1)
 
 
-class Stack:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.server = DevServer(root / "server", ui=False).start()
-        self.worker = WorkerProcess(self.server.address, "gangflow", root / "worker").start()
-        self.nodes = {f"r{i}": NodeAgent(self.server.address, f"r{i}", 0, root / "nodes") for i in range(3)}
-        self.artifacts = str(root / "artifacts")
-
-    async def client(self) -> Client:
-        return Client(await connect(Endpoint.resolve(self.server.address)), self.artifacts)
-
-    async def wait_nodes(self, count: int = 3) -> None:
-        client = await self.client()
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if (await client.queue())["totals"]["alive_nodes"] >= count:
-                    return
-            except Exception:
-                pass
-            assert time.monotonic() < deadline, "node agents did not register"
-            await asyncio.sleep(0.3)
-
-    def close(self) -> None:
-        for node in self.nodes.values():
-            node.stop()
-        self.worker.stop()
-        self.server.stop()
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("resilience"))
+    s = Stack(tmp_path_factory.mktemp("resilience"), "r")
     run(s.wait_nodes())
     yield s
     s.close()

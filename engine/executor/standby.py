@@ -117,4 +117,5 @@ def become_rank(warm: str) -> list[str]:
     torch = sys.modules.get("torch")
     if torch is not None and threads.isdigit():
         torch.set_num_threads(int(threads))
+    sys.argv = [sys.argv[0], *order["argv"]]  # what a freshly spawned rank would see
     return list(order["argv"])

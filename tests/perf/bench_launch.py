@@ -1,15 +1,24 @@
-"""Launch overhead: the same 2-rank DDP script run by plain torchrun and by gangflow, wall time and steps/s.
+"""Launch overhead: the same 2-rank DDP script run by plain torchrun and by gangflow, cold and warm.
 
-    python tests/perf/bench_launch.py [--reps N] [--steps N]
+    python tests/perf/bench_launch.py [--reps N] [--cold-reps N] [--steps N] [--markdown]
+    python tests/perf/bench_launch.py --render RESULT.json     # the README rows of a saved JSON line
 
 (a) ``torchrun --standalone --nproc_per_node=2 ddp_steps.py --steps N`` and (b) a gangflow run of the
 workflow ``bench`` below, whose one task is ``PyTorch(nnodes=1, nproc_per_node=2, script="ddp_steps.py")``,
-on a local stack started here (Temporal dev server, one ``gangflow worker``, one ``gangflow node``), all on
-127.0.0.1. One warm-up of each, then ``--reps`` runs of each, alternating a/b so drift hits both alike.
-gangflow's wall time is ``Client.start`` → ``Client.wait`` returning; torchrun's is its process's life.
+on a local stack (Temporal dev server, one ``gangflow worker``, one ``gangflow node``), all on 127.0.0.1.
+Each is timed from its launch to the first training step (rank 0's loop start) and to the result in hand
+(torchrun's process exit; ``Client.wait`` returning), in two settings, each compared like with like:
 
-Prints ONE JSON line to stdout (medians, gangflow − torchrun, gangflow / torchrun, the samples, and where
-the time went) and a table to stderr. Not a test: nothing here asserts on timings.
+* **cold** — nothing of gangflow runs before the launch: its clock starts before the stack is started (server,
+  worker and node agent, up to the agent's registration), as a first ``gangflow dev`` + ``gangflow run``
+  would. torchrun keeps no state between runs, so every torchrun launch is cold in this sense; both sides
+  run with the page cache already warm (the warm phase runs first). ``--cold-reps`` pairs, alternating.
+* **warm** — the stack is already up (the everyday case on a cluster), after one warm-up run of each;
+  ``--reps`` pairs, alternating, so drift hits both alike.
+
+Prints ONE JSON line to stdout (medians per setting, the samples, the rank-0 timeline and gangflow's path
+from the run's histories) and a table to stderr (``--markdown``: the README's rows). Not a test: nothing
+here asserts on timings.
 
 This file is also the code bundle gangflow ships (``Client.start`` packs the folder of the workflow's
 module, so ``ddp_steps.py`` travels with it) and the module the worker and the node agent import: keep
@@ -52,13 +61,87 @@ async def bench() -> None:
 # ---------------------------------------------------------------------------------------------------------
 # the benchmark
 # ---------------------------------------------------------------------------------------------------------
+SETTINGS = ("cold", "warm")
+LAUNCHERS = ("torchrun", "gangflow")
+
+
 def parse_args(argv: list[str] | None = None) -> Any:
     import argparse
 
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=5, help="measured runs per launcher (median reported)")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--reps", type=int, default=5, help="warm runs per launcher (median reported)")
+    parser.add_argument(
+        "--cold-reps", type=int, default=3, help="cold runs per launcher, each on a fresh gangflow stack"
+    )
     parser.add_argument("--steps", type=int, default=STEPS, help="training steps per run (default %(default)s)")
-    return parser.parse_args(argv)
+    parser.add_argument("--markdown", action="store_true", help="print the README's table rows instead of a table")
+    parser.add_argument("--render", metavar="FILE", help="print the README's rows of a saved JSON line and exit")
+    args = parser.parse_args(argv)
+    for flag in ("reps", "cold_reps", "steps"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    return args
+
+
+def command_line(result: dict[str, Any]) -> str:
+    """The command that reproduces ``result``."""
+    s = result["settings"]
+    return f"python tests/perf/bench_launch.py --reps {s['reps']} --cold-reps {s['cold_reps']} --steps {s['steps']}"
+
+
+def markdown(result: dict[str, Any]) -> list[str]:
+    """The README's table and caption for one JSON line of this benchmark."""
+    from benchenv import caption, markdown_table
+
+    cold, warm = result["cold"], result["warm"]
+
+    def row(label: str, setting: dict[str, Any], key: str, unit: str = " s", digits: int = 2) -> list[str]:
+        t, g = setting["torchrun"][key], setting["gangflow"][key]
+        return [label, f"{t:.{digits}f}{unit}", f"{g:.{digits}f}{unit}", f"{g / t:.2f}"]
+
+    rows = [
+        row("cold: launch → first training step", cold, "first_step_s"),
+        row("cold: launch → result", cold, "result_s"),
+        ["cold: of which starting gangflow's stack", "–", f"{cold['gangflow']['stack_up_s']:.2f} s", "–"],
+        row("warm: launch → first training step", warm, "first_step_s"),
+        row("warm: launch → result", warm, "result_s"),
+        row("training steps/s (rank 0's loop, warm)", warm, "steps_per_s", unit="", digits=1),
+    ]
+    header = ["median", "torchrun", "gangflow", "gangflow / torchrun"]
+    phases = result["phases"]
+    note = (
+        f"Warm, rank 0's process starts {phases['gangflow']['to_rank_process']:.2f} s after the launch under "
+        f"gangflow and {phases['torchrun']['to_rank_process']:.2f} s under torchrun (which first starts its own "
+        f"Python process and elastic agent); after that both spend the same time importing torch "
+        f"({phases['gangflow']['python_torch_import']:.2f} s vs {phases['torchrun']['python_torch_import']:.2f} s) "
+        f"and in the training loop ({phases['gangflow']['train_loop']:.2f} s vs "
+        f"{phases['torchrun']['train_loop']:.2f} s)."
+    )
+    return [*markdown_table(header, "lrrr", rows), "", note, "", caption(command_line(result), result)]
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    """The plain-text table printed to stderr."""
+    lines = [f"{'median':<34}{'torchrun':>10}{'gangflow':>10}{'diff':>9}{'ratio':>8}"]
+    for setting in SETTINGS:
+        for key in ("first_step_s", "result_s", "steps_per_s"):
+            t, g = result[setting]["torchrun"][key], result[setting]["gangflow"][key]
+            lines.append(f"{setting + ' ' + key:<34}{t:>10.3f}{g:>10.3f}{g - t:>+9.3f}{g / t:>8.3f}")
+    lines.append(f"{'cold stack_up_s (gangflow)':<34}{'':>10}{result['cold']['gangflow']['stack_up_s']:>10.3f}")
+    lines.append("\nrank-0 timeline (warm), median s")
+    for key, value in result["phases"]["torchrun"].items():
+        other = result["phases"]["gangflow"][key]
+        lines.append(f"  {key:<28}{value:>10.3f}{other:>12.3f}{other - value:>+10.3f}")
+    if result["gangflow_history"]:
+        lines.append("\ngangflow path from the run's histories (warm), median s")
+        for key, value in result["gangflow_history"].items():
+            lines.append(f"  {key:<42}{value:>8.3f}")
+    s, load = result["settings"], result["load"]
+    lines.append(
+        f"({s['reps']} warm and {s['cold_reps']} cold runs of {s['steps']} steps each, "
+        f"{result['environment']['cores']} cores, load average {load['min']:.1f}–{load['max']:.1f})"
+    )
+    return lines
 
 
 def main(args: Any) -> None:
@@ -72,14 +155,27 @@ def main(args: Any) -> None:
     import sys
     import tempfile
     import time
+    from dataclasses import dataclass, field
     from pathlib import Path
+
+    from benchenv import LoadSampler, environment
 
     from engine.client import Client
     from engine.runtime import DevServer, Endpoint, connect
 
+    err = sys.__stderr__ or sys.stderr
+
+    def log(msg: str) -> None:
+        print(msg, file=err, flush=True)
+
+    if args.render:
+        from benchenv import read_result
+
+        print("\n".join(markdown(read_result(args.render, "launch"))), flush=True)
+        return
+
     if args.steps != STEPS:
         raise SystemExit(f"set ${STEPS_ENV} before importing {__name__} (it says {STEPS}, --steps says {args.steps})")
-    reps = max(1, args.reps)
     here = Path(__file__).resolve().parent
     torchrun = Path(sys.executable).parent / "torchrun"
     torchrun_cmd = [
@@ -89,51 +185,90 @@ def main(args: Any) -> None:
         SCRIPT,
         *SCRIPT_ARGS,  # the very arguments the gangflow task passes
     ]
-    err = sys.__stderr__ or sys.stderr
-
-    def log(msg: str) -> None:
-        print(msg, file=err, flush=True)
 
     scratch = Path(tempfile.mkdtemp(prefix="gangflow-bench-launch-"))
-    artifacts = scratch / "artifacts"
     # the client packs and stores the bundle; keep its cache out of ~/.cache too
     os.environ["GANGFLOW_CACHE"] = str(scratch / "client-cache")
-    base_env = dict(os.environ, PYTHONUNBUFFERED="1", GANGFLOW_ARTIFACTS=str(artifacts))
+    base_env = dict(os.environ, PYTHONUNBUFFERED="1")
     base_env[STEPS_ENV] = str(args.steps)
-    procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
 
-    def spawn(name: str, argv: list[str], ready: str | None) -> None:
-        home = scratch / name
-        home.mkdir(parents=True)
-        logfile = home / f"{name}.log"
-        env = dict(base_env, GANGFLOW_CACHE=str(home / "cache"), TMPDIR=str(home))
-        with open(logfile, "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "engine.cli", *argv],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=home,
-                start_new_session=True,
+    @dataclass
+    class Stack:
+        """One local gangflow stack: a dev server, a worker and a node agent, each with its own state."""
+
+        home: Path
+        server: DevServer
+        client: Client
+        procs: list[tuple[str, subprocess.Popen[bytes], Path]] = field(default_factory=list)
+
+        def spawn(self, name: str, argv: list[str]) -> None:
+            home = self.home / name
+            home.mkdir(parents=True)
+            logfile = home / f"{name}.log"
+            env = dict(
+                base_env,
+                GANGFLOW_ARTIFACTS=str(self.home / "artifacts"),
+                GANGFLOW_CACHE=str(home / "cache"),
+                TMPDIR=str(home),
             )
-        procs.append((name, proc, logfile))
-        deadline = time.monotonic() + 60
-        while ready is not None and ready.encode() not in logfile.read_bytes():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start:\n{logfile.read_text(errors='replace')}")
-            time.sleep(0.05)
+            with open(logfile, "ab") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "engine.cli", *argv],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    cwd=home,
+                    start_new_session=True,
+                )
+            self.procs.append((name, proc, logfile))
 
-    def stop_all() -> None:
-        for _name, proc, _log in reversed(procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for _name, proc, _log in reversed(procs):
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        def check_alive(self) -> None:
+            for name, proc, logfile in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{logfile.read_text(errors='replace')}")
+
+        def stop(self) -> None:
+            for _name, proc, _log in reversed(self.procs):
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+            for _name, proc, _log in reversed(self.procs):
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            self.server.stop()
+
+    async def start_stack(home: Path) -> Stack:
+        """Start a stack the way ``gangflow dev --nodes 1`` does and return once its node has registered."""
+        server = DevServer(home / "temporal", ui=False)
+        await asyncio.to_thread(server.start)
+        try:
+            client = Client(await connect(Endpoint.resolve(server.address)), artifacts=str(home / "artifacts"))
+        except BaseException:
+            server.stop()
+            raise
+        stack = Stack(home, server, client)
+        try:
+            # worker and node agent start together: the agent's registration waits for the worker anyway
+            stack.spawn("worker", ["worker", "--address", server.address])
+            node = ["node", "--node-id", "bench-0", "--gpus", "0", "--cpus", str(NPROC)]
+            stack.spawn("node", [*node, "--address", server.address, "--advertise-addr", "127.0.0.1"])
+            deadline = time.monotonic() + 60
+            while True:
+                stack.check_alive()
+                try:
+                    if int((await client.queue())["totals"]["alive_nodes"]) >= 1:
+                        return stack
+                except Exception:  # the Scheduler is not up until the first agent registers
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the node agent did not register within 60 s")
+                await asyncio.sleep(0.1)
+        except BaseException:
+            await asyncio.to_thread(stack.stop)
+            raise
 
     def parse_rank0(text: str, where: str) -> tuple[float, dict[str, float]]:
         found = re.search(r"^STEPS_PER_SEC ([0-9.]+)$", text, re.MULTILINE)
@@ -157,21 +292,28 @@ def main(args: Any) -> None:
             "after_script": t1 - stamps["pg_destroyed"],
         }
 
+    def sample(t0: float, t1: float, sps: float, stamps: dict[str, float]) -> dict[str, Any]:
+        return {
+            "first_step_s": stamps["loop_start"] - t0,
+            "result_s": t1 - t0,
+            "steps_per_s": sps,
+            "phases": rank_breakdown(t0, t1, stamps),
+        }
+
     # -- (a) torchrun --------------------------------------------------------------------------------
     def torchrun_once() -> dict[str, Any]:
-        env = dict(base_env)
-        env.pop("GANGFLOW_ARTIFACTS", None)
         t0 = time.time()
-        proc = subprocess.run(torchrun_cmd, cwd=here, env=env, capture_output=True, text=True, check=False)
+        proc = subprocess.run(torchrun_cmd, cwd=here, env=base_env, capture_output=True, text=True, check=False)
         t1 = time.time()
         if proc.returncode != 0:
             raise RuntimeError(f"torchrun exited with {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
         sps, stamps = parse_rank0(proc.stdout, "torchrun")
-        return {"wall": t1 - t0, "sps": sps, "phases": rank_breakdown(t0, t1, stamps)}
+        return sample(t0, t1, sps, stamps)
 
     # -- (b) gangflow --------------------------------------------------------------------------------
-    async def gangflow_once(client: Client) -> dict[str, Any]:
-        t0 = time.time()
+    async def gangflow_once(client: Client, t0: float | None = None, history: bool = True) -> dict[str, Any]:
+        """One run on a stack that is up; ``t0`` (when the stack start began) for a cold run."""
+        started = time.time()
         run_id = await client.start(bench)
         await client.wait(run_id)
         t1 = time.time()
@@ -179,9 +321,24 @@ def main(args: Any) -> None:
         if not logs:
             raise RuntimeError(f"gangflow run {run_id}: no rank-0 log")
         sps, stamps = parse_rank0(logs[-1][1], f"gangflow run {run_id}")
-        phases = rank_breakdown(t0, t1, stamps)
-        history = await history_breakdown(client, run_id, t0, t1, stamps)
-        return {"wall": t1 - t0, "sps": sps, "phases": phases, "history": history, "run_id": run_id}
+        result = sample(started if t0 is None else t0, t1, sps, stamps)
+        if history:
+            try:
+                result["history"] = await history_breakdown(client, run_id, started, t1, stamps)
+            except LookupError as exc:  # GangRun's events changed shape: the figures stand without it
+                log(f"  (no history breakdown: {exc})")
+        return result
+
+    async def gangflow_cold_once(home: Path) -> dict[str, Any]:
+        t0 = time.time()
+        stack = await start_stack(home)
+        try:
+            up = time.time() - t0
+            result = await gangflow_once(stack.client, t0=t0, history=False)
+            result["stack_up_s"] = up
+            return result
+        finally:
+            await asyncio.to_thread(stack.stop)
 
     async def history_breakdown(
         client: Client, run_id: str, t0: float, t1: float, stamps: dict[str, float]
@@ -257,63 +414,40 @@ def main(args: Any) -> None:
             "completion_total": t1 - ranks_done,
         }
 
-    async def queue_ready(client: Client) -> None:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if int((await client.queue())["totals"]["alive_nodes"]) >= 1:
-                    return
-            except Exception:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the node agent did not register")
-            await asyncio.sleep(0.3)
+    async def run_all() -> dict[str, dict[str, list[dict[str, Any]]]]:
+        samples: dict[str, dict[str, list[dict[str, Any]]]] = {s: {k: [] for k in LAUNCHERS} for s in SETTINGS}
 
-    async def run_all() -> dict[str, Any]:
-        srv = DevServer(scratch / "temporal", ui=False).start()
-        try:
-            spawn("worker", ["worker", "--address", srv.address], "gangflow worker on")
-            spawn(
-                "node",
-                [
-                    "node",
-                    "--node-id",
-                    "bench-0",
-                    "--gpus",
-                    "0",
-                    "--cpus",
-                    "2",
-                    "--address",
-                    srv.address,
-                    "--advertise-addr",
-                    "127.0.0.1",
-                ],
-                None,
+        def show(setting: str, i: int, n: int) -> None:
+            t, g = samples[setting]["torchrun"][-1], samples[setting]["gangflow"][-1]
+            log(
+                f"  {setting} {i + 1}/{n}: torchrun {t['first_step_s']:.2f} / {t['result_s']:.2f} s | gangflow "
+                f"{g['first_step_s']:.2f} / {g['result_s']:.2f} s (first step / result)"
+                + (f", stack up in {g['stack_up_s']:.2f} s" if "stack_up_s" in g else "")
             )
-            client = Client(await connect(Endpoint.resolve(srv.address)), artifacts=str(artifacts))
-            await queue_ready(client)
-            log(f"stack up on {srv.address}; {args.steps} steps per run, {reps} reps (+1 warm-up each)")
 
-            # warm-up (not counted): page cache, bundle extraction on the node, sticky workflow caches
+        # warm first: it also warms the page cache (torch, temporalio, the server binary) for the cold runs
+        stack = await start_stack(scratch / "warm")
+        try:
+            log(f"stack up on {stack.server.address}; {args.steps} steps per run")
+            # warm-up (not counted): bundle extraction on the node, sticky workflow caches
             warm_t = await asyncio.to_thread(torchrun_once)
-            warm_g = await gangflow_once(client)
-            log(f"  warm-up: torchrun {warm_t['wall']:.2f} s, gangflow {warm_g['wall']:.2f} s")
-            samples: dict[str, list[dict[str, Any]]] = {"torchrun": [], "gangflow": []}
-            for i in range(reps):  # interleaved a/b
-                samples["torchrun"].append(await asyncio.to_thread(torchrun_once))
-                samples["gangflow"].append(await gangflow_once(client))
-                t, g = samples["torchrun"][-1], samples["gangflow"][-1]
-                log(
-                    f"  rep {i + 1}/{reps}: torchrun {t['wall']:.2f} s {t['sps']:.1f} steps/s | "
-                    f"gangflow {g['wall']:.2f} s {g['sps']:.1f} steps/s"
-                )
-            return samples
+            warm_g = await gangflow_once(stack.client, history=False)
+            log(f"  warm-up: torchrun {warm_t['result_s']:.2f} s, gangflow {warm_g['result_s']:.2f} s")
+            for i in range(args.reps):  # interleaved a/b
+                samples["warm"]["torchrun"].append(await asyncio.to_thread(torchrun_once))
+                samples["warm"]["gangflow"].append(await gangflow_once(stack.client))
+                show("warm", i, args.reps)
         finally:
-            stop_all()
-            srv.stop()
+            await asyncio.to_thread(stack.stop)
+        for i in range(args.cold_reps):
+            samples["cold"]["torchrun"].append(await asyncio.to_thread(torchrun_once))
+            samples["cold"]["gangflow"].append(await gangflow_cold_once(scratch / f"cold-{i}"))
+            show("cold", i, args.cold_reps)
+        return samples
 
     try:
-        samples = asyncio.run(run_all())
+        with LoadSampler() as load:
+            samples = asyncio.run(run_all())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -321,46 +455,35 @@ def main(args: Any) -> None:
         return round(statistics.median(values), 3)
 
     def med_dict(rows: list[dict[str, float]]) -> dict[str, float]:
-        return {key: med([row[key] for row in rows]) for key in rows[0]}
+        return {key: med([row[key] for row in rows]) for key in rows[0]} if rows else {}
 
-    tr, gf = samples["torchrun"], samples["gangflow"]
-    t_wall, g_wall = med([s["wall"] for s in tr]), med([s["wall"] for s in gf])
-    t_sps, g_sps = med([s["sps"] for s in tr]), med([s["sps"] for s in gf])
-    result = {
-        "steps": args.steps,
-        "reps": reps,
-        "torchrun_wall_s": t_wall,
-        "gangflow_wall_s": g_wall,
-        "diff_s": round(g_wall - t_wall, 3),
-        "ratio": round(g_wall / t_wall, 3),
-        "torchrun_steps_per_s": t_sps,
-        "gangflow_steps_per_s": g_sps,
-        "steps_per_s_ratio": round(g_sps / t_sps, 3),
-        "samples": {
-            "torchrun_wall_s": [round(s["wall"], 3) for s in tr],
-            "gangflow_wall_s": [round(s["wall"], 3) for s in gf],
-            "torchrun_steps_per_s": [round(s["sps"], 2) for s in tr],
-            "gangflow_steps_per_s": [round(s["sps"], 2) for s in gf],
+    figures = ("first_step_s", "result_s", "steps_per_s", "stack_up_s")
+    result: dict[str, Any] = {"benchmark": "launch"}
+    for setting in SETTINGS:
+        entry: dict[str, Any] = {}
+        for launcher in LAUNCHERS:
+            runs = samples[setting][launcher]
+            entry[launcher] = {k: med([s[k] for s in runs]) for k in figures if k in runs[0]}
+        for key in ("first_step_s", "result_s"):
+            entry[f"{key.removesuffix('_s')}_ratio"] = round(entry["gangflow"][key] / entry["torchrun"][key], 3)
+        result[setting] = entry
+    result.update(
+        settings={"steps": args.steps, "reps": args.reps, "cold_reps": args.cold_reps, "nproc": NPROC},
+        samples={
+            setting: {
+                launcher: {k: [round(s[k], 3) for s in runs] for k in figures if k in runs[0]}
+                for launcher, runs in by_launcher.items()
+            }
+            for setting, by_launcher in samples.items()
         },
-        # medians, seconds: the rank-0 script's own stretches (both launchers) and gangflow's path
-        "phases": {"torchrun": med_dict([s["phases"] for s in tr]), "gangflow": med_dict([s["phases"] for s in gf])},
-        "gangflow_history": med_dict([s["history"] for s in gf]),
-        "machine": f"{os.cpu_count()} cores",
-    }
-
+        # medians, seconds: the rank-0 script's own stretches (both launchers, warm) and gangflow's path
+        phases={k: med_dict([s["phases"] for s in samples["warm"][k]]) for k in LAUNCHERS},
+        gangflow_history=med_dict([s["history"] for s in samples["warm"]["gangflow"] if "history" in s]),
+        environment=environment(),
+        load={k: round(v, 2) for k, v in load.summary().items()},
+    )
     log("")
-    log(f"{'':<22}{'torchrun':>12}{'gangflow':>12}{'diff':>10}{'ratio':>8}")
-    log(f"{'wall s (median)':<22}{t_wall:>12.3f}{g_wall:>12.3f}{g_wall - t_wall:>+10.3f}{g_wall / t_wall:>8.3f}")
-    log(f"{'steps/s (median)':<22}{t_sps:>12.1f}{g_sps:>12.1f}{g_sps - t_sps:>+10.1f}{g_sps / t_sps:>8.3f}")
-    log("\nrank-0 timeline, median s")
-    for key, value in result["phases"]["torchrun"].items():
-        other = result["phases"]["gangflow"][key]
-        log(f"  {key:<28}{value:>10.3f}{other:>12.3f}{other - value:>+10.3f}")
-    log("\ngangflow path from the run's histories, median s")
-    for key, value in result["gangflow_history"].items():
-        log(f"  {key:<42}{value:>8.3f}")
-    log(f"({reps} reps of {args.steps} steps, {result['machine']})")
-
+    log("\n".join(markdown(result) if args.markdown else table(result)))
     print(json.dumps(result), flush=True)
     sys.stdout.flush()
     # A process that used the temporalio client may abort at interpreter exit (code 134).

@@ -1,33 +1,43 @@
 """Orchestration overhead: gangflow vs. hand-written temporalio on the same dev server, same run.
 
-    python tests/perf/bench_orchestration.py [--reps N] [--quick] [--profile]
+    python tests/perf/bench_orchestration.py [--reps N] [--quick] [--sandboxed-baseline] [--markdown] [--profile]
+    python tests/perf/bench_orchestration.py --render RESULT.json     # the README rows of a saved JSON line
 
 Measures the per-task cost (ms) of
 
 * ``chain_100``             100 no-op tasks awaited one after another in one workflow,
 * ``fanout_200``            200 no-op tasks gathered in one workflow (``asyncio.gather``),
 * ``workflows_50``          50 one-task workflows started together (total wall / 50),
-* ``chain_100_lightweight`` the chain again with ``lightweight=True`` tasks (local activities; gangflow only),
+* ``chain_100_lightweight`` the chain again with ``lightweight=True`` tasks, against local activities,
 
-each for gangflow and for plain temporalio code doing the same thing (its own worker and task queue, the
-same worker knobs). One warm-up run per item, then the median of ``--reps`` runs. Prints ONE JSON line to
-stdout and a table to stderr. Not a test: nothing here asserts on timings.
+each for gangflow and for plain temporalio code doing the same thing: its own worker and task queue, built
+from gangflow's worker configuration (the same concurrency, sticky-queue and heartbeat settings) and run
+under the same workflow runner as gangflow's user workflows. Those run without Temporal's import sandbox
+by design (bundles are loaded once per worker), so the baseline does too; ``--sandboxed-baseline`` adds a
+third column, the baseline under the default sandbox, for reference only (no ratio is taken against it).
+One warm-up run per item, then the median of ``--reps`` runs, interleaved. Prints ONE JSON line to stdout
+and a table to stderr (``--markdown``: the README's rows instead). Not a test: nothing asserts on timings.
 
 This file is also the code bundle gangflow ships to its worker (``Client.start`` packs the folder of the
-workflow's module), and the module the temporalio sandbox re-imports for every baseline workflow run: keep
+workflow's module), and the module the temporalio sandbox re-imports for every sandboxed baseline run: keep
 its import-time work to the definitions below, everything else inside ``main``.
 """
 
+from __future__ import annotations
+
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import activity
 from temporalio import workflow as tw
 
 # ---------------------------------------------------------------------------------------------------------
-# hand-written temporalio baseline (task queue "baseline")
+# hand-written temporalio baseline (task queue "baseline"; "baseline-sandboxed" for the reference column).
+# No ``sandboxed=`` here: the worker's runner decides, so one set of classes serves both settings.
 # ---------------------------------------------------------------------------------------------------------
 BASELINE_QUEUE = "baseline"
+SANDBOXED_QUEUE = "baseline-sandboxed"
 _TIMEOUT = timedelta(seconds=30)
 
 
@@ -43,6 +53,16 @@ class BaselineChain:
         total = 0
         for i in range(n):
             total += await tw.execute_activity(baseline_noop, i, start_to_close_timeout=_TIMEOUT)
+        return total
+
+
+@tw.defn(name="BaselineChainLocal")
+class BaselineChainLocal:
+    @tw.run
+    async def run(self, n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += await tw.execute_local_activity(baseline_noop, i, start_to_close_timeout=_TIMEOUT)
         return total
 
 
@@ -63,9 +83,11 @@ class BaselineSingle:
         return await tw.execute_activity(baseline_noop, n, start_to_close_timeout=_TIMEOUT)
 
 
+BASELINE_WORKFLOWS = [BaselineChain, BaselineChainLocal, BaselineFanout, BaselineSingle]
+
 # ---------------------------------------------------------------------------------------------------------
 # gangflow (task queue "gangflow"). Skipped when the temporalio sandbox re-imports this module for a
-# baseline run, so the baseline pays only for what a hand-written module would hold.
+# sandboxed baseline run, so that baseline pays only for what a hand-written module would hold.
 # ---------------------------------------------------------------------------------------------------------
 if not tw.unsafe.in_sandbox():
     import engine as gf
@@ -108,9 +130,87 @@ CHAIN_N = 100
 FANOUT_N = 200
 WORKFLOWS_N = 50
 
+#: README labels, in table order
+LABELS = {
+    "chain_100": f"(a) chain of {CHAIN_N} no-op tasks",
+    "fanout_200": f"(b) fan-out of {FANOUT_N} no-op tasks, gathered",
+    "workflows_50": f"(c) {WORKFLOWS_N} one-task workflows started together",
+    "chain_100_lightweight": f"(d) chain of {CHAIN_N} with `lightweight=True` (baseline: local activities)",
+}
 
-def main() -> None:
+
+def parse_args(argv: list[str] | None = None) -> Any:
     import argparse
+
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--reps", type=int, default=3, help="measured runs per item (median reported)")
+    parser.add_argument("--quick", action="store_true", help="one measured run per item (same sizes)")
+    parser.add_argument(
+        "--sandboxed-baseline",
+        action="store_true",
+        help="also time the baseline under Temporal's default sandbox (a reference column, not compared)",
+    )
+    parser.add_argument("--markdown", action="store_true", help="print the README's table rows instead of a table")
+    parser.add_argument("--render", metavar="FILE", help="print the README's rows of a saved JSON line and exit")
+    parser.add_argument(
+        "--profile", action="store_true", help="also print where the time goes (history event gaps) to stderr"
+    )
+    args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error(f"--reps must be at least 1, got {args.reps}")
+    return args
+
+
+def command_line(result: dict[str, Any]) -> str:
+    """The command that reproduces ``result``."""
+    settings = result["settings"]
+    extra = " --sandboxed-baseline" if settings["sandboxed_baseline_column"] else ""
+    return f"python tests/perf/bench_orchestration.py --reps {settings['reps']}{extra}"
+
+
+def markdown(result: dict[str, Any]) -> list[str]:
+    """The README's table and caption for one JSON line of this benchmark."""
+    from benchenv import caption, markdown_table
+
+    items: dict[str, dict[str, Any]] = result["items"]
+    sandboxed_column = result["settings"]["sandboxed_baseline_column"]
+    runner = "sandboxed" if result["settings"]["baseline_sandboxed"] else "unsandboxed"
+    header = ["item", "gangflow", f"hand-written temporalio ({runner}, like gangflow)", "ratio"]
+    if sandboxed_column:
+        header.append("temporalio, sandboxed (reference only)")
+    rows = []
+    for key, label in LABELS.items():
+        entry = items[key]
+        row = [label, f"{entry['gangflow_ms']:.1f} ms", f"{entry['temporalio_ms']:.1f} ms", f"{entry['ratio']:.2f}"]
+        if sandboxed_column:
+            row.append(f"{entry['temporalio_sandboxed_ms']:.1f} ms")
+        rows.append(row)
+    return [*markdown_table(header, "lrrr" + "r" * sandboxed_column, rows), "", caption(command_line(result), result)]
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    """The plain-text table printed to stderr."""
+    sandboxed_column = result["settings"]["sandboxed_baseline_column"]
+    lines = [
+        f"{'item':<24}{'gangflow ms/task':>18}{'temporalio ms/task':>20}{'ratio':>8}"
+        + (f"{'sandboxed ms/task':>19}" if sandboxed_column else "")
+    ]
+    for key, entry in result["items"].items():
+        line = f"{key:<24}{entry['gangflow_ms']:>18.2f}{entry['temporalio_ms']:>20.2f}{entry['ratio']:>8.2f}"
+        if sandboxed_column:
+            line += f"{entry['temporalio_sandboxed_ms']:>19.2f}"
+        lines.append(line)
+    load = result["load"]
+    lines.append(
+        f"(median of {result['settings']['reps']}; baseline sandboxed: {result['settings']['baseline_sandboxed']}, "
+        f"like gangflow's user workflows; {result['environment']['cores']} cores, "
+        f"load average {load['min']:.1f}–{load['max']:.1f})"
+    )
+    return lines
+
+
+def main(args: Any) -> None:
+    import contextlib
     import json
     import os
     import shutil
@@ -120,48 +220,64 @@ def main() -> None:
     import time
     import uuid
 
+    from benchenv import LoadSampler, environment
     from temporalio.client import Client as TemporalClient
-    from temporalio.worker import Worker
+    from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
     from engine.client import Client
     from engine.runtime import DevServer, Endpoint, build_worker, connect
+    from workflows.shell import UserWorkflow
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=3, help="measured runs per item (median reported)")
-    parser.add_argument("--quick", action="store_true", help="one measured run per item (same sizes)")
-    parser.add_argument(
-        "--profile", action="store_true", help="also print where the time goes (history event gaps) to stderr"
-    )
-    args = parser.parse_args()
-    reps = 1 if args.quick else max(1, args.reps)
-
-    scratch = tempfile.mkdtemp(prefix="gangflow-bench-")
-    # The worker extracts code bundles into the cache: keep them out of ~/.cache.
-    os.environ["GANGFLOW_CACHE"] = os.path.join(scratch, "cache")
     err = sys.__stderr__ or sys.stderr
 
     def log(msg: str) -> None:
         print(msg, file=err, flush=True)
+
+    if args.render:
+        from benchenv import read_result
+
+        print("\n".join(markdown(read_result(args.render, "orchestration"))), flush=True)
+        return
+
+    reps = 1 if args.quick else args.reps
+    # What decides the runner of gangflow's user workflows: the shell's own definition (``sandboxed=``),
+    # read rather than assumed so that the baseline follows if that choice ever changes.
+    gangflow_sandboxed = tw._Definition.must_from_class(UserWorkflow).sandboxed
+
+    scratch = tempfile.mkdtemp(prefix="gangflow-bench-")
+    # The worker extracts code bundles into the cache: keep them out of ~/.cache.
+    os.environ["GANGFLOW_CACHE"] = os.path.join(scratch, "cache")
 
     async def timed(coro_fn) -> float:  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
         await coro_fn()
         return (time.perf_counter() - t0) * 1000.0
 
-    async def bench() -> dict:  # type: ignore[type-arg]
+    def baseline_worker(gf_worker: Worker, task_queue: str, sandboxed: bool) -> Worker:
+        """A worker with gangflow's settings, the baseline's code, and the given runner."""
+        config = gf_worker.config()
+        # gangflow's own hooks are part of what is measured, not settings to copy
+        for key in ("interceptors", "plugins", "identity"):
+            config.pop(key, None)  # type: ignore[misc]
+        if sandboxed:
+            runner = config.get("workflow_runner") if gangflow_sandboxed else None
+            config["workflow_runner"] = runner or SandboxedWorkflowRunner()
+        else:
+            config["workflow_runner"] = UnsandboxedWorkflowRunner()
+        config["task_queue"] = task_queue
+        config["workflows"] = BASELINE_WORKFLOWS
+        config["activities"] = [baseline_noop]
+        return Worker(**config)
+
+    async def bench() -> tuple[dict[str, Any], dict[str, Any]]:
         srv = DevServer(os.path.join(scratch, "server"), ui=False).start()
         try:
             tc: TemporalClient = await connect(Endpoint.resolve(srv.address))
             gf_worker = build_worker(tc)
-            base_worker = Worker(
-                tc,
-                task_queue=BASELINE_QUEUE,
-                workflows=[BaselineChain, BaselineFanout, BaselineSingle],
-                activities=[baseline_noop],
-                max_concurrent_activities=100,
-                max_concurrent_workflow_tasks=100,
-                graceful_shutdown_timeout=timedelta(seconds=5),
-            )
+            workers = [gf_worker, baseline_worker(gf_worker, BASELINE_QUEUE, gangflow_sandboxed)]
+            if args.sandboxed_baseline:
+                workers.append(baseline_worker(gf_worker, SANDBOXED_QUEUE, True))
             client = Client(tc, artifacts=os.path.join(scratch, "artifacts"))
             last_ids: dict[str, str] = {}
 
@@ -171,93 +287,112 @@ def main() -> None:
                 last_ids[key] = run_id
                 await client.wait(run_id)
 
-            async def tp_run(name: str, n: int, key: str) -> None:
+            async def tp_run(name: str, n: int, key: str, queue: str) -> None:
                 wid = f"{name}-{uuid.uuid4().hex[:8]}"
                 last_ids[key] = wid
-                await tc.execute_workflow(name, n, id=wid, task_queue=BASELINE_QUEUE, result_type=int)
+                await tc.execute_workflow(name, n, id=wid, task_queue=queue, result_type=int)
 
             async def gf_many() -> None:
                 ids = await asyncio.gather(*(client.start(single, {"n": k}) for k in range(WORKFLOWS_N)))
                 await asyncio.gather(*(client.wait(i) for i in ids))
 
-            async def tp_many() -> None:
+            async def tp_many(queue: str) -> None:
                 handles = await asyncio.gather(
                     *(
                         tc.start_workflow(
-                            "BaselineSingle",
-                            k,
-                            id=f"single-{uuid.uuid4().hex[:8]}",
-                            task_queue=BASELINE_QUEUE,
-                            result_type=int,
+                            "BaselineSingle", k, id=f"single-{uuid.uuid4().hex[:8]}", task_queue=queue, result_type=int
                         )
                         for k in range(WORKFLOWS_N)
                     )
                 )
                 await asyncio.gather(*(h.result() for h in handles))
 
+            def baseline(name: str, n: int, key: str) -> Any:
+                """The item's baseline on each queue measured: (unsandboxed-like-gangflow, sandboxed or None)."""
+
+                def on(queue: str, suffix: str) -> Any:
+                    if name == "BaselineSingle":
+                        return lambda: tp_many(queue)
+                    return lambda: tp_run(name, n, key + suffix, queue)
+
+                return on(BASELINE_QUEUE, ""), (on(SANDBOXED_QUEUE, "_sb") if args.sandboxed_baseline else None)
+
             items = {
                 "chain_100": (
                     CHAIN_N,
                     lambda: gf_run(chain, CHAIN_N, "gf_chain"),
-                    lambda: tp_run("BaselineChain", CHAIN_N, "tp_chain"),
+                    baseline("BaselineChain", CHAIN_N, "tp_chain"),
                 ),
                 "fanout_200": (
                     FANOUT_N,
                     lambda: gf_run(fanout, FANOUT_N, "gf_fanout"),
-                    lambda: tp_run("BaselineFanout", FANOUT_N, "tp_fanout"),
+                    baseline("BaselineFanout", FANOUT_N, "tp_fanout"),
                 ),
-                "workflows_50": (WORKFLOWS_N, gf_many, tp_many),
-                "chain_100_lightweight": (CHAIN_N, lambda: gf_run(chain_light, CHAIN_N, "gf_light"), None),
+                "workflows_50": (WORKFLOWS_N, gf_many, baseline("BaselineSingle", WORKFLOWS_N, "tp_many")),
+                "chain_100_lightweight": (
+                    CHAIN_N,
+                    lambda: gf_run(chain_light, CHAIN_N, "gf_light"),
+                    baseline("BaselineChainLocal", CHAIN_N, "tp_light"),
+                ),
             }
 
-            results: dict = {}  # type: ignore[type-arg]
-            async with gf_worker, base_worker:
-                for key, (n, gf_fn, tp_fn) in items.items():
-                    # warm-up: code bundle extraction, imports, sticky caches, sqlite pages
-                    await gf_fn()
-                    if tp_fn is not None:
-                        await tp_fn()
-                    gf_ms: list[float] = []
-                    tp_ms: list[float] = []
-                    for _ in range(reps):  # interleaved, so drift hits both sides alike
-                        gf_ms.append(await timed(gf_fn) / n)
-                        if tp_fn is not None:
-                            tp_ms.append(await timed(tp_fn) / n)
-                    entry = {"gangflow_ms": round(statistics.median(gf_ms), 3)}
-                    if tp_ms:
-                        entry["temporalio_ms"] = round(statistics.median(tp_ms), 3)
-                        entry["ratio"] = round(entry["gangflow_ms"] / entry["temporalio_ms"], 3)
+            results: dict[str, Any] = {}
+            async with contextlib.AsyncExitStack() as stack:
+                for worker in workers:
+                    await stack.enter_async_context(worker)
+                for key, (n, gf_fn, (tp_fn, sb_fn)) in items.items():
+                    sides = [("gangflow", gf_fn), ("temporalio", tp_fn)]
+                    if sb_fn is not None:
+                        sides.append(("temporalio_sandboxed", sb_fn))
+                    for _side, fn in sides:  # warm-up: bundle extraction, imports, sticky caches, sqlite pages
+                        await fn()
+                    samples: dict[str, list[float]] = {side: [] for side, _ in sides}
+                    for _ in range(reps):  # interleaved, so drift hits every side alike
+                        for side, fn in sides:
+                            samples[side].append(await timed(fn) / n)
+                    entry: dict[str, Any] = {"n": n}
+                    for side, values in samples.items():
+                        entry[f"{side}_ms"] = round(statistics.median(values), 3)
+                    entry["ratio"] = round(entry["gangflow_ms"] / entry["temporalio_ms"], 3)
+                    entry["samples_ms"] = {side: [round(x, 2) for x in values] for side, values in samples.items()}
                     results[key] = entry
-                    log(f"  {key}: gangflow {[round(x, 2) for x in gf_ms]}  temporalio {[round(x, 2) for x in tp_ms]}")
+                    log(f"  {key}: " + "  ".join(f"{s} {v}" for s, v in entry["samples_ms"].items()))
 
                 if args.profile:
-                    for key in ("gf_chain", "tp_chain", "gf_fanout", "tp_fanout", "gf_light"):
+                    for key in ("gf_chain", "tp_chain", "gf_fanout", "tp_fanout", "gf_light", "tp_light"):
                         await profile_history(tc, last_ids[key], key, log)
-            return results
+            knobs = {
+                k: str(v)
+                for k, v in gf_worker.config().items()
+                if k.startswith(("max_concurrent", "sticky", "max_heartbeat", "default_heartbeat")) and v is not None
+            }
+            return results, knobs
         finally:
             srv.stop()
 
     try:
-        results = asyncio.run(bench())
+        with LoadSampler() as load:
+            results, knobs = asyncio.run(bench())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    results["reps"] = reps
-    results["machine"] = f"{os.cpu_count()} cores"
-
+    result = {
+        "benchmark": "orchestration",
+        "items": results,
+        "settings": {
+            "reps": reps,
+            "gangflow_sandboxed": gangflow_sandboxed,
+            "baseline_sandboxed": gangflow_sandboxed,
+            "sandboxed_baseline_column": bool(args.sandboxed_baseline),
+            "server": "temporal dev server (sqlite file), 127.0.0.1",
+            "worker_settings": knobs,
+        },
+        "environment": environment(),
+        "load": {k: round(v, 2) for k, v in load.summary().items()},
+    }
     log("")
-    log(f"{'item':<24}{'gangflow ms/task':>18}{'temporalio ms/task':>20}{'ratio':>8}")
-    for key, entry in results.items():
-        if isinstance(entry, dict):
-            tp = entry.get("temporalio_ms")
-            ratio = entry.get("ratio")
-            log(
-                f"{key:<24}{entry['gangflow_ms']:>18.2f}"
-                + (f"{tp:>20.2f}{ratio:>8.2f}" if tp is not None else f"{'-':>20}{'-':>8}")
-            )
-    log(f"(median of {reps}, {results['machine']})")
-
-    print(json.dumps(results), flush=True)
+    log("\n".join(markdown(result) if args.markdown else table(result)))
+    print(json.dumps(result), flush=True)
     sys.stdout.flush()
     # A process that used the temporalio client / worker may abort at interpreter exit (code 134).
     os._exit(0)
@@ -292,7 +427,8 @@ if __name__ == "__main__":
     import os
     import sys
 
+    _args = parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench_orchestration
 
-    bench_orchestration.main()
+    bench_orchestration.main(_args)

@@ -1,0 +1,116 @@
+"""What every benchmark records next to its figures, and the markdown it prints for the README.
+
+Figures from a shared 2-core machine mean little without the date, the machine and the load they were
+measured under, so each benchmark's JSON line carries :func:`environment` and a :class:`LoadSampler`'s
+summary, and its ``--markdown`` output ends with :func:`caption`. The README's performance tables are
+exactly those markdown lines (``tests/perf/test_readme_figures.py`` checks it against the JSON lines kept
+in ``tests/perf/results/``).
+
+Imported by the benchmarks' ``main`` only, never at their import time: the benchmark files are also code
+bundles that workers import.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["LoadSampler", "caption", "cpu_model", "environment", "markdown_table", "read_result"]
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def environment() -> dict[str, Any]:
+    """When and where a benchmark ran."""
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cores": os.cpu_count(),
+        "cpu": cpu_model(),
+        "python": platform.python_version(),
+    }
+
+
+class LoadSampler:
+    """The 1-minute load average, sampled in a background thread while a benchmark runs.
+
+    The load at the start alone says little on a shared machine: another engineer's test suite may start
+    halfway through. The range over the run is what qualifies the figures.
+    """
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.every_s = every_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="load-sampler", daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> dict[str, float]:
+        values = self.samples or [os.getloadavg()[0]]
+        return {"start": values[0], "min": min(values), "max": max(values), "end": values[-1]}
+
+
+def markdown_table(header: Sequence[str], align: str, rows: Sequence[Sequence[str]]) -> list[str]:
+    """A GitHub markdown table; ``align`` holds one ``l`` or ``r`` per column."""
+    if len(align) != len(header) or any(len(row) != len(header) for row in rows):
+        raise ValueError(f"every row needs {len(header)} cells")
+    rule = ["---:" if a == "r" else "---" for a in align]
+    return ["| " + " | ".join(cells) + " |" for cells in (header, rule, *rows)]
+
+
+def caption(command: str, result: dict[str, Any]) -> str:
+    """The line under a README table: the command, when, on what, under which load."""
+    env, load = result["environment"], result["load"]
+    return (
+        f"*`{command}`, {env['date']}, {env['cores']} cores ({env['cpu']}), Python {env['python']}; "
+        f"1-minute load average {load['min']:.1f}–{load['max']:.1f} during the run "
+        f"(the machine is shared with other work).*"
+    )
+
+
+def read_result(path: str | os.PathLike[str], benchmark: str) -> dict[str, Any]:
+    """The last JSON line of a file that ``benchmark``'s stdout went to."""
+    import json
+
+    try:
+        with open(path) as handle:
+            lines = [line for line in handle.read().splitlines() if line.strip().startswith("{")]
+    except OSError as exc:
+        raise SystemExit(f"cannot read {path}: {exc.strerror}") from None
+    if not lines:
+        raise SystemExit(f"{path}: no JSON line (a benchmark prints one on stdout)")
+    try:
+        result: dict[str, Any] = json.loads(lines[-1])
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"{path}: the last JSON line is not valid JSON ({exc})") from None
+    if not isinstance(result, dict) or result.get("benchmark") != benchmark:
+        found = result.get("benchmark") if isinstance(result, dict) else type(result).__name__
+        raise SystemExit(f"{path}: not a result of bench_{benchmark}.py (benchmark: {found!r})")
+    return result
