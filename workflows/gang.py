@@ -43,7 +43,7 @@ from temporalio.exceptions import (
 )
 from temporalio.workflow import ActivityCancellationType, ActivityHandle
 
-from engine.core.gang import NodeLaunch
+from engine.core.gang import GangShape, NodeLaunch
 from engine.core.resources import Retry
 from engine.core.wire import Envelope
 from engine.scheduling import DEFAULT_LOST_NODE_WAIT_S, NodeAssignment, Placement
@@ -82,11 +82,7 @@ class GangSpec:
 
     task: str
     call: str  # unique per task call within the run, e.g. "train-1": names logs and checkpoints
-    nnodes: int
-    nproc_per_node: int
-    gpus_per_node: int
-    cpus_per_node: float
-    mem_per_node: int | None
+    shape: GangShape  # the task's layout: nodes, ranks per node, what each node offers
     timeout_s: float
     heartbeat_timeout_s: float
     tenant: str
@@ -273,10 +269,10 @@ class GangRun:
         self.placement, self.rejected, self.pending = None, None, None
         request = {
             "gang_id": gang_id,
-            "nnodes": spec.nnodes,
-            "gpus_per_node": spec.gpus_per_node,
-            "cpus_per_node": spec.cpus_per_node,
-            "mem_per_node": spec.mem_per_node,
+            "nnodes": spec.shape.nnodes,
+            "gpus_per_node": spec.shape.gpus_per_node,
+            "cpus_per_node": spec.shape.cpus_per_node,
+            "mem_per_node": spec.shape.mem_per_node,
             "tenant": spec.tenant,
             "lost_node_wait_s": spec.lost_node_wait_s,
         }
@@ -288,7 +284,7 @@ class GangRun:
                 type="Unschedulable",
                 non_retryable=True,
             ) from exc
-        self._say(f"waiting for a placement: {spec.nnodes} node(s) × {spec.nproc_per_node} rank(s)")
+        self._say(f"waiting for a placement: {spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)")
         try:
             await workflow.wait_condition(lambda: self.placement is not None or self.rejected is not None)
         except asyncio.CancelledError:
@@ -327,10 +323,10 @@ class GangRun:
                 task=spec.task,
                 node_id=node.node_id,
                 node_rank=node.node_rank,
-                nnodes=spec.nnodes,
-                nproc_per_node=spec.nproc_per_node,
+                nnodes=spec.shape.nnodes,
+                nproc_per_node=spec.shape.nproc_per_node,
                 gpu_ids=list(node.gpu_ids),
-                cpus_per_node=spec.cpus_per_node,
+                cpus_per_node=spec.shape.cpus_per_node,
                 master_addr=nodes[0].address,
                 master_port=port,
                 attempt=attempt,
@@ -354,7 +350,7 @@ class GangRun:
                     summary=f"{spec.task} attempt {attempt}: ranks on {node.node_id} (node rank {node.node_rank})",
                 )
             )
-        self._say(f"attempt {attempt}: {spec.nnodes * spec.nproc_per_node} ranks running on {where}")
+        self._say(f"attempt {attempt}: {spec.shape.nnodes * spec.shape.nproc_per_node} ranks running on {where}")
         finished: list[int] = []  # node indexes in the order their activities ended (deterministic on replay)
         for index, handle in enumerate(handles):
             handle.add_done_callback(functools.partial(_record, finished, index))

@@ -173,11 +173,7 @@ class _TemporalDispatcher:
         spec = GangSpec(
             task=task.name,
             call=call,
-            nnodes=gang.nnodes,
-            nproc_per_node=gang.nproc_per_node,
-            gpus_per_node=gang.gpus_per_node,
-            cpus_per_node=gang.cpus_per_node,
-            mem_per_node=gang.mem_per_node,
+            shape=gang,
             timeout_s=task.timeout.total_seconds(),
             heartbeat_timeout_s=task.heartbeat_timeout.total_seconds(),
             tenant=self.envelope.run.tenant,

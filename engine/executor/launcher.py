@@ -22,14 +22,17 @@ from engine.core.gang import RankContext
 from engine.executor.process import spawn, stop_processes
 from engine.executor.standby import RUNNER, StandbyPool
 
-__all__ = ["NodeGang", "RankFailure", "RankLaunch", "runner_command"]
+__all__ = ["NodeGang", "ProcessLaunch", "RankFailure", "runner_command"]
 
 _TAIL_LINES = 30
 _EXTERNAL_SIGNALS = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
 
 @dataclass(frozen=True)
-class RankLaunch:
+class ProcessLaunch:
+    """One process a node agent starts for a node launch: a rank, or a plugin's coordinator, launcher or
+    launcher helper (what a plugin describes as a ``ProcessSpec``), with everything needed to start it."""
+
     context: RankContext
     command: list[str]
     env: dict[str, str]
@@ -122,7 +125,7 @@ class NodeGang:
     def __init__(
         self,
         node_id: str,
-        ranks: Sequence[RankLaunch],
+        ranks: Sequence[ProcessLaunch],
         workdir: Path,
         cwd: str | None = None,
         hang_timeout: float | None = None,
@@ -149,7 +152,7 @@ class NodeGang:
         for launch in launches:
             self.add(launch)
 
-    def add(self, launch: RankLaunch) -> subprocess.Popen[bytes]:
+    def add(self, launch: ProcessLaunch) -> subprocess.Popen[bytes]:
         """Start one more process of this gang: a warm standby rank runner when one waits, else a new one."""
         proc = None
         if self.standby is not None and not launch.pipe_output:
@@ -174,7 +177,7 @@ class NodeGang:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    def _succeeded(self, launch: RankLaunch, code: int) -> bool:
+    def _succeeded(self, launch: ProcessLaunch, code: int) -> bool:
         if code == 0:
             return True
         # finished its work (result written) but the framework aborted during interpreter shutdown
@@ -188,7 +191,7 @@ class NodeGang:
                 out[int(path.stem.removeprefix("rank"))] = json.loads(path.read_text())
         return out
 
-    def _last_sign_of_life(self, launch: RankLaunch) -> float:
+    def _last_sign_of_life(self, launch: ProcessLaunch) -> float:
         if launch.progress_path:
             with contextlib.suppress(OSError):
                 return os.stat(launch.progress_path).st_mtime
@@ -224,7 +227,7 @@ class NodeGang:
             return min(failures, key=lambda f: (f.priority, self.exit_seen.get(f.rank, now)))
         return not self.awaiting and finished == sum(1 for launch in self.ranks if launch.must_finish)
 
-    def _failure(self, launch: RankLaunch, code: int | None, hung_for: float | None = None) -> RankFailure:
+    def _failure(self, launch: ProcessLaunch, code: int | None, hung_for: float | None = None) -> RankFailure:
         if launch.role:  # a launcher fails because one of its ranks did: show that rank's exception
             errors = sorted(self.error_dir.glob("rank*"))
             error_file = errors[0] if errors else self.error_dir / "none"

@@ -32,7 +32,7 @@ from engine.artifacts.store import cache_dir
 from engine.core.definitions import TaskDefinition
 from engine.core.gang import NodeLaunch, base_rank_env
 from engine.core.wire import Envelope
-from engine.executor.launcher import NodeGang, RankFailure, RankLaunch, runner_command
+from engine.executor.launcher import NodeGang, ProcessLaunch, RankFailure, runner_command
 from engine.executor.ports import free_port
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
@@ -185,7 +185,7 @@ class _Plan:
         launcher = getattr(plugin, "launcher", None)
         spec = launcher(self.rank0, hosts, runner_command(None)) if launcher is not None else None
         self.launcher_mode = spec is not None
-        self.processes: list[RankLaunch] = []
+        self.processes: list[ProcessLaunch] = []
         if spec is not None:
             # One environment for the node; the ranks learn their own rank from the launcher.
             node_ctx = replace(self.rank0, gpu_ids=tuple(launch.gpu_ids))
@@ -207,7 +207,7 @@ class _Plan:
             progress = str(progress_dir / f"rank{ctx.rank}.json")
             env = {**os.environ, **base_rank_env(ctx, cpus_per_rank=cpus), **plugin.rank_env(ctx)}
             self.processes.append(
-                RankLaunch(
+                ProcessLaunch(
                     context=ctx,
                     command=own or runner_command(str(spec_path)),
                     env={**env, "GANGFLOW_PROGRESS_FILE": progress},
@@ -221,7 +221,7 @@ class _Plan:
         if extra is not None:  # started first: the ranks connect to it
             self.processes.insert(
                 0,
-                RankLaunch(
+                ProcessLaunch(
                     context=self.rank0,
                     command=extra.command,
                     env={**self.processes[0].env, **extra.env},
@@ -232,10 +232,10 @@ class _Plan:
                 ),
             )
 
-    def helper(self, name: str, command: list[str], env: dict[str, str] | None = None) -> RankLaunch:
+    def helper(self, name: str, command: list[str], env: dict[str, str] | None = None) -> ProcessLaunch:
         """The launcher, or one of its per-node helpers (an MPI proxy): it must finish, and it is
         reported by name rather than as a rank."""
-        return RankLaunch(
+        return ProcessLaunch(
             context=self.rank0,
             command=command,
             env={**self.node_env, **(env or {})},
