@@ -64,6 +64,10 @@ def _steps(folder: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _NAME.match(p.name)))
 
 
+def _file(folder: Path, step: int) -> Path:
+    return folder / f"step-{step:09d}.ckpt"
+
+
 def _dump(obj: Any, handle: Any) -> None:
     try:
         import torch
@@ -88,10 +92,10 @@ def save(state: Any, *, step: int, keep: int = 3, all_ranks: bool = False) -> Pa
     if not all_ranks and _rank() != 0:
         return None
     folder = directory()
-    target = folder / f"step-{step:09d}.ckpt"
+    target = _file(folder, step)
     write_atomic(target, lambda handle: _dump(state, handle))
     for old in _steps(folder)[:-keep] if keep > 0 else []:
-        (folder / f"step-{old:09d}.ckpt").unlink(missing_ok=True)
+        _file(folder, old).unlink(missing_ok=True)
     return target
 
 
@@ -105,7 +109,7 @@ def load_latest() -> tuple[int, Any] | None:
     step = latest_step()
     if step is None:
         return None
-    return step, _load(directory() / f"step-{step:09d}.ckpt")
+    return step, _load(_file(directory(), step))
 
 
 def save_torch(model: Any, optimizer: Any = None, *, step: int, keep: int = 3, **extra: Any) -> Path | None:

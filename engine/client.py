@@ -37,7 +37,7 @@ from workflows.gang import RUN_RANKS
 from workflows.scheduler import SCHEDULER_ID
 from workflows.shell import PROGRESS_QUERY
 
-__all__ = ["Client", "RunInfo", "load_workflow_file", "prepare_run", "to_jsonable"]
+__all__ = ["Client", "RunInfo", "load_workflow_file", "log_rank", "prepare_run", "to_jsonable"]
 
 _TRANSIENT = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNKNOWN)
 
@@ -351,10 +351,19 @@ class Client:
         for entry in entries:
             name = entry["name"].rsplit("/", 1)[-1]
             stem = name.split(".", 1)[0]  # "<task>" for plain tasks, "<task>-<call>" for distributed ones
-            if (task is None or task in (stem, stem.rsplit("-", 1)[0])) and (rank is None or f".rank{rank}." in name):
+            if (task is None or task in (stem, stem.rsplit("-", 1)[0])) and (rank is None or log_rank(name) == rank):
                 with store.fs.open(entry["name"], "r") as handle:
                     out.append((name, handle.read()))
         return out
+
+
+def log_rank(log_name: str) -> int | None:
+    """The rank whose output a task log holds: ``train-1.rank3.attempt0.log`` → 3; a plain task's log
+    (``prep.<activity>.attempt1.log``) has none."""
+    for part in log_name.split("."):
+        if part.startswith("rank") and part[4:].isdigit():
+            return int(part[4:])
+    return None
 
 
 def _status_name(status: str) -> str:

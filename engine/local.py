@@ -13,14 +13,12 @@ import os
 import random
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from engine.artifacts.store import ArtifactStore
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
-from engine.core.dispatch import using_dispatcher
+from engine.core.dispatch import RealClock, using_dispatcher
 from engine.core.gang import RankContext, base_rank_env
 from engine.core.guard import guarding, hooked, rearm, unguarded
 from engine.errors import InputError
@@ -31,7 +29,7 @@ from engine.types.codec import check_payload_size, pack, unpack
 __all__ = ["LocalDispatcher", "run_local"]
 
 
-class LocalDispatcher:
+class LocalDispatcher(RealClock):
     """Runs each task in-process, round-tripping its inputs and result through the wire encoding."""
 
     def __init__(self, store: ArtifactStore) -> None:
@@ -99,18 +97,12 @@ class LocalDispatcher:
         scope.check()  # a forbidden call the body caught and swallowed still fails the run
         return wf.interface.output_from_wire(wf.interface.output_to_wire(result, ctx), ctx)
 
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
     def random(self) -> random.Random:
         return self._random
 
-    def uuid4(self) -> uuid.UUID:
-        return uuid.uuid4()
-
     async def sleep(self, seconds: float) -> None:
         rearm()
-        await asyncio.sleep(seconds)
+        await super().sleep(seconds)
 
 
 def run_local(wf: Callable[..., Any], /, artifacts: str | None = None, **inputs: Any) -> Any:

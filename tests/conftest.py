@@ -26,6 +26,20 @@ from engine.executor.process import spawn, stop_processes  # noqa: E402
 from engine.runtime.devserver import DevServer  # noqa: E402
 
 
+def gangflow_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | str | None = ROOT, timeout: float = 120, **more: str
+) -> subprocess.CompletedProcess[str]:
+    """``gangflow ARGS`` as a user runs it: a real process, output captured; ``more`` adds environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**(os.environ if env is None else env), **more},
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(coro)
 
@@ -176,7 +190,11 @@ class Stack:
     def __init__(self, root: Path, prefix: str, count: int = 3, gpus: int = 0) -> None:
         self.root = root
         self.server = DevServer(root / "server", ui=False).start()
-        self.worker = WorkerProcess(self.server.address, "gangflow", root / "worker").start()
+        try:
+            self.worker = WorkerProcess(self.server.address, "gangflow", root / "worker").start()
+        except BaseException:  # leave no server behind
+            self.server.stop()
+            raise
         self.nodes = {
             f"{prefix}{i}": NodeAgent(self.server.address, f"{prefix}{i}", gpus, root / "nodes") for i in range(count)
         }

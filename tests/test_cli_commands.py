@@ -5,7 +5,6 @@ never cuts a run id short, ``dev`` prints its export line whole, and ``release``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -16,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import NodeAgent, WorkerProcess, make_client
+from conftest import NodeAgent, Stack, gangflow_cli
 
 from engine.errors import GangflowError
-from engine.runtime import DevServer, free_port
+from engine.runtime import free_port
 
 FLOW = """
 from engine import task, workflow
@@ -48,14 +47,7 @@ async def hush(n: int = 1) -> int:
 
 
 def cli(address: str, *args: str, columns: int = 100, cwd: Path | None = None, **env: str):
-    return subprocess.run(
-        [sys.executable, "-m", "engine.cli", *args],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, GANGFLOW_ADDRESS=address, COLUMNS=str(columns), **env),
-        cwd=cwd,
-        timeout=120,
-    )
+    return gangflow_cli(*args, cwd=cwd, GANGFLOW_ADDRESS=address, COLUMNS=str(columns), **env)
 
 
 @pytest.fixture(scope="module")
@@ -142,32 +134,22 @@ def test_dev_prints_the_export_line_whole_in_a_narrow_terminal(tmp_path):
 def test_release_frees_a_gang_and_refuses_what_it_cannot(tmp_path):
     """A throwaway stack of its own (server, worker, one node agent): the Scheduler's state is shared
     by every gang on a server, and this test hands it requests by hand."""
-    with DevServer(tmp_path / "temporal", ui=False) as server:
-        address = server.address
-        worker = WorkerProcess(address, "gangflow", tmp_path / "worker").start()
-        node = None
-        try:
-            none_yet = cli(address, "release", "some-gang")
-            assert none_yet.returncode == 1 and "Traceback" not in none_yet.stderr
-            assert "no Scheduler is running here" in none_yet.stderr and len(none_yet.stderr.splitlines()) == 1
+    stack = Stack(tmp_path, "n", count=0)
+    try:
+        none_yet = cli(stack.server.address, "release", "some-gang")
+        assert none_yet.returncode == 1 and "Traceback" not in none_yet.stderr
+        assert "no Scheduler is running here" in none_yet.stderr and len(none_yet.stderr.splitlines()) == 1
 
-            node = NodeAgent(address, "n0", 2, tmp_path / "node")
-            asyncio.run(_release_scenario(server, str(tmp_path / "artifacts"), address))
-        finally:
-            if node is not None:
-                node.stop()
-            worker.stop()
+        stack.nodes["n0"] = NodeAgent(stack.server.address, "n0", 2, tmp_path / "nodes")
+        asyncio.run(_release_scenario(stack))
+    finally:
+        stack.close()
 
 
-async def _release_scenario(server: DevServer, artifacts: str, address: str) -> None:
-    client = await make_client(server, artifacts)
-    deadline = time.monotonic() + 60
-    while True:  # the node agent starts the Scheduler when it registers
-        with contextlib.suppress(Exception):
-            if (await client.queue())["totals"]["alive_nodes"] == 1:
-                break
-        assert time.monotonic() < deadline, "the node agent did not register"
-        await asyncio.sleep(0.2)
+async def _release_scenario(stack: Stack) -> None:
+    client = await stack.client()
+    await stack.wait_nodes()  # the node agent starts the Scheduler when it registers
+    address = stack.server.address
     scheduler = client.temporal.get_workflow_handle("gangflow-scheduler")
 
     async def gang(gang_id: str) -> Any:
@@ -178,14 +160,10 @@ async def _release_scenario(server: DevServer, artifacts: str, address: str) -> 
         return owner
 
     async def until(running: list[str], pending: list[str]) -> None:
-        deadline = time.monotonic() + 30
-        while True:
-            view = await client.queue()
-            ids = ([g["gang_id"] for g in view["running"]], [g["gang_id"] for g in view["pending"]])
-            if ids == (running, pending):
-                return
-            assert time.monotonic() < deadline, view
-            await asyncio.sleep(0.2)
+        def held(view: dict[str, Any]) -> tuple[list[str], list[str]]:
+            return [g["gang_id"] for g in view["running"]], [g["gang_id"] for g in view["pending"]]
+
+        await stack.wait_for(f"running {running}, pending {pending}", lambda v: held(v) == (running, pending), 30)
 
     def release(*args: str) -> subprocess.CompletedProcess[str]:
         return cli(address, "release", *args)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+from conftest import gangflow_cli
 
 FLOW = """
 from engine import task, workflow
@@ -31,14 +31,7 @@ def gangflow(server, worker, artifacts, tmp_path):
     env = dict(os.environ, GANGFLOW_ADDRESS=server.address, GANGFLOW_ARTIFACTS=artifacts, COLUMNS="100")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "engine.cli", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=120,
-        )
+        return gangflow_cli(*args, env=env, cwd=tmp_path)
 
     return cli
 

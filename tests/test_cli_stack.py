@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT, alive
+from conftest import ROOT, alive, gangflow_cli
 
 from engine.runtime import free_port
 
@@ -79,14 +79,7 @@ class DevStack:
         return kids
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "engine.cli", *args],
-            capture_output=True,
-            text=True,
-            env=self.env,
-            cwd=ROOT,
-            timeout=timeout,
-        )
+        return gangflow_cli(*args, env=self.env, timeout=timeout)
 
 
 def test_dev_stack_restart_keeps_detached_run_and_leaves_no_orphans(tmp_path):

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import replay_safe
-from conftest import WorkerProcess, failure_of, make_client, run
+from conftest import failure_of, make_client, run
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
 
@@ -177,86 +177,70 @@ def test_replay_safe_helpers_under_run_local():
 
 
 # -- heavy imports -------------------------------------------------------------------------------
-def _history_events(server: Any, artifacts: str, queue: str, run_id: str) -> list[Any]:
-    async def main() -> list[Any]:
-        client = await make_client(server, artifacts, queue)
-        return [e async for e in client.handle(run_id).fetch_history_events()]
+def _run_on_a_fresh_worker(
+    server: Any, spawn_worker: Any, artifacts: str, tmp_path: Path, source: str, target: str, inputs: dict[str, Any]
+) -> Any:
+    """Write ``source`` to a flow file, run its workflow ``target`` on a worker started for it (so the
+    module is first imported there, in its first workflow task) and return the result; no workflow task
+    may have failed and the worker may not have reported a deadlock."""
+    flow = tmp_path / f"{target}_flow.py"
+    flow.write_text(textwrap.dedent(source))
+    wf = load_workflow_file(f"{flow}:{target}")
+    fresh = spawn_worker(target.replace("_", "-"))
 
-    return run(main())
-
-
-def _run_on_fresh_worker(server: Any, artifacts: str, worker: WorkerProcess, wf: Any, inputs: dict[str, Any]) -> Any:
-    async def main() -> tuple[str, Any]:
-        client = await make_client(server, artifacts, worker.queue)
+    async def main() -> tuple[Any, list[Any]]:
+        client = await make_client(server, artifacts, fresh.queue)
         run_id = await client.start(wf, inputs)
-        return run_id, await asyncio.wait_for(client.result(run_id, wf), 120)
+        result = await asyncio.wait_for(client.result(run_id, wf), 120)
+        return result, [e async for e in client.handle(run_id).fetch_history_events()]
 
-    return run(main())
-
-
-def _assert_no_failed_workflow_task(events: list[Any], log: Path) -> None:
+    result, events = run(main())
     failed = [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
-    assert not failed, f"{failed[0].workflow_task_failed_event_attributes.failure.message}\n{log.read_text()[-3000:]}"
-    assert b"deadlock" not in log.read_bytes().lower()
+    log = fresh.log.read_text(errors="replace")
+    assert not failed, f"{failed[0].workflow_task_failed_event_attributes.failure.message}\n{log[-3000:]}"
+    assert "deadlock" not in log.lower()
+    return result
 
 
 def test_a_module_that_takes_3s_to_import_runs_on_a_fresh_worker(server, spawn_worker, artifacts, tmp_path):
-    flow = tmp_path / "slow_import_flow.py"
-    flow.write_text(
-        textwrap.dedent(
-            """
-            import time
+    source = """
+        import time
 
-            time.sleep(3)  # stands in for a heavy import (torch takes 1.2 s+, more under load)
+        time.sleep(3)  # stands in for a heavy import (torch takes 1.2 s+, more under load)
 
-            from engine import task, workflow
+        from engine import task, workflow
 
 
-            @task
-            def double(x: int) -> int:
-                return 2 * x
+        @task
+        def double(x: int) -> int:
+            return 2 * x
 
 
-            @workflow
-            async def slow_import(x: int = 2) -> int:
-                return await double(x=x)
-            """
-        )
-    )
-    wf = load_workflow_file(f"{flow}:slow_import")
-    fresh = spawn_worker("slow-import")
-    run_id, result = _run_on_fresh_worker(server, artifacts, fresh, wf, {"x": 21})
-    assert result == 42
-    _assert_no_failed_workflow_task(_history_events(server, artifacts, fresh.queue, run_id), fresh.log)
+        @workflow
+        async def slow_import(x: int = 2) -> int:
+            return await double(x=x)
+        """
+    assert _run_on_a_fresh_worker(server, spawn_worker, artifacts, tmp_path, source, "slow_import", {"x": 21}) == 42
 
 
 def test_a_flow_file_that_imports_torch_runs_on_a_fresh_worker(server, spawn_worker, artifacts, tmp_path):
     pytest.importorskip("torch")
-    flow = tmp_path / "torch_flow.py"
-    flow.write_text(
-        textwrap.dedent(
-            """
-            import torch
+    source = """
+        import torch
 
-            from engine import task, workflow
+        from engine import task, workflow
 
 
-            @task
-            def total(n: int) -> float:
-                return float(torch.arange(n, dtype=torch.float32).sum())
+        @task
+        def total(n: int) -> float:
+            return float(torch.arange(n, dtype=torch.float32).sum())
 
 
-            @workflow
-            async def torch_sum(n: int = 4) -> float:
-                return await total(n=n)
-            """
-        )
-    )
-    wf = load_workflow_file(f"{flow}:torch_sum")
-    fresh = spawn_worker("torch-import")
-    run_id, result = _run_on_fresh_worker(server, artifacts, fresh, wf, {"n": 5})
-    assert result == 10.0
-    _assert_no_failed_workflow_task(_history_events(server, artifacts, fresh.queue, run_id), fresh.log)
+        @workflow
+        async def torch_sum(n: int = 4) -> float:
+            return await total(n=n)
+        """
+    assert _run_on_a_fresh_worker(server, spawn_worker, artifacts, tmp_path, source, "torch_sum", {"n": 5}) == 10.0
 
 
 def test_now_is_timezone_aware_utc_outside_any_workflow():

@@ -5,25 +5,20 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import os
 import subprocess
-import sys
 import time
 from typing import Any
 
 import flows
 import pytest
-from conftest import ROOT, WorkerProcess, failure_of, make_client, run
+from conftest import WorkerProcess, failure_of, gangflow_cli, make_client, run
 from temporalio.client import WorkflowFailureError
 
 from engine.runtime import DevServer
 
 
 def _gangflow(*args: str, server: Any, artifacts: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, GANGFLOW_ADDRESS=server.address, GANGFLOW_ARTIFACTS=artifacts)
-    return subprocess.run(
-        [sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout
-    )
+    return gangflow_cli(*args, timeout=timeout, GANGFLOW_ADDRESS=server.address, GANGFLOW_ARTIFACTS=artifacts)
 
 
 def _everything() -> flows.Everything:

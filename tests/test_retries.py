@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import leaks
 from conftest import failure_of, make_client, run
@@ -32,27 +33,24 @@ def test_a_lost_worker_does_not_spend_the_tasks_retries(server, spawn_worker, ar
     assert run(main()) == 3
 
 
-def test_gang_honours_non_retryable(server, worker, cluster, artifacts, tmp_path: Path):
-    counter = tmp_path / "calls"
+def _failed_gang(server: Any, artifacts: str, flow: Any, counter: Path) -> str:
+    """Run a gang that must fail; returns the failure text."""
 
     async def main() -> str:
-        return await failure_of(
-            await make_client(server, artifacts), leaks.non_retryable_gang, {"counter": str(counter)}
-        )
+        return await failure_of(await make_client(server, artifacts), flow, {"counter": str(counter)})
 
-    error = run(main())
-    assert counter.read_text() == "x"  # attempts=4, but the body ran once
+    return str(run(main()))
+
+
+def test_gang_honours_non_retryable(server, worker, cluster, artifacts, tmp_path: Path):
+    error = _failed_gang(server, artifacts, leaks.non_retryable_gang, tmp_path / "calls")
+    assert (tmp_path / "calls").read_text() == "x"  # attempts=4, but the body ran once
     assert "NotWorthRetrying is not retried" in error and "the input can never work" in error
 
 
 def test_type_mismatch_in_a_ranks_result_is_never_retried(server, worker, cluster, artifacts, tmp_path: Path):
-    counter = tmp_path / "calls"
-
-    async def main() -> str:
-        return await failure_of(await make_client(server, artifacts), leaks.mismatched_gang, {"counter": str(counter)})
-
-    error = run(main())
-    assert counter.read_text() == "x"  # retries=3, yet the body ran once
+    error = _failed_gang(server, artifacts, leaks.mismatched_gang, tmp_path / "calls")
+    assert (tmp_path / "calls").read_text() == "x"  # retries=3, yet the body ran once
     assert "TypeMismatch" in error and "expected int" in error
 
 

@@ -42,6 +42,7 @@ from engine.scheduling import (
     Rejected,
     Tick,
     describe,
+    next_deadline,
     step,
 )
 
@@ -131,8 +132,11 @@ class Scheduler:
                 await workflow.wait_condition(lambda: bool(self.inbox or self.outbox or self.tick_due))
                 if self.tick_due:
                     self.tick_due = False
-                    self.inbox.append(Tick())
-                    if workflow.now().timestamp() - self.owners_checked >= OWNER_CHECK_EVERY.total_seconds():
+                    now = workflow.now().timestamp()
+                    deadline = next_deadline(self.state)
+                    if deadline is not None and deadline < now:  # else a Tick would change nothing
+                        self.inbox.append(Tick())
+                    if now - self.owners_checked >= OWNER_CHECK_EVERY.total_seconds():
                         await self._check_owners()
                 while self.outbox or self.inbox:
                     if self.outbox:

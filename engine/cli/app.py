@@ -1,4 +1,6 @@
-"""The ``gangflow`` command: dev, worker, node, run, status, list, cancel, logs, queue, release, demo.
+"""The ``gangflow`` command: its parser, the commands that talk to a running server (run, status, list,
+cancel, logs, queue, release, plugins) and ``main``; the ones that run the stack (dev, worker, node,
+codec-server, demo) are in ``serve``.
 
 Exit codes: 0 success, 1 a failed run (or an unreachable server, an unknown run or gang), 2 bad input
 (nothing was started).
@@ -12,16 +14,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
@@ -29,46 +24,28 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError
 
-from engine.client import Client, load_workflow_file, prepare_run, to_jsonable
-from engine.core.definitions import WorkflowDefinition
+from engine.client import Client, load_workflow_file, log_rank, prepare_run, to_jsonable
 from engine.core.plugins import available_plugins, load_plugin
-from engine.core.resources import parse_memory
-from engine.core.wire import Envelope
 from engine.errors import DefinitionError, GangflowError
-from engine.executor.gpus import detect_gpus
-from engine.executor.process import spawn, stop_processes
-from engine.executor.standby import default_warm_modules
-from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
-from engine.runtime.codec_server import CodecServer
+from engine.runtime import TASK_QUEUE
 from engine.runtime.history import read_tasks
-from engine.runtime.node import NodeConfig, run_node
 
+from .common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError, client_for, follow
 from .params import RunArgv, check_collisions, check_missing, parse_params, split_run_argv
 from .render import (
     console,
     err_console,
     print_json,
-    print_unwrapped,
     run_json,
+    show_failure,
     show_queue,
     show_release,
     show_runs,
     show_status,
 )
+from .serve import DEMO_NODES, cmd_codec_server, cmd_demo, cmd_dev, cmd_node, cmd_worker
 
 __all__ = ["build_parser", "main", "run_options"]
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-#: the demo stands in for a 2-server cluster with 2 GPUs each
-DEMO_NODES, DEMO_GPUS = 2, 2
-#: how long the node agents of `gangflow dev` / `demo` get to stop their own ranks (SIGTERM, 5 s, SIGKILL) and exit
-_NODE_STOP_GRACE_S = 15.0
-
-
-class CliError(Exception):
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def _connection_args(p: argparse.ArgumentParser) -> None:
@@ -205,40 +182,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _client(args: argparse.Namespace, artifacts: str | None = None) -> Client:
-    endpoint = Endpoint.resolve(args.address, args.namespace)
-    try:
-        return Client(await connect(endpoint), artifacts)
-    except RuntimeError as exc:
-        raise CliError(
-            f"cannot reach Temporal at {endpoint.address} ({exc}); start one with 'gangflow dev' "
-            "or pass --address / set GANGFLOW_ADDRESS"
-        ) from None
-
-
-async def _until_signalled() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-
-
-async def _follow(client: Client, run_id: str, quiet: bool) -> Any:
-    """Wait for the result, showing live progress; returns wire data or raises WorkflowFailureError."""
-    waiter = asyncio.ensure_future(client.wait(run_id))
-    if quiet:
-        return await waiter
-    with console.status(f"{run_id}: starting") as spinner:
-        while not waiter.done():
-            progress = await client.progress(run_id)
-            if progress:
-                running = ", ".join(progress["running"]) or "—"
-                spinner.update(f"{run_id}: running [bold]{running}[/] · {progress['done']} done")
-            await asyncio.wait({waiter}, timeout=0.5)
-    return waiter.result()
-
-
 async def cmd_run(args: argparse.Namespace, argv: RunArgv, options: dict[str, bool]) -> int:
     try:
         defn = load_workflow_file(args.target)
@@ -248,7 +191,7 @@ async def cmd_run(args: argparse.Namespace, argv: RunArgv, options: dict[str, bo
         defn, envelope = prepare_run(defn, inputs, artifacts=args.artifacts, run_id=args.run_id, tenant=args.tenant)
     except (GangflowError, DefinitionError) as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
-    client = await _client(args, envelope.run.artifacts)
+    client = await client_for(args, envelope.run.artifacts)
     client.task_queue = args.task_queue
     run_id = await client.start_prepared(defn, envelope)
     if args.detach:
@@ -258,14 +201,13 @@ async def cmd_run(args: argparse.Namespace, argv: RunArgv, options: dict[str, bo
             console.print(f"started [bold]{run_id}[/]; follow it with: gangflow status {run_id}")
         return EXIT_OK
     try:
-        data = await _follow(client, run_id, quiet=args.json)
+        data = await follow(client, run_id, quiet=args.json)
     except WorkflowFailureError:
         _, error = await read_tasks(client.handle(run_id))
         if args.json:
             print_json({"run_id": run_id, "status": "FAILED", "error": error})
         else:
-            err_console.print(f"[bold red]{run_id} failed[/]")
-            err_console.print(error or "", markup=False)
+            show_failure(run_id, error)
         return EXIT_FAILED
     if args.json:
         print_json({"run_id": run_id, "status": "COMPLETED", "result": to_jsonable(data)})
@@ -277,7 +219,7 @@ async def cmd_run(args: argparse.Namespace, argv: RunArgv, options: dict[str, bo
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
-    client = await _client(args)
+    client = await client_for(args)
     try:
         info = await client.status(args.run_id)
     except RPCError as exc:
@@ -290,7 +232,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
 
 
 async def cmd_list(args: argparse.Namespace) -> int:
-    client = await _client(args)
+    client = await client_for(args)
     try:
         runs = await client.runs(status=args.status, pipeline=args.pipeline, limit=args.limit)
     except GangflowError as exc:
@@ -303,7 +245,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
-    client = await _client(args)
+    client = await client_for(args)
     try:
         await client.cancel(args.run_id)
     except RPCError as exc:
@@ -313,7 +255,7 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 async def cmd_logs(args: argparse.Namespace) -> int:
-    client = await _client(args)
+    client = await client_for(args)
     try:
         files = await client.logs(args.run_id, args.task, args.rank)
     except RPCError as exc:
@@ -349,24 +291,17 @@ async def _why_no_output(client: Client, args: argparse.Namespace, empty_files: 
         return f"{what}: not started yet, so nothing was printed yet"
     if not empty_files and len(gangs) == len(chosen):
         # a rank's log file is created when the rank starts, however little it prints
-        ranks = {n for name, _ in await client.logs(args.run_id, args.task) if (n := _rank_of(name)) is not None}
-        if args.rank is not None and ranks:
-            raise CliError(f"{what} has no rank {args.rank}; its ranks: {', '.join(map(str, sorted(ranks)))}")
+        if args.rank is not None:  # (without --rank, every rank's log was looked for already)
+            ranks = {n for name, _ in await client.logs(args.run_id, args.task) if (n := log_rank(name)) is not None}
+            if ranks:
+                raise CliError(f"{what} has no rank {args.rank}; its ranks: {', '.join(map(str, sorted(ranks)))}")
         return f"{what}: no rank has started yet, so nothing was printed yet"
     who = f"rank {args.rank}" if args.rank is not None else ("it" if args.task else "its tasks")
     return f"{what}: {who} ran and printed nothing (no output on stdout or stderr)"
 
 
-def _rank_of(log_name: str) -> int | None:
-    """``train-1.rank3.attempt0.log`` → 3; a plain task's log has no rank."""
-    for part in log_name.split("."):
-        if part.startswith("rank") and part[4:].isdigit():
-            return int(part[4:])
-    return None
-
-
 async def cmd_release(args: argparse.Namespace) -> int:
-    client = await _client(args)
+    client = await client_for(args)
     try:
         freed = await client.release(args.gang_id, force=args.force)
     except GangflowError as exc:
@@ -375,87 +310,6 @@ async def cmd_release(args: argparse.Namespace) -> int:
         print_json(freed)
     else:
         show_release(freed)
-    return EXIT_OK
-
-
-async def _serve(endpoint: Endpoint, modules: Sequence[str] = (), task_queue: str = TASK_QUEUE) -> None:
-    temporal = await connect(endpoint, wait=30)
-    await ensure_search_attributes(temporal)
-    preload(modules)
-    async with build_worker(temporal, task_queue=task_queue):
-        await _until_signalled()
-
-
-async def cmd_worker(args: argparse.Namespace) -> int:
-    endpoint = Endpoint.resolve(args.address, args.namespace)
-    try:
-        await connect(endpoint, wait=30)
-    except RuntimeError as exc:
-        raise CliError(f"cannot reach Temporal at {endpoint.address}: {exc}") from None
-    console.print(f"gangflow worker on {endpoint.address} (namespace {endpoint.namespace}, queue {args.task_queue})")
-    await _serve(endpoint, args.load, args.task_queue)
-    return EXIT_OK
-
-
-def _host_address() -> str:
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
-def _total_memory() -> int | None:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    return None
-
-
-async def cmd_node(args: argparse.Namespace) -> int:
-    try:
-        config = NodeConfig(
-            node_id=args.node_id,
-            address=args.advertise_addr or _host_address(),
-            gpus=detect_gpus() if args.gpus is None else args.gpus,
-            cpus=float(args.cpus or os.cpu_count() or 1),
-            mem=parse_memory(args.mem) if args.mem else _total_memory(),
-            scheduler_queue=args.task_queue,
-        )
-        if args.standby is not None and args.standby < 0:
-            raise ValueError(f"--standby must be 0 or more, got {args.standby}")
-        standby = max(1, config.gpus) if args.standby is None else args.standby
-        warm = default_warm_modules() if args.warm is None else tuple(m for m in args.warm.split(",") if m)
-        config = dataclasses.replace(config, standby=standby, warm=warm)
-    except ValueError as exc:
-        raise CliError(str(exc), EXIT_BAD_INPUT) from None
-    endpoint = Endpoint.resolve(args.address, args.namespace)
-    try:
-        client = await connect(endpoint, wait=30)
-    except RuntimeError as exc:
-        raise CliError(f"cannot reach Temporal at {endpoint.address}: {exc}") from None
-    console.print(
-        f"gangflow node {config.node_id} on {endpoint.address}: {config.gpus} GPU(s), {config.cpus:g} CPU(s), "
-        f"reachable at {config.address}; queue node/{config.node_id}; {config.standby} standby rank process(es)"
-        + (f" with {', '.join(config.warm)} imported" if config.standby and config.warm else "")
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await run_node(client, config, stop)
-    return EXIT_OK
-
-
-async def cmd_codec_server(args: argparse.Namespace) -> int:
-    codec = CodecServer(args.host, args.port).start()
-    console.print(
-        f"codec endpoint on {codec.url}: set it as the Temporal UI's codec endpoint (TEMPORAL_CODEC_ENDPOINT)"
-    )
-    try:
-        await _until_signalled()
-    finally:
-        codec.stop()
     return EXIT_OK
 
 
@@ -473,7 +327,7 @@ async def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 async def cmd_queue(args: argparse.Namespace) -> int:
-    client = await _client(args)
+    client = await client_for(args)
     try:
         data = await client.queue()
     except (RPCError, TemporalError) as exc:
@@ -482,115 +336,6 @@ async def cmd_queue(args: argparse.Namespace) -> int:
         print_json(data)
     else:
         show_queue(data)
-    return EXIT_OK
-
-
-def _spawn_nodes(address: str, count: int, gpus: int, state: Path) -> list[subprocess.Popen[bytes]]:
-    """Node agents beside the dev worker, each a real ``gangflow node`` process standing in for a server."""
-    node = [sys.executable, "-m", "engine.cli", "node", "--gpus", str(gpus), "--address", address]
-    return [
-        spawn([*node, "--node-id", f"node-{i}", "--advertise-addr", "127.0.0.1"], log=state / f"node-{i}.log")
-        for i in range(count)
-    ]
-
-
-async def cmd_dev(args: argparse.Namespace) -> int:
-    state = Path(args.state_dir).resolve()
-    codec = CodecServer().start()
-    server = DevServer(state, port=args.port, ui_port=args.ui_port, ui=not args.headless, codec_endpoint=codec.url)
-    try:
-        server.start()
-    except (OSError, RuntimeError, TimeoutError) as exc:
-        codec.stop()
-        raise CliError(str(exc)) from None
-    try:
-        console.print(
-            f"[bold]gangflow dev[/]: Temporal on {server.address}"
-            + ("" if args.headless else f", Web UI {server.ui_url}")
-        )
-        print_unwrapped(f"state in {state}; in another shell:")
-        # one line however narrow the terminal: a wrapped second line would be pasted as a separate command
-        print_unwrapped(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
-        console.print("  gangflow run examples/quickstart.py:pipeline")
-        nodes = _spawn_nodes(server.address, args.nodes, args.gpus_per_node, state)
-        if nodes:
-            console.print(
-                f"{len(nodes)} node agent(s) with {args.gpus_per_node} GPU slot(s) each; see 'gangflow queue'"
-            )
-        try:
-            await _serve(Endpoint.resolve(server.address, "default"))
-        finally:
-            stop_processes(nodes, _NODE_STOP_GRACE_S)
-    finally:
-        server.stop()
-        codec.stop()
-    return EXIT_OK
-
-
-def _default_demo_file() -> str:
-    here = Path.cwd() / "examples" / "ddp_pipeline.py"
-    repo = Path(__file__).resolve().parents[2] / "examples" / "ddp_pipeline.py"
-    return f"{here if here.exists() else repo}:pipeline"
-
-
-async def _wait_for_nodes(client: Client, count: int, timeout: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        with contextlib.suppress(RPCError, TemporalError):
-            if (await client.queue())["totals"]["alive_nodes"] >= count:
-                return
-        if asyncio.get_running_loop().time() > deadline:
-            raise CliError(f"{count} node agent(s) did not register within {timeout:.0f} s")
-        await asyncio.sleep(0.2)
-
-
-async def cmd_demo(args: argparse.Namespace) -> int:
-    target = args.file or _default_demo_file()
-    state = Path(tempfile.mkdtemp(prefix="gangflow-demo-"))
-    try:
-        defn = load_workflow_file(target)
-        defn, envelope = prepare_run(defn, {}, artifacts=str(state / "artifacts"))
-    except GangflowError as exc:
-        raise CliError(str(exc), EXIT_BAD_INPUT) from None
-    codec = CodecServer().start()
-    server = DevServer(state, ui=not args.headless, codec_endpoint=codec.url).start()
-    nodes = _spawn_nodes(server.address, args.nodes, DEMO_GPUS, state)
-    try:
-        temporal = await connect(Endpoint.resolve(server.address, "default"))
-        client = Client(temporal, envelope.run.artifacts)
-        async with build_worker(temporal):
-            console.print(
-                f"[bold]gangflow demo[/]: Temporal on {server.address}, {args.nodes} node agent(s) × {DEMO_GPUS} "
-                f"GPU slot(s), state in {state}"
-            )
-            if args.nodes:
-                await _wait_for_nodes(client, args.nodes)
-            return await _demo_run(args, client, server, defn, envelope)
-    finally:
-        stop_processes(nodes, _NODE_STOP_GRACE_S)
-        server.stop()
-        codec.stop()
-        shutil.rmtree(state, ignore_errors=True)
-
-
-async def _demo_run(
-    args: argparse.Namespace, client: Client, server: DevServer, defn: WorkflowDefinition, envelope: Envelope
-) -> int:
-    run_id = await client.start_prepared(defn, envelope)
-    if not args.headless:
-        console.print(f"watch it: {server.ui_url}/namespaces/default/workflows/{run_id}")
-    try:
-        data = await _follow(client, run_id, quiet=False)
-    except WorkflowFailureError:
-        _, error = await read_tasks(client.handle(run_id))
-        err_console.print(f"[bold red]{run_id} failed[/]")
-        err_console.print(error or "", markup=False)
-        return EXIT_FAILED
-    show_status(await client.status(run_id), result=False)
-    console.print(defn.interface.output_from_wire(data))
-    if args.keep:
-        console.print(f"stack left up: GANGFLOW_ADDRESS={server.address}; Ctrl-C to stop")
-        await _until_signalled()
     return EXIT_OK
 
 

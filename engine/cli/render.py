@@ -18,6 +18,7 @@ __all__ = [
     "print_json",
     "print_unwrapped",
     "run_json",
+    "show_failure",
     "show_queue",
     "show_release",
     "show_runs",
@@ -107,6 +108,12 @@ def show_status(info: RunInfo, *, result: bool = True) -> None:
     if info.error:
         console.print("[bold red]error:[/]")
         console.print(info.error, markup=False)
+
+
+def show_failure(run_id: str, error: str | None) -> None:
+    """A failed run, on stderr: its id, then the failing task's error as it was raised."""
+    err_console.print(f"[bold red]{escape(run_id)} failed[/]")
+    err_console.print(error or "", markup=False)
 
 
 def show_runs(runs: list[RunInfo]) -> None:

@@ -10,37 +10,41 @@ real clock and the standard library. Task bodies are not replayed and may use an
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random as stdlib_random
 import uuid as stdlib_uuid
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
-from engine.core.dispatch import current_dispatcher
+from engine.core.dispatch import Dispatcher, RealClock, current_dispatcher
 from engine.errors import InputError
 
 __all__ = ["now", "random", "sleep", "uuid4"]
+
+_REAL_CLOCK = RealClock()
+
+
+def _clock() -> Dispatcher | RealClock:
+    """The current dispatcher, or the real clock outside any (plain Python, a task body)."""
+    dispatcher = current_dispatcher()
+    return dispatcher if dispatcher is not None else _REAL_CLOCK
 
 
 def now() -> datetime:
     """The current time as a timezone-aware UTC datetime (in a workflow: the time of the workflow task
     being processed, the same on every replay)."""
-    dispatcher = current_dispatcher()
-    return dispatcher.now() if dispatcher is not None else datetime.now(UTC)
+    return _clock().now()
 
 
 def random() -> stdlib_random.Random:
     """A ``random.Random``: in a workflow, one seeded per run so it yields the same numbers on replay
     (keep it, or call ``engine.random()`` again: it is the same generator); elsewhere the standard
     library's own generator (what ``random.random()`` uses)."""
-    dispatcher = current_dispatcher()
-    return dispatcher.random() if dispatcher is not None else stdlib_random._inst
+    return _clock().random()
 
 
 def uuid4() -> stdlib_uuid.UUID:
     """A random UUID (version 4), the same on every replay when called in a workflow."""
-    dispatcher = current_dispatcher()
-    return dispatcher.uuid4() if dispatcher is not None else stdlib_uuid.uuid4()
+    return _clock().uuid4()
 
 
 def _seconds(duration: object) -> float:
@@ -58,9 +62,4 @@ def _seconds(duration: object) -> float:
 async def sleep(duration: float | timedelta) -> None:
     """Wait ``duration`` (seconds or a timedelta). In a workflow this is a durable timer: the run may
     sleep for days, through worker restarts, and costs nothing while it waits."""
-    seconds = _seconds(duration)
-    dispatcher = current_dispatcher()
-    if dispatcher is not None:
-        await dispatcher.sleep(seconds)
-    else:
-        await asyncio.sleep(seconds)
+    await _clock().sleep(_seconds(duration))

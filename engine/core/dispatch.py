@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from engine.core.definitions import TaskDefinition, WorkflowDefinition
 
-__all__ = ["DirectDispatcher", "Dispatcher", "current_dispatcher", "using_dispatcher"]
+__all__ = ["DirectDispatcher", "Dispatcher", "RealClock", "current_dispatcher", "using_dispatcher"]
 
 
 class Dispatcher(Protocol):
@@ -65,20 +65,10 @@ def using_dispatcher(dispatcher: Dispatcher | None) -> Iterator[None]:
         _current.reset(token)
 
 
-class DirectDispatcher:
-    """Runs task bodies in-process with no encoding: what ``await my_workflow(...)`` does in plain Python."""
+class RealClock:
+    """``now`` / ``random`` / ``uuid4`` / ``sleep`` from the real clock and the random module's own
+    generator: what a run that is never replayed uses (plain Python, ``run_local``)."""
 
-    async def run_task(self, task: TaskDefinition, inputs: dict[str, Any]) -> Any:
-        with using_dispatcher(None):  # a task body calling another task runs it directly
-            result = task.fn(**inputs)
-            if inspect.isawaitable(result):
-                result = await result
-        return result
-
-    async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any:
-        return await wf.fn(**inputs)
-
-    # Plain Python: the real clock and the random module's own generator, as outside any workflow.
     def now(self) -> datetime:
         return datetime.now(UTC)
 
@@ -90,3 +80,17 @@ class DirectDispatcher:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+
+class DirectDispatcher(RealClock):
+    """Runs task bodies in-process with no encoding: what ``await my_workflow(...)`` does in plain Python."""
+
+    async def run_task(self, task: TaskDefinition, inputs: dict[str, Any]) -> Any:
+        with using_dispatcher(None):  # a task body calling another task runs it directly
+            result = task.fn(**inputs)
+            if inspect.isawaitable(result):
+                result = await result
+        return result
+
+    async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any:
+        return await wf.fn(**inputs)

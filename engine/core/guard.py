@@ -45,6 +45,7 @@ import _random
 import _socket
 import contextvars
 import datetime
+import functools
 import os
 import random
 import socket
@@ -189,7 +190,9 @@ def unguarded() -> Iterator[None]:
 
 
 # -- who is calling -------------------------------------------------------------------------------
+@functools.cache
 def _library_roots() -> tuple[str, ...]:
+    # on first use, not at import: ``import engine`` should not pay for sysconfig
     roots = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
     roots |= {sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})["stdlib"]}
     here = Path(__file__).resolve().parents[2]  # gangflow's own packages
@@ -197,45 +200,30 @@ def _library_roots() -> tuple[str, ...]:
     return tuple(sorted({os.path.join(os.path.realpath(r), "") for r in roots}))
 
 
-_roots: tuple[str, ...] | None = None
-_library_files: dict[str, bool] = {}
-_roots_lock = threading.Lock()
-
-
+@functools.cache
 def _is_library_file(filename: str) -> bool:
-    global _roots
-    known = _library_files.get(filename)
-    if known is not None:
-        return known
     if filename.startswith("<"):
-        answer = filename.startswith("<frozen ")  # importlib's bootstrap; other <...> is exec'd user code
-    else:
-        with _roots_lock:
-            if _roots is None:
-                _roots = _library_roots()
-        answer = os.path.realpath(filename).startswith(_roots)
-    _library_files[filename] = answer
-    return answer
+        return filename.startswith("<frozen ")  # importlib's bootstrap; other <...> is exec'd user code
+    return os.path.realpath(filename).startswith(_library_roots())
 
 
-def _module(frame: FrameType) -> str:
+def _package(frame: FrameType) -> str:
+    """The top-level package of the module the frame's code belongs to."""
     name = frame.f_globals.get("__name__")
-    return name if isinstance(name, str) else ""
+    return name.partition(".")[0] if isinstance(name, str) else ""
 
 
 def _is_user(frame: FrameType, scope: GuardScope) -> bool:
     # The module's own file, not the code's: a dataclass __init__ generated with exec() belongs to
     # the module that declared the dataclass.
     filename = frame.f_globals.get("__file__") or frame.f_code.co_filename
-    if not _is_library_file(str(filename)):
-        return True
-    return _module(frame).partition(".")[0] in scope.user_packages
+    return not _is_library_file(str(filename)) or _package(frame) in scope.user_packages
 
 
 def _name_of(frame: FrameType) -> str:
     """How the user spelled the call that entered an implementation module: ``random.randint``, not
     ``random.Random.randint`` (the module functions are methods of a hidden instance)."""
-    module, code = _module(frame), frame.f_code
+    module, code = frame.f_globals.get("__name__"), frame.f_code
     if module == "random" and frame.f_locals.get("self") is random._inst:
         return f"random.{code.co_name}()"
     return f"{module}.{code.co_qualname}()"
@@ -247,13 +235,13 @@ def _violation(frame: FrameType | None, call: tuple[str, str]) -> None:
         return
     name, advice = call
     entry: FrameType | None = None
-    while frame is not None and _module(frame).partition(".")[0] in _IMPLEMENTATION:
+    while frame is not None and _package(frame) in _IMPLEMENTATION:
         entry, frame = frame, frame.f_back
     if frame is None or not _is_user(frame, scope):
         return
     if entry is not None:
         name = _name_of(entry)
-        advice = _IMPLEMENTATION[_module(entry).partition(".")[0]]
+        advice = _IMPLEMENTATION[_package(entry)]
     error = NonDeterministicCall(f"{name} inside workflow {scope.workflow!r} is not replayable; {advice}")
     if scope.violation is None:
         scope.violation = error

@@ -56,8 +56,7 @@ def spawn(
     thread's process dies (see :func:`set_parent_death_signal`); None for none. ``pipe_input`` gives it a
     stdin the caller writes to (``proc.stdin``) instead of a closed one.
     """
-    death = parent_death
-    preexec = None if death is None else lambda: set_parent_death_signal(death)
+    preexec = None if parent_death is None else lambda: set_parent_death_signal(parent_death)
     handle = None
     if log is not None:
         Path(log).parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from engine.scheduling.model import Allocation, ClusterState, Frozen, GangRequest, NodeSpec, NodeState
 
-__all__ = ["NodeUsage", "millicores", "usage"]
+__all__ = ["NodeUsage", "fits_idle_cluster", "millicores", "usage"]
 
 MILLI = 1000
 
@@ -133,6 +133,13 @@ def fits_idle(spec: NodeSpec, request: GangRequest) -> bool:
     if spec.gpus < request.gpus_per_node or millicores(spec.cpus) < millicores(request.cpus_per_node):
         return False
     return request.mem_per_node is None or spec.mem is None or spec.mem >= request.mem_per_node
+
+
+def fits_idle_cluster(request: GangRequest, nodes: Mapping[str, NodeState], *, count_lost: bool = False) -> bool:
+    """Whether ``nnodes`` alive nodes (with ``count_lost``: registered nodes) could each hold one node's
+    share of the request with nothing running on them."""
+    big = sum(1 for node in nodes.values() if (node.alive or count_lost) and fits_idle(node.spec, request))
+    return big >= request.nnodes
 
 
 def usage(state: ClusterState) -> dict[str, NodeUsage]:

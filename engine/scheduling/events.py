@@ -64,7 +64,7 @@ class GangReleased(Frozen):
 
 class Tick(Frozen):
     """Time passed: nothing happened but a deadline (a node's registration, a gang's wait for lost nodes)
-    may have expired. The Scheduler sends it when it wakes up for the next deadline."""
+    may have expired. The Scheduler sends it when its ticker finds ``next_deadline`` passed."""
 
     kind: Literal["tick"] = "tick"
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from engine.scheduling.capacity import Ledger
+from engine.scheduling.capacity import Ledger, fits_idle_cluster
 from engine.scheduling.events import (
     Admitted,
     Decision,
@@ -99,11 +99,14 @@ def step(state: ClusterState, event: Event, now: float | None = None) -> tuple[C
     if now is not None:
         _expire_silent_nodes(nodes, state.node_ttl_s, now)
 
+    # gangs that only lost nodes could hold: they wait for them without holding the queue (nodes do not
+    # change below, so this is decided once per step)
+    lost_waiters = {q.request.gang_id for q in queue if not fits_idle_cluster(q.request, nodes)}
     ledger = Ledger(running)
     admitted: set[str] = set()
     for queued in queue:
-        if never_fits_reason(queued.request, nodes) is not None:
-            continue  # it waits for lost nodes: holding the queue for them could block everyone for good
+        if queued.request.gang_id in lost_waiters:
+            continue  # holding the queue for lost nodes could block everyone for good
         placement = _place(queued.request, nodes, ledger)
         if placement is None:
             break  # strict FIFO: nothing overtakes a head that does not fit (see the module docstring)
@@ -115,23 +118,21 @@ def step(state: ClusterState, event: Event, now: float | None = None) -> tuple[C
 
     waiting: list[QueuedGang] = []
     for queued in queue:
-        if queued.request.gang_id in admitted:
+        gang_id = queued.request.gang_id
+        if gang_id in admitted:
             continue
-        if never_fits_reason(queued.request, nodes) is None:
-            waiting.append(queued.model_copy(update={"lost_wait_since": None}) if queued.lost_wait_since else queued)
-            continue
-        since = queued.lost_wait_since if queued.lost_wait_since is not None else now
-        if since is not None and now is not None and now - since >= queued.request.lost_node_wait_s:
-            decisions.append(
-                Rejected(gang_id=queued.request.gang_id, reason=lost_wait_expired_reason(queued.request, nodes))
-            )
-            continue
+        since = None
+        if gang_id in lost_waiters:
+            since = queued.lost_wait_since if queued.lost_wait_since is not None else now
+            if since is not None and now is not None and now - since >= queued.request.lost_node_wait_s:
+                decisions.append(Rejected(gang_id=gang_id, reason=lost_wait_expired_reason(queued.request, nodes)))
+                continue
         waiting.append(
-            queued.model_copy(update={"lost_wait_since": since}) if since != queued.lost_wait_since else queued
+            queued if since == queued.lost_wait_since else queued.model_copy(update={"lost_wait_since": since})
         )
 
     still: list[QueuedGang] = []
-    reasons = _pending_reasons([q.request for q in waiting], nodes, ledger)
+    reasons = _pending_reasons([q.request for q in waiting], nodes, ledger, lost_waiters)
     for queued, reason in zip(waiting, reasons, strict=True):
         if reason != queued.reason:
             decisions.append(Pending(gang_id=queued.request.gang_id, reason=reason))
@@ -165,16 +166,19 @@ def place(state: ClusterState, request: GangRequest) -> Placement | None:
 def pending_reasons(state: ClusterState) -> dict[str, str]:
     """Why each queued gang waits, in queue order (what ``step`` last sent as ``Pending``)."""
     requests = [q.request for q in state.queue]
-    reasons = _pending_reasons(requests, state.nodes, Ledger(state.running))
+    lost_waiters = {r.gang_id for r in requests if not fits_idle_cluster(r, state.nodes)}
+    reasons = _pending_reasons(requests, state.nodes, Ledger(state.running), lost_waiters)
     return {request.gang_id: reason for request, reason in zip(requests, reasons, strict=True)}
 
 
-def _pending_reasons(requests: list[GangRequest], nodes: Mapping[str, NodeState], ledger: Ledger) -> list[str]:
+def _pending_reasons(
+    requests: list[GangRequest], nodes: Mapping[str, NodeState], ledger: Ledger, lost_waiters: set[str]
+) -> list[str]:
     reasons = []
     head: GangRequest | None = None
     ahead = 0
     for request in requests:
-        if never_fits_reason(request, nodes) is not None:
+        if request.gang_id in lost_waiters:
             reasons.append(lost_wait_reason(request, nodes))
         elif head is None:
             head = request

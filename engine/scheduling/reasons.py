@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from engine.scheduling.capacity import MILLI, Ledger, fits_idle, millicores
+from engine.scheduling.capacity import MILLI, Ledger, fits_idle, fits_idle_cluster, millicores
 from engine.scheduling.model import GangRequest, NodeSpec, NodeState
 
 __all__ = [
@@ -97,7 +97,7 @@ def _big_enough(request: GangRequest, nodes: Mapping[str, NodeState], *, count_l
 def never_fits_reason(request: GangRequest, nodes: Mapping[str, NodeState], count_lost: bool = False) -> str | None:
     """Why the request cannot fit the alive cluster (with ``count_lost``: every registered node) even with
     nothing running, or None if it could."""
-    if len(_big_enough(request, nodes, count_lost=count_lost)) >= request.nnodes:
+    if fits_idle_cluster(request, nodes, count_lost=count_lost):
         return None
     counted = [node.spec for _, node in sorted(nodes.items()) if node.alive or count_lost]
     big = len(_big_enough(request, nodes, count_lost=count_lost))

@@ -149,7 +149,6 @@ def main(args: Any) -> None:
     import json
     import re
     import shutil
-    import signal
     import statistics
     import subprocess
     import sys
@@ -158,20 +157,14 @@ def main(args: Any) -> None:
     from dataclasses import dataclass, field
     from pathlib import Path
 
-    from benchenv import LoadSampler, environment
+    from benchenv import LoadSampler, emit, environment, log, render
 
     from engine.client import Client
+    from engine.executor.process import spawn, stop_processes
     from engine.runtime import DevServer, Endpoint, connect
 
-    err = sys.__stderr__ or sys.stderr
-
-    def log(msg: str) -> None:
-        print(msg, file=err, flush=True)
-
     if args.render:
-        from benchenv import read_result
-
-        print("\n".join(markdown(read_result(args.render, "launch"))), flush=True)
+        render(args.render, "launch", markdown)
         return
 
     if args.steps != STEPS:
@@ -211,16 +204,7 @@ def main(args: Any) -> None:
                 GANGFLOW_CACHE=str(home / "cache"),
                 TMPDIR=str(home),
             )
-            with open(logfile, "ab") as out:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "engine.cli", *argv],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    cwd=home,
-                    start_new_session=True,
-                )
+            proc = spawn([sys.executable, "-m", "engine.cli", *argv], log=logfile, env=env, cwd=home, new_session=True)
             self.procs.append((name, proc, logfile))
 
         def check_alive(self) -> None:
@@ -229,15 +213,7 @@ def main(args: Any) -> None:
                     raise RuntimeError(f"{name} exited with {proc.returncode}:\n{logfile.read_text(errors='replace')}")
 
         def stop(self) -> None:
-            for _name, proc, _log in reversed(self.procs):
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
-            for _name, proc, _log in reversed(self.procs):
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            stop_processes([proc for _name, proc, _log in reversed(self.procs)], 30, group=True)
             self.server.stop()
 
     async def start_stack(home: Path) -> Stack:
@@ -480,14 +456,9 @@ def main(args: Any) -> None:
         phases={k: med_dict([s["phases"] for s in samples["warm"][k]]) for k in LAUNCHERS},
         gangflow_history=med_dict([s["history"] for s in samples["warm"]["gangflow"] if "history" in s]),
         environment=environment(),
-        load={k: round(v, 2) for k, v in load.summary().items()},
+        load=load.summary(),
     )
-    log("")
-    log("\n".join(markdown(result) if args.markdown else table(result)))
-    print(json.dumps(result), flush=True)
-    sys.stdout.flush()
-    # A process that used the temporalio client may abort at interpreter exit (code 134).
-    os._exit(0)
+    emit(result, markdown(result) if args.markdown else table(result))
 
 
 if __name__ == "__main__":

@@ -46,24 +46,26 @@ async def baseline_noop(i: int) -> int:
     return i
 
 
+async def _chain(n: int, execute: Any) -> int:
+    """``n`` no-op activities one after another, run by ``execute`` (as activities or local activities)."""
+    total = 0
+    for i in range(n):
+        total += await execute(baseline_noop, i, start_to_close_timeout=_TIMEOUT)
+    return total
+
+
 @tw.defn(name="BaselineChain")
 class BaselineChain:
     @tw.run
     async def run(self, n: int) -> int:
-        total = 0
-        for i in range(n):
-            total += await tw.execute_activity(baseline_noop, i, start_to_close_timeout=_TIMEOUT)
-        return total
+        return await _chain(n, tw.execute_activity)
 
 
 @tw.defn(name="BaselineChainLocal")
 class BaselineChainLocal:
     @tw.run
     async def run(self, n: int) -> int:
-        total = 0
-        for i in range(n):
-            total += await tw.execute_local_activity(baseline_noop, i, start_to_close_timeout=_TIMEOUT)
-        return total
+        return await _chain(n, tw.execute_local_activity)
 
 
 @tw.defn(name="BaselineFanout")
@@ -211,16 +213,14 @@ def table(result: dict[str, Any]) -> list[str]:
 
 def main(args: Any) -> None:
     import contextlib
-    import json
     import os
     import shutil
     import statistics
-    import sys
     import tempfile
     import time
     import uuid
 
-    from benchenv import LoadSampler, environment
+    from benchenv import LoadSampler, emit, environment, log, render
     from temporalio.client import Client as TemporalClient
     from temporalio.worker import UnsandboxedWorkflowRunner, Worker
     from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
@@ -229,15 +229,8 @@ def main(args: Any) -> None:
     from engine.runtime import DevServer, Endpoint, build_worker, connect
     from workflows.shell import UserWorkflow
 
-    err = sys.__stderr__ or sys.stderr
-
-    def log(msg: str) -> None:
-        print(msg, file=err, flush=True)
-
     if args.render:
-        from benchenv import read_result
-
-        print("\n".join(markdown(read_result(args.render, "orchestration"))), flush=True)
+        render(args.render, "orchestration", markdown)
         return
 
     reps = 1 if args.quick else args.reps
@@ -388,14 +381,9 @@ def main(args: Any) -> None:
             "worker_settings": knobs,
         },
         "environment": environment(),
-        "load": {k: round(v, 2) for k, v in load.summary().items()},
+        "load": load.summary(),
     }
-    log("")
-    log("\n".join(markdown(result) if args.markdown else table(result)))
-    print(json.dumps(result), flush=True)
-    sys.stdout.flush()
-    # A process that used the temporalio client / worker may abort at interpreter exit (code 134).
-    os._exit(0)
+    emit(result, markdown(result) if args.markdown else table(result))
 
 
 async def profile_history(client, workflow_id: str, label: str, log) -> None:  # type: ignore[no-untyped-def]

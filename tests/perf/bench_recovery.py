@@ -48,6 +48,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from benchenv import log  # beside this script (on sys.path when it runs)
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 TASK_CALL = "train-1"  # the GangRun id is "<run id>.train-1"
@@ -58,10 +60,6 @@ PING = "gangflow.ping"  # GangRun's probe of a node when a peer failed
 GOAL_RESUME_S = 5.0  # kill → first report of the next attempt, with default settings
 GOAL_RESUME_SLACK_S = 5.0  # resume ≤ detection + this
 RUN_TIMEOUT_S = 600.0
-
-
-def log(msg: str = "") -> None:
-    print(msg, file=sys.__stderr__ or sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -630,7 +628,7 @@ _PHASES = ["proc", "engine_and_bundle_imports", "torch_import", "init_process_gr
 def reference_costs(checkpoint_dir: str) -> dict[str, Any]:
     """Two ranks started together by hand (what attempt 1 does), each timing the stretches of its way from
     process start to the first report: per stretch, the slower rank's seconds."""
-    from engine.runtime.devserver import free_port
+    from engine.executor.ports import free_port
 
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", GANGFLOW_CHECKPOINT_DIR=checkpoint_dir)

@@ -13,13 +13,31 @@ bundles that workers import.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
+import sys
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
-__all__ = ["LoadSampler", "caption", "cpu_model", "environment", "markdown_table", "read_result"]
+__all__ = [
+    "LoadSampler",
+    "caption",
+    "cpu_model",
+    "emit",
+    "environment",
+    "log",
+    "markdown_table",
+    "read_result",
+    "render",
+]
+
+
+def log(msg: str = "") -> None:
+    """Progress for the person watching: to the real stderr (a worker in the process reroutes sys.stderr),
+    so that stdout holds the JSON line alone."""
+    print(msg, file=sys.__stderr__ or sys.stderr, flush=True)
 
 
 def cpu_model() -> str:
@@ -73,7 +91,7 @@ class LoadSampler:
         self.samples.append(os.getloadavg()[0])
 
     def summary(self) -> dict[str, float]:
-        values = self.samples or [os.getloadavg()[0]]
+        values = [round(v, 2) for v in self.samples or [os.getloadavg()[0]]]
         return {"start": values[0], "min": min(values), "max": max(values), "end": values[-1]}
 
 
@@ -97,8 +115,6 @@ def caption(command: str, result: dict[str, Any]) -> str:
 
 def read_result(path: str | os.PathLike[str], benchmark: str) -> dict[str, Any]:
     """The last JSON line of a file that ``benchmark``'s stdout went to."""
-    import json
-
     try:
         with open(path) as handle:
             lines = [line for line in handle.read().splitlines() if line.strip().startswith("{")]
@@ -114,3 +130,17 @@ def read_result(path: str | os.PathLike[str], benchmark: str) -> dict[str, Any]:
         found = result.get("benchmark") if isinstance(result, dict) else type(result).__name__
         raise SystemExit(f"{path}: not a result of bench_{benchmark}.py (benchmark: {found!r})")
     return result
+
+
+def render(path: str | os.PathLike[str], benchmark: str, markdown: Callable[[dict[str, Any]], list[str]]) -> None:
+    """``--render``: print the README's rows of a saved JSON line of ``benchmark``."""
+    print("\n".join(markdown(read_result(path, benchmark))), flush=True)
+
+
+def emit(result: dict[str, Any], lines: Sequence[str]) -> NoReturn:
+    """Log a benchmark's table, print its JSON line on stdout, and exit at once: a process that used the
+    temporalio client or worker may abort at interpreter exit (code 134)."""
+    log()
+    log("\n".join(lines))
+    print(json.dumps(result), flush=True)
+    os._exit(0)

@@ -21,16 +21,20 @@ README = HERE.parents[1] / "README.md"
 BENCHMARKS = ["orchestration", "launch"]
 
 
-def render(benchmark: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python tests/perf/bench_<benchmark>.py --render ...`` as a user runs it, from the repository root."""
+def bench(benchmark: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python tests/perf/bench_<benchmark>.py ...`` as a user runs it, from the repository root."""
     return subprocess.run(
-        [sys.executable, str(HERE / f"bench_{benchmark}.py"), "--render", *args],
+        [sys.executable, str(HERE / f"bench_{benchmark}.py"), *args],
         cwd=HERE.parents[1],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
+
+
+def render(benchmark: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return bench(benchmark, "--render", *args)
 
 
 @pytest.mark.parametrize("benchmark", BENCHMARKS)
@@ -92,25 +96,13 @@ def test_render_of_another_benchmarks_result_names_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("benchmark", BENCHMARKS)
 def test_zero_reps_are_refused_before_anything_starts(benchmark: str) -> None:
-    done = subprocess.run(
-        [sys.executable, str(HERE / f"bench_{benchmark}.py"), "--reps", "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = bench(benchmark, "--reps", "0")
     assert done.returncode == 2
     assert "--reps must be at least 1, got 0" in done.stderr
 
 
 def test_abbreviated_flags_are_not_guessed() -> None:
-    done = subprocess.run(
-        [sys.executable, str(HERE / "bench_launch.py"), "--cold", "2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = bench("launch", "--cold", "2")
     assert done.returncode == 2 and "unrecognized arguments: --cold" in done.stderr
 
 

@@ -1,0 +1,236 @@
+"""The commands that run a part of the stack until stopped (``worker``, ``node``, ``codec-server``) or
+all of it on this machine (``dev``, and ``demo``, which also runs a pipeline on its throwaway stack)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from temporalio.client import Client as TemporalClient
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import TemporalError
+from temporalio.service import RPCError
+
+from engine.client import Client, load_workflow_file, prepare_run
+from engine.core.definitions import WorkflowDefinition
+from engine.core.resources import parse_memory
+from engine.core.wire import Envelope
+from engine.errors import GangflowError
+from engine.executor.gpus import detect_gpus
+from engine.executor.process import spawn, stop_processes
+from engine.executor.standby import default_warm_modules
+from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
+from engine.runtime.codec_server import CodecServer
+from engine.runtime.history import read_tasks
+from engine.runtime.node import NodeConfig, run_node
+
+from .common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError, follow, stop_event, until_signalled
+from .render import console, print_unwrapped, show_failure, show_status
+
+__all__ = ["DEMO_GPUS", "DEMO_NODES", "cmd_codec_server", "cmd_demo", "cmd_dev", "cmd_node", "cmd_worker"]
+
+#: the demo stands in for a 2-server cluster with 2 GPUs each
+DEMO_NODES, DEMO_GPUS = 2, 2
+#: how long the node agents of `gangflow dev` / `demo` get to stop their own ranks (SIGTERM, 5 s, SIGKILL) and exit
+_NODE_STOP_GRACE_S = 15.0
+
+
+async def _connect(endpoint: Endpoint) -> TemporalClient:
+    """Wait for a server that may still be booting (started beside this process), or fail with one line."""
+    try:
+        return await connect(endpoint, wait=30)
+    except RuntimeError as exc:
+        raise CliError(f"cannot reach Temporal at {endpoint.address}: {exc}") from None
+
+
+async def _serve(temporal: TemporalClient, modules: Sequence[str] = (), task_queue: str = TASK_QUEUE) -> None:
+    await ensure_search_attributes(temporal)
+    preload(modules)
+    async with build_worker(temporal, task_queue=task_queue):
+        await until_signalled()
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    endpoint = Endpoint.resolve(args.address, args.namespace)
+    temporal = await _connect(endpoint)
+    console.print(f"gangflow worker on {endpoint.address} (namespace {endpoint.namespace}, queue {args.task_queue})")
+    await _serve(temporal, args.load, args.task_queue)
+    return EXIT_OK
+
+
+def _host_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _total_memory() -> int | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def _node_config(args: argparse.Namespace) -> NodeConfig:
+    gpus = detect_gpus() if args.gpus is None else args.gpus
+    mem = parse_memory(args.mem) if args.mem else _total_memory()
+    if args.standby is not None and args.standby < 0:
+        raise ValueError(f"--standby must be 0 or more, got {args.standby}")
+    return NodeConfig(
+        node_id=args.node_id,
+        address=args.advertise_addr or _host_address(),
+        gpus=gpus,
+        cpus=float(args.cpus or os.cpu_count() or 1),
+        mem=mem,
+        scheduler_queue=args.task_queue,
+        standby=max(1, gpus) if args.standby is None else args.standby,
+        warm=default_warm_modules() if args.warm is None else tuple(m for m in args.warm.split(",") if m),
+    )
+
+
+async def cmd_node(args: argparse.Namespace) -> int:
+    try:
+        config = _node_config(args)
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    endpoint = Endpoint.resolve(args.address, args.namespace)
+    temporal = await _connect(endpoint)
+    console.print(
+        f"gangflow node {config.node_id} on {endpoint.address}: {config.gpus} GPU(s), {config.cpus:g} CPU(s), "
+        f"reachable at {config.address}; queue node/{config.node_id}; {config.standby} standby rank process(es)"
+        + (f" with {', '.join(config.warm)} imported" if config.standby and config.warm else "")
+    )
+    await run_node(temporal, config, stop_event())
+    return EXIT_OK
+
+
+async def cmd_codec_server(args: argparse.Namespace) -> int:
+    codec = CodecServer(args.host, args.port).start()
+    console.print(
+        f"codec endpoint on {codec.url}: set it as the Temporal UI's codec endpoint (TEMPORAL_CODEC_ENDPOINT)"
+    )
+    try:
+        await until_signalled()
+    finally:
+        codec.stop()
+    return EXIT_OK
+
+
+def _spawn_nodes(address: str, count: int, gpus: int, state: Path) -> list[subprocess.Popen[bytes]]:
+    """Node agents beside the dev worker, each a real ``gangflow node`` process standing in for a server."""
+    node = [sys.executable, "-m", "engine.cli", "node", "--gpus", str(gpus), "--address", address]
+    return [
+        spawn([*node, "--node-id", f"node-{i}", "--advertise-addr", "127.0.0.1"], log=state / f"node-{i}.log")
+        for i in range(count)
+    ]
+
+
+async def cmd_dev(args: argparse.Namespace) -> int:
+    state = Path(args.state_dir).resolve()
+    codec = CodecServer().start()
+    server = DevServer(state, port=args.port, ui_port=args.ui_port, ui=not args.headless, codec_endpoint=codec.url)
+    try:
+        server.start()
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        codec.stop()
+        raise CliError(str(exc)) from None
+    try:
+        console.print(
+            f"[bold]gangflow dev[/]: Temporal on {server.address}"
+            + ("" if args.headless else f", Web UI {server.ui_url}")
+        )
+        print_unwrapped(f"state in {state}; in another shell:")
+        # one line however narrow the terminal: a wrapped second line would be pasted as a separate command
+        print_unwrapped(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
+        console.print("  gangflow run examples/quickstart.py:pipeline")
+        nodes = _spawn_nodes(server.address, args.nodes, args.gpus_per_node, state)
+        if nodes:
+            console.print(
+                f"{len(nodes)} node agent(s) with {args.gpus_per_node} GPU slot(s) each; see 'gangflow queue'"
+            )
+        try:
+            await _serve(await _connect(Endpoint.resolve(server.address, "default")))
+        finally:
+            stop_processes(nodes, _NODE_STOP_GRACE_S)
+    finally:
+        server.stop()
+        codec.stop()
+    return EXIT_OK
+
+
+def _default_demo_file() -> str:
+    here = Path.cwd() / "examples" / "ddp_pipeline.py"
+    repo = Path(__file__).resolve().parents[2] / "examples" / "ddp_pipeline.py"
+    return f"{here if here.exists() else repo}:pipeline"
+
+
+async def _wait_for_nodes(client: Client, count: int, timeout: float = 60.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        with contextlib.suppress(RPCError, TemporalError):
+            if (await client.queue())["totals"]["alive_nodes"] >= count:
+                return
+        if loop.time() > deadline:
+            raise CliError(f"{count} node agent(s) did not register within {timeout:.0f} s")
+        await asyncio.sleep(0.2)
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    target = args.file or _default_demo_file()
+    state = Path(tempfile.mkdtemp(prefix="gangflow-demo-"))
+    try:
+        defn = load_workflow_file(target)
+        defn, envelope = prepare_run(defn, {}, artifacts=str(state / "artifacts"))
+    except GangflowError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    codec = CodecServer().start()
+    server = DevServer(state, ui=not args.headless, codec_endpoint=codec.url).start()
+    nodes = _spawn_nodes(server.address, args.nodes, DEMO_GPUS, state)
+    try:
+        temporal = await connect(Endpoint.resolve(server.address, "default"))
+        client = Client(temporal, envelope.run.artifacts)
+        async with build_worker(temporal):
+            console.print(
+                f"[bold]gangflow demo[/]: Temporal on {server.address}, {args.nodes} node agent(s) × {DEMO_GPUS} "
+                f"GPU slot(s), state in {state}"
+            )
+            if args.nodes:
+                await _wait_for_nodes(client, args.nodes)
+            return await _demo_run(args, client, server, defn, envelope)
+    finally:
+        stop_processes(nodes, _NODE_STOP_GRACE_S)
+        server.stop()
+        codec.stop()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+async def _demo_run(
+    args: argparse.Namespace, client: Client, server: DevServer, defn: WorkflowDefinition, envelope: Envelope
+) -> int:
+    run_id = await client.start_prepared(defn, envelope)
+    if not args.headless:
+        console.print(f"watch it: {server.ui_url}/namespaces/default/workflows/{run_id}")
+    try:
+        data = await follow(client, run_id, quiet=False)
+    except WorkflowFailureError:
+        _, error = await read_tasks(client.handle(run_id))
+        show_failure(run_id, error)
+        return EXIT_FAILED
+    show_status(await client.status(run_id), result=False)
+    console.print(defn.interface.output_from_wire(data))
+    if args.keep:
+        console.print(f"stack left up: GANGFLOW_ADDRESS={server.address}; Ctrl-C to stop")
+        await until_signalled()
+    return EXIT_OK
