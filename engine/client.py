@@ -2,7 +2,9 @@
 
 ``start`` validates the inputs against the workflow's signature and packs the workflow's code into a
 content-addressed bundle *before* anything is sent to Temporal, so bad input leaves nothing behind and
-the run is pinned to the exact code it started with.
+the run is pinned to the exact code it started with. It also asks the Scheduler for the cluster's queue
+configuration and refuses a tenant or priority class it does not have (``TenancyError``), so a run that
+could never be queued is not started either.
 """
 
 from __future__ import annotations
@@ -11,35 +13,76 @@ import asyncio
 import base64
 import contextlib
 import importlib
+import inspect
+import os
 import re
 import sys
+import types
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client as TemporalClient
-from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import TemporalError
+from temporalio.client import (
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError, TemporalError
 from temporalio.service import RPCError, RPCStatusCode
 
 from engine.artifacts import ArtifactStore, default_artifact_root, pack_code
-from engine.core.definitions import WorkflowDefinition, definition_of
+from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
 from engine.core.wire import CodeRef, Envelope, RunContext
 from engine.errors import GangflowError, InputError
 from engine.runtime.connection import PIPELINE, TASK_QUEUE, TENANT, Endpoint, connect
 from engine.runtime.history import TaskRecord, read_tasks
+from engine.scheduling.config import QueueConfig, QueueConfigError, dump_queue_config, load_queue_config
 from engine.types.codec import unpack
 from workflows.gang import RUN_RANKS
-from workflows.scheduler import SCHEDULER_ID
+from workflows.scheduler import SCHEDULER_ID, SCHEDULER_TYPE
 from workflows.shell import PROGRESS_QUERY
 
-__all__ = ["Client", "RunInfo", "load_workflow_file", "log_rank", "prepare_run", "to_jsonable"]
+__all__ = [
+    "DEFAULT_TENANT",
+    "NO_QUEUE_CONFIG",
+    "Client",
+    "RunInfo",
+    "TenancyError",
+    "check_tenancy",
+    "default_tenant",
+    "load_workflow_file",
+    "log_rank",
+    "prepare_run",
+    "task_priorities",
+    "to_jsonable",
+]
 
 _TRANSIENT = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNKNOWN)
+#: the tenant of a run that names none (and no GANGFLOW_TENANT): the only one a cluster without a queue
+#: configuration has
+DEFAULT_TENANT = "default"
+NO_QUEUE_CONFIG = "no queue configuration is applied here: gangflow queues apply FILE"
+#: how long a query to the Scheduler may take before it counts as not answering (no worker runs it)
+_SCHEDULER_RPC_TIMEOUT = timedelta(seconds=10)
+
+
+class TenancyError(GangflowError, ValueError):
+    """A run names a tenant or priority class that the cluster's queue configuration does not have
+    (refused before the run starts; ``gangflow run`` exits 2)."""
+
+    kind = "TenancyError"
+
+
+def default_tenant() -> str:
+    """The tenant of a run that names none: ``$GANGFLOW_TENANT``, else ``default``."""
+    return os.environ.get("GANGFLOW_TENANT") or DEFAULT_TENANT
 
 
 def load_workflow_file(target: str) -> WorkflowDefinition:
@@ -78,14 +121,20 @@ def prepare_run(
     *,
     artifacts: str | None = None,
     run_id: str | None = None,
-    tenant: str = "default",
+    tenant: str | None = None,
+    priority: str | None = None,
     bundle: bool = True,
 ) -> tuple[WorkflowDefinition, Envelope]:
     """Validate the inputs and pack the code, without contacting Temporal: raises InputError (or
-    TypeMismatchError) for bad input, so nothing is started."""
+    TypeMismatchError) for bad input, so nothing is started. ``tenant`` defaults to ``default_tenant()``;
+    whether the cluster has that tenant (and the ``priority`` class) is checked by ``Client.start``."""
     defn = wf if isinstance(wf, WorkflowDefinition) else definition_of(wf)
     if not isinstance(defn, WorkflowDefinition):
         raise InputError(f"{wf!r} is not a @workflow")
+    tenant = default_tenant() if tenant is None else tenant
+    for option, value in (("tenant", tenant), ("priority", priority)):
+        if value is not None and (not isinstance(value, str) or not value or value != value.strip()):
+            raise InputError(f"{option} must be a name (a non-empty str without surrounding spaces), got {value!r}")
     store = ArtifactStore(artifacts or default_artifact_root())
     wire = defn.interface.inputs_to_wire(dict(inputs or {}), store.context(fetch=False))
     code = CodeRef(defn.module, defn.qualname)
@@ -94,8 +143,85 @@ def prepare_run(
         packed = pack_code(source)
         uri, sha = store.put_bytes(packed.data)
         code = CodeRef(packed.module, defn.qualname, uri, sha)
-    run = RunContext(run_id or f"{defn.name}-{uuid.uuid4().hex[:8]}", defn.name, tenant, store.uri_root)
+    run = RunContext(run_id or f"{defn.name}-{uuid.uuid4().hex[:8]}", defn.name, tenant, store.uri_root, priority)
     return defn, Envelope(code, wire, run)
+
+
+def task_priorities(defn: WorkflowDefinition) -> dict[str, str]:
+    """Task name → priority class of the distributed tasks with ``priority=`` that the workflow's body
+    names (``train(...)``, ``lib.train(...)``), also inside the child workflows it names and the helper
+    functions of its own file it calls: what can be checked before the run starts. Read from the code's
+    names, not by running it, so a task reached another way (a task passed in as a value) is checked by
+    the Scheduler only, when its gang is submitted."""
+    found: dict[str, str] = {}
+    seen: set[int] = set()
+
+    def visit(fn: Any) -> None:
+        code, scope = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+        if not isinstance(code, types.CodeType) or not isinstance(scope, dict) or id(code) in seen:
+            return
+        seen.add(id(code))
+        names = _code_names(code)
+        for name in names:
+            value = scope.get(name)
+            # ``lib.train``: the attribute names are among the code's names too
+            for candidate in [getattr(value, n, None) for n in names] if inspect.ismodule(value) else [value]:
+                found_defn = definition_of(candidate)
+                if isinstance(found_defn, TaskDefinition) and found_defn.priority is not None:
+                    found[found_defn.name] = found_defn.priority
+                elif isinstance(found_defn, WorkflowDefinition):
+                    visit(found_defn.fn)
+                elif inspect.isfunction(candidate) and candidate.__module__ == defn.module:
+                    visit(candidate)  # a helper of the workflow's own file
+
+    visit(defn.fn)
+    return dict(sorted(found.items()))
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    """The global and attribute names a function's code uses, nested functions and comprehensions included."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _known(names: Sequence[str]) -> str:
+    return ", ".join(names) if names else "none"
+
+
+def check_tenancy(queues: Mapping[str, Any] | None, run: RunContext, tasks: Mapping[str, str]) -> None:
+    """Refuse (TenancyError) a run whose tenant, priority class or tasks' priority classes the queue
+    configuration lacks. ``queues`` is the Scheduler's "queues" answer, None when no configuration can be
+    had (no Scheduler runs, or one from before queue configurations): then only tenant "default" and no
+    priority class exist."""
+    config = queues.get("config") if queues is not None else None
+    if isinstance(config, Mapping):
+        tenants = [str(t.get("name")) for t in config.get("tenants") or [] if isinstance(t, Mapping)]
+        classes: list[str] | None = [
+            str(c.get("name")) for c in config.get("priority_classes") or [] if isinstance(c, Mapping)
+        ]
+    elif queues is not None and isinstance(queues.get("tenants"), Mapping):
+        tenants, classes = sorted(queues["tenants"]), None  # names only: the Scheduler checks classes itself
+    else:
+        tenants, classes = [DEFAULT_TENANT], []
+    # a cluster that only knows the default tenant and no class has no configuration applied (yet)
+    unconfigured = tenants == [DEFAULT_TENANT] and not classes
+    hint = f"; {NO_QUEUE_CONFIG}" if unconfigured else " (gangflow queues show)"
+    if run.tenant not in tenants:
+        raise TenancyError(f"unknown tenant {run.tenant!r}: the cluster's tenants are {_known(tenants)}{hint}")
+    if classes is None:
+        return
+    wanted = ([("the run", run.priority)] if run.priority is not None else []) + [
+        (f"task {name!r}", priority) for name, priority in tasks.items()
+    ]
+    for who, priority in wanted:
+        if priority not in classes:
+            raise TenancyError(
+                f"unknown priority class {priority!r} ({who}): the cluster's priority classes are "
+                f"{_known(classes)}{hint}"
+            )
 
 
 @dataclass
@@ -107,6 +233,7 @@ class RunInfo:
     close_time: datetime | None
     pipeline: str | None = None
     tenant: str | None = None
+    priority: str | None = None
     tasks: list[TaskRecord] = field(default_factory=list)
     error: str | None = None
     result: Any = None  # wire data (JSON-like), present when completed
@@ -137,9 +264,16 @@ class Client:
         self,
         wf: Callable[..., Any] | WorkflowDefinition,
         inputs: Mapping[str, Any] | None = None,
-        **options: Any,
+        *,
+        run_id: str | None = None,
+        tenant: str | None = None,
+        priority: str | None = None,
+        bundle: bool = True,
     ) -> tuple[WorkflowDefinition, Envelope]:
-        return prepare_run(wf, inputs, artifacts=self.artifacts, **options)
+        """``prepare_run`` with this client's artifact store: validated and packed, nothing started."""
+        return prepare_run(
+            wf, inputs, artifacts=self.artifacts, run_id=run_id, tenant=tenant, priority=priority, bundle=bundle
+        )
 
     async def start(
         self,
@@ -147,21 +281,42 @@ class Client:
         inputs: Mapping[str, Any] | None = None,
         *,
         run_id: str | None = None,
-        tenant: str = "default",
+        tenant: str | None = None,
+        priority: str | None = None,
         bundle: bool = True,
     ) -> str:
-        """Validate, pack and start a run; returns its id (the Temporal workflow id)."""
-        defn, envelope = self.prepare(wf, inputs, run_id=run_id, tenant=tenant, bundle=bundle)
+        """Validate, pack and start a run; returns its id (the Temporal workflow id). ``tenant`` defaults
+        to ``$GANGFLOW_TENANT``, else ``default``; ``priority`` names a priority class for the run's gangs
+        (a task's own ``priority=`` wins). An unknown tenant or class raises TenancyError, nothing started."""
+        defn, envelope = self.prepare(wf, inputs, run_id=run_id, tenant=tenant, priority=priority, bundle=bundle)
         return await self.start_prepared(defn, envelope)
 
+    async def check_tenancy(self, defn: WorkflowDefinition, run: RunContext) -> None:
+        """Refuse (TenancyError) a tenant or priority class the cluster's queue configuration lacks: the
+        run's own, and those of the tasks the workflow calls (``task_priorities``). A Scheduler that does
+        not answer (GangflowError) lets only what needs no configuration through: tenant "default", no class."""
+        try:
+            queues = await self._scheduler_query("queues")
+        except _NoScheduler:
+            queues = None
+        except GangflowError:
+            if run.tenant == DEFAULT_TENANT and run.priority is None and not task_priorities(defn):
+                return  # what runs without any configuration: the Scheduler judges it when it answers again
+            raise
+        check_tenancy(queues, run, task_priorities(defn))
+
     async def start_prepared(self, defn: WorkflowDefinition, envelope: Envelope) -> str:
+        await self.check_tenancy(defn, envelope.run)
+        memo: dict[str, Any] = {"artifacts": envelope.run.artifacts, "bundle": envelope.code.bundle_sha}
+        if envelope.run.priority is not None:
+            memo["priority"] = envelope.run.priority
         await self.temporal.start_workflow(
             defn.name,
             envelope.encode(f"the inputs of workflow {defn.name!r}"),
             id=envelope.run.run_id,
             task_queue=self.task_queue,
             execution_timeout=defn.timeout,
-            memo={"gangflow": {"artifacts": envelope.run.artifacts, "bundle": envelope.code.bundle_sha}},
+            memo={"gangflow": memo},
             search_attributes=TypedSearchAttributes(
                 [SearchAttributePair(PIPELINE, defn.name), SearchAttributePair(TENANT, envelope.run.tenant)]
             ),
@@ -218,6 +373,7 @@ class Client:
             close_time=desc.close_time,
             pipeline=desc.typed_search_attributes.get(PIPELINE),
             tenant=desc.typed_search_attributes.get(TENANT),
+            priority=memo.get("priority"),
             artifacts=memo.get("artifacts"),
         )
         if with_tasks:
@@ -280,6 +436,63 @@ class Client:
         handle = self.temporal.get_workflow_handle(SCHEDULER_ID)
         described: dict[str, Any] = await handle.query("describe")
         return described
+
+    async def _scheduler_query(self, name: str) -> dict[str, Any]:
+        """A query to the Scheduler; _NoScheduler when none runs here (or it predates the query),
+        GangflowError when it does not answer."""
+        try:
+            answer: dict[str, Any] = await self.temporal.get_workflow_handle(SCHEDULER_ID).query(
+                name, rpc_timeout=_SCHEDULER_RPC_TIMEOUT
+            )
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise _NoScheduler(_NO_SCHEDULER) from None
+            raise GangflowError(f"the Scheduler did not answer ({exc.message}); is a worker running?") from None
+        except WorkflowQueryFailedError as exc:
+            if "expected but not found" in str(exc):  # a Scheduler from before this query existed
+                raise _NoScheduler(
+                    f"the Scheduler here has no query {name!r}: it predates queue configurations"
+                ) from None
+            raise GangflowError(f"the Scheduler failed to answer: {exc}") from None
+        except TemporalError as exc:
+            raise GangflowError(f"the Scheduler did not answer: {exc}") from None
+        return answer
+
+    async def queues(self) -> dict[str, Any]:
+        """Per tenant: nominal quota, used, borrowed and lent resources, pending gangs and fair share
+        (``{"tenants": {NAME: {...}}, "config": {...}}``, the Scheduler's "queues" query). Raises
+        GangflowError when no Scheduler runs or answers."""
+        return await self._scheduler_query("queues")
+
+    async def apply_queues(
+        self, config: QueueConfig | Mapping[str, Any] | str | Path, *, task_queue: str | None = None
+    ) -> dict[str, Any]:
+        """Validate a queue configuration here (a QueueConfig, a mapping, YAML text or a YAML file as a
+        Path; QueueConfigError naming the field), start the Scheduler if none runs (on ``task_queue``,
+        default this client's), and apply it there in one update: the Scheduler checks it again and
+        applies all of it or none (QueueConfigError with its reason). Returns the resulting ``queues()``."""
+        parsed = config if isinstance(config, QueueConfig) else load_queue_config(config)
+        await self.temporal.start_workflow(
+            SCHEDULER_TYPE,
+            _scheduler_input(),
+            id=SCHEDULER_ID,
+            task_queue=task_queue or self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        handle = self.temporal.get_workflow_handle(SCHEDULER_ID)
+        try:
+            applied: dict[str, Any] = await handle.execute_update(
+                "apply_queues", dump_queue_config(parsed), result_type=dict, rpc_timeout=_APPLY_TIMEOUT
+            )
+        except WorkflowUpdateFailedError as exc:
+            cause = exc.cause
+            raise QueueConfigError(cause.message if isinstance(cause, ApplicationError) else str(cause)) from None
+        except (WorkflowUpdateRPCTimeoutOrCancelledError, RPCError) as exc:
+            raise GangflowError(
+                f"the Scheduler did not take the configuration within {_APPLY_TIMEOUT.total_seconds():.0f} s ({exc}); "
+                f"is a gangflow worker running on queue {task_queue or self.task_queue!r}?"
+            ) from None
+        return applied
 
     async def release(self, gang_id: str, *, force: bool = False, confirm_s: float = 10.0) -> dict[str, Any]:
         """Operators: make the Scheduler free a gang's placement, or withdraw its queued request, and wait
@@ -355,6 +568,25 @@ class Client:
                 with store.fs.open(entry["name"], "r") as handle:
                     out.append((name, handle.read()))
         return out
+
+
+class _NoScheduler(GangflowError):
+    """No Scheduler runs here (or it has no such query): there is no queue configuration to read."""
+
+
+_NO_SCHEDULER = (
+    "no Scheduler is running here: it starts when the first node agent registers (gangflow node), "
+    "or with gangflow queues apply FILE"
+)
+#: how long ``apply_queues`` waits for the Scheduler to take a configuration (its worker may be starting)
+_APPLY_TIMEOUT = timedelta(seconds=30)
+
+
+def _scheduler_input() -> dict[str, Any] | None:
+    """What the Scheduler starts with when a client starts it: as ``engine.runtime.node.register`` gives
+    it, how many events one of its runs handles before it continues as new (tests set a small number)."""
+    events = os.environ.get("GANGFLOW_SCHEDULER_EVENTS_PER_RUN", "")
+    return {"max_events": int(events)} if events.isdigit() else None
 
 
 def log_rank(log_name: str) -> int | None:

@@ -47,7 +47,7 @@ from engine.core.gang import GangShape, NodeLaunch
 from engine.core.resources import Retry
 from engine.core.wire import Envelope
 from engine.scheduling import DEFAULT_LOST_NODE_WAIT_S, NodeAssignment, Placement
-from workflows.scheduler import PENDING_SIGNAL, PLACEMENT_SIGNAL, REJECTED_SIGNAL, SCHEDULER_ID
+from workflows.scheduler import PENDING_SIGNAL, PLACEMENT_SIGNAL, PREEMPT_SIGNAL, REJECTED_SIGNAL, SCHEDULER_ID
 
 __all__ = [
     "GANG_TYPE",
@@ -93,6 +93,8 @@ class GangSpec:
     retry_max_interval_s: float | None = None
     non_retryable: list[str] = field(default_factory=list)
     lost_node_wait_s: float = DEFAULT_LOST_NODE_WAIT_S
+    priority: str | None = None  # a priority class name: the task's own, else the run's
+    preemptible: bool = True  # False (the task's own): never preempted, whatever its class says
 
     @property
     def retry(self) -> Retry:
@@ -102,6 +104,19 @@ class GangSpec:
             max_interval=self.retry_max_interval_s,
             non_retryable=tuple(self.non_retryable),
         )
+
+
+class _Preempted(Exception):
+    """The Scheduler took the gang's placement back for another gang (see ``GangRun.on_preempt``)."""
+
+    def __init__(self, notice: dict[str, Any]) -> None:
+        super().__init__(notice.get("reason", "preempted"))
+        self.notice = notice
+
+    @property
+    def summary(self) -> str:
+        n = self.notice
+        return f"preempted by {n.get('by')} of {n.get('by_tenant')} ({n.get('cause')})"
 
 
 class _AttemptFailed(Exception):
@@ -163,6 +178,8 @@ class GangRun:
         self.attempts: list[dict[str, Any]] = []  # one entry per failed attempt
         self.restarts = 0
         self.remote: dict[str, list[str]] = {}  # "<attempt>/<node rank>" -> command
+        self.preempt: dict[str, Any] | None = None  # the Scheduler's notice while this gang holds a placement
+        self.preemptions = 0
 
     # A signal handler that raises fails the workflow task again and again: every payload is checked
     # here, and a malformed one is logged and dropped.
@@ -182,6 +199,17 @@ class GangRun:
         if isinstance(reason, str):
             self.pending = reason
             self._say(reason)
+
+    @workflow.signal(name=PREEMPT_SIGNAL)
+    def on_preempt(self, notice: Any) -> None:
+        # Only a gang holding a placement can be preempted; a notice that crosses the gang's own release
+        # (it failed or finished meanwhile) concerns a placement it no longer has, and is dropped.
+        if self.placement is None or self.preempt is not None:
+            return
+        if not isinstance(notice, dict) or not all(isinstance(notice.get(k), str) for k in ("by", "cause")):
+            workflow.logger.warning("ignoring a malformed preemption notice %r", notice)
+            return
+        self.preempt = notice
 
     @workflow.signal(name=REMOTE_COMMAND)
     def on_remote_command(self, payload: Any) -> None:
@@ -205,6 +233,7 @@ class GangRun:
             "pending": self.pending,
             "placement": self.placement.model_dump(mode="json") if self.placement else None,
             "restarts": self.restarts,
+            "preemptions": self.preemptions,
             "failed_attempts": self.attempts,
         }
 
@@ -222,16 +251,29 @@ class GangRun:
         while True:
             placement = await self._place(spec, scheduler)
             failure: _AttemptFailed | None = None
+            preempted: _Preempted | None = None
             try:
                 return await self._attempt(spec, envelope, placement, attempt)
             except _AttemptFailed as failed:
                 failure = failed
+            except _Preempted as notice:
+                preempted = notice
             finally:
                 # Always hand the GPUs back (also when this run is being cancelled), after reporting
                 # lost nodes so the Scheduler never offers them again.
                 for node_id in failure.lost_nodes if failure else []:
                     await scheduler.signal("node_lost", node_id)
                 await scheduler.signal("release", gang_id)
+            if preempted is not None:
+                # a preemption is the cluster's decision, not a failure: no restart or retry is spent, and the
+                # gang queues again at its own priority (and its old place) to resume from its checkpoint
+                self.preemptions += 1
+                self.attempts.append({"attempt": attempt, "kind": "preempted", "reason": preempted.summary})
+                attempt += 1
+                self._say(f"{preempted.summary}: queued again (attempt {attempt} resumes from the last checkpoint)")
+                continue
+            if failure is None:  # pragma: no cover - _attempt returns, or raises one of the two
+                raise ApplicationError("internal error: attempt ended without a result", non_retryable=True)
             kind = "system" if failure.system else "user"
             self.attempts.append({"attempt": attempt, "kind": kind, "reason": failure.reason})
             if failure.system:
@@ -266,7 +308,7 @@ class GangRun:
 
     async def _place(self, spec: GangSpec, scheduler: Any) -> Placement:
         gang_id = workflow.info().workflow_id
-        self.placement, self.rejected, self.pending = None, None, None
+        self.placement, self.rejected, self.pending, self.preempt = None, None, None, None
         request = {
             "gang_id": gang_id,
             "nnodes": spec.shape.nnodes,
@@ -276,6 +318,11 @@ class GangRun:
             "tenant": spec.tenant,
             "lost_node_wait_s": spec.lost_node_wait_s,
         }
+        # only when set: a request without them is what a Scheduler from before priorities accepts
+        if spec.priority is not None:
+            request["priority"] = spec.priority
+        if not spec.preemptible:
+            request["preemptible"] = False
         try:
             await scheduler.signal("submit", request)
         except Exception as exc:
@@ -355,15 +402,23 @@ class GangRun:
         for index, handle in enumerate(handles):
             handle.add_done_callback(functools.partial(_record, finished, index))
         lost: set[str] = set()
+        notice = asyncio.ensure_future(self._preempted(handles))
         try:
-            await workflow.wait(handles, return_when=asyncio.FIRST_EXCEPTION)
+            await workflow.wait([*handles, notice], return_when=asyncio.FIRST_EXCEPTION)
             if all(h.done() and h.exception() is None for h in handles):
                 return handles[0].result()
+            if notice.done() and self.preempt is not None:
+                self._say(f"attempt {attempt}: {_Preempted(self.preempt).summary}: stopping the ranks")
+                await self._stop(handles, nodes, set())
+                raise _Preempted(self.preempt)
             # Stop the survivors first, then judge: the root cause (a node that vanished, a rank killed
             # from outside) often reports after its peers' collective errors ("connection closed by peer").
             self._say(f"attempt {attempt}: a rank failed; probing the other nodes and stopping their ranks")
             lost = await self._probe([n.node_id for n, h in zip(nodes, handles, strict=True) if not h.done()])
         finally:
+            notice.cancel()
+            if notice.done() and not notice.cancelled():
+                notice.exception()  # retrieved: asyncio would otherwise log it as never retrieved
             await self._stop(handles, nodes, lost)  # on success a no-op; on cancel, also stop every rank
         verdicts: list[_Verdict] = [
             _Verdict(node_id, True, f"node {node_id} lost (its agent did not answer a probe after a peer failed)", True)
@@ -382,6 +437,13 @@ class GangRun:
         root = system[0] if system else verdicts[0]
         lost_nodes = [v.node_id for v in verdicts if v.node_lost and v.node_id not in alive]
         raise _AttemptFailed(bool(system), root.reason, lost_nodes, root.error_type)
+
+    async def _preempted(self, handles: list[ActivityHandle[bytes]]) -> None:
+        """Raises once the Scheduler preempts this gang, so that ``workflow.wait(FIRST_EXCEPTION)`` wakes up;
+        returns when every node is done (FIRST_EXCEPTION also waits for this one to end)."""
+        await workflow.wait_condition(lambda: self.preempt is not None or all(h.done() for h in handles))
+        if self.preempt is not None and not all(h.done() for h in handles):
+            raise _Preempted(self.preempt)
 
     async def _probe(self, node_ids: list[str]) -> set[str]:
         """The nodes whose agent does not answer a ping within PROBE_TIMEOUT (declared lost)."""

@@ -1,19 +1,24 @@
-"""The Scheduler: one long-lived durable workflow per cluster (namespace) that owns the node inventory
-and the gang queue.
+"""The Scheduler: one long-lived durable workflow per cluster (namespace) that owns the node inventory,
+the tenants' queues and the gangs' placements.
 
-It is a thin shell around the pure policy in ``engine.scheduling``: signals become events, the policy
-returns decisions, and each decision is signalled to the GangRun workflow it concerns. It sleeps until a
-signal arrives or its ticker fires (every few seconds: node registrations expire, a gang's wait for lost
-nodes runs out, and now and then the owners of allocations are checked). It continues as new when
-Temporal suggests it or after ``max_events`` events, checked after every event and carrying everything
-not yet handled (events and undelivered decisions), so its history stays small however long it lives.
-Node agents start it on first registration (signal-with-start), so there is nothing to deploy by hand.
+It is a thin shell around the pure policy in ``engine.scheduling`` (``Policy``): signals become events, the
+policy returns decisions (admit, reject, preempt, a pending reason that changed), and each decision is
+signalled to the GangRun workflow it concerns. The events waiting at a wake-up are decided first and their
+decisions then go out together, ``SIGNAL_BATCH`` signals at a time concurrently (one workflow task per
+batch, not one round trip per decision); a gang's superseded pending reasons are never sent. It sleeps
+until a signal arrives or its ticker fires (every few seconds: node registrations expire, a gang's wait
+for lost nodes runs out, a gang becomes old enough to preempt, and now and then the owners of allocations
+are checked). It continues as new when Temporal suggests it or after ``max_events`` events, checked after
+every event, carrying the policy's compact snapshot and everything not yet handled or delivered, so its
+history stays small however long it lives. Node agents start it on first registration
+(signal-with-start), so there is nothing to deploy by hand; ``gangflow queues apply`` (the update
+``apply_queues``, validated before it is accepted) sets tenants, cohorts, quotas and priority classes.
 
 Nothing leaks: an allocation lives only as long as the GangRun that owns it. A GangRun releases its
-placement itself when it ends, is cancelled, or its parent run is terminated (the user-workflow shell
-starts gangs with the parent-close policy REQUEST_CANCEL). What it cannot release (a GangRun terminated
-directly, or timed out) is found by the owner check: a local activity describes the owners of every
-allocation and queued request, and the closed ones are released.
+placement itself when it ends, is cancelled, preempted, or its parent run is terminated (the user-workflow
+shell starts gangs with the parent-close policy REQUEST_CANCEL). What it cannot release (a GangRun
+terminated directly, or timed out) is found by the owner check: a local activity describes the owners of
+every allocation and queued request, and the closed ones are released.
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import FailureError
+from temporalio.exceptions import ApplicationError, FailureError
 
 from engine.scheduling import (
     Admitted,
-    ClusterState,
+    ConfigApplied,
     Decision,
     Event,
     GangReleased,
@@ -39,17 +44,20 @@ from engine.scheduling import (
     NodeRegistered,
     NodeSpec,
     Pending,
+    Policy,
+    Preempted,
+    QueueConfigError,
     Rejected,
     Tick,
-    describe,
-    next_deadline,
-    step,
+    dump_queue_config,
+    load_queue_config,
 )
 
 __all__ = [
     "CLOSED_OWNERS",
     "PENDING_SIGNAL",
     "PLACEMENT_SIGNAL",
+    "PREEMPT_SIGNAL",
     "REJECTED_SIGNAL",
     "SCHEDULER_ID",
     "SCHEDULER_TYPE",
@@ -61,6 +69,7 @@ SCHEDULER_TYPE = "GangflowScheduler"
 PLACEMENT_SIGNAL = "placement"
 REJECTED_SIGNAL = "rejected"
 PENDING_SIGNAL = "pending"
+PREEMPT_SIGNAL = "preempt"
 #: the local activity that returns which of the given gang ids no longer have a running workflow
 CLOSED_OWNERS = "gangflow.closed_owners"
 MAX_EVENTS_PER_RUN = 4000
@@ -68,6 +77,9 @@ MAX_EVENTS_PER_RUN = 4000
 TICK = timedelta(seconds=5)
 #: how often the owners of allocations are checked (on a tick), when there is anything to check
 OWNER_CHECK_EVERY = timedelta(seconds=15)
+#: decisions are signalled this many at a time, concurrently: one workflow task per batch instead of one
+#: round trip per decision, and well under Temporal's limit on outstanding signal commands
+SIGNAL_BATCH = 200
 _EVENTS: TypeAdapter[Event] = TypeAdapter(Event)
 _DECISIONS: TypeAdapter[Decision] = TypeAdapter(Decision)
 
@@ -75,7 +87,7 @@ _DECISIONS: TypeAdapter[Decision] = TypeAdapter(Decision)
 @workflow.defn(name=SCHEDULER_TYPE, sandboxed=False)
 class Scheduler:
     def __init__(self) -> None:
-        self.state = ClusterState()
+        self.policy = Policy()
         self.inbox: list[Event] = []
         self.outbox: list[Decision] = []
         self.handled = 0
@@ -118,9 +130,31 @@ class Scheduler:
         else:
             workflow.logger.warning("ignoring a malformed release signal %r", gang_id)
 
+    @workflow.update(name="apply_queues")
+    def apply_queues(self, config: Any) -> dict[str, Any]:
+        """Apply a queue configuration (tenants, cohorts, quotas, priority classes) and return ``queues``
+        as it is afterwards. Validated first (``_check_queues``): a bad one changes nothing. Events that
+        arrived before it are decided first, under the configuration they were sent under."""
+        while self.inbox:
+            self._step(self.inbox.pop(0))
+        self._step(ConfigApplied(config=load_queue_config(config)))
+        return self.queues()
+
+    @apply_queues.validator
+    def _check_queues(self, config: Any) -> None:
+        # a validator that raises rejects the update before it enters history: nothing is half-applied
+        try:
+            load_queue_config(config)
+        except QueueConfigError as exc:
+            raise ApplicationError(str(exc), type="QueueConfigError", non_retryable=True) from None
+
     @workflow.query(name="describe")
     def describe(self) -> dict[str, Any]:
-        return describe(self.state)
+        return self.policy.describe()
+
+    @workflow.query(name="queues")
+    def queues(self) -> dict[str, Any]:
+        return {**self.policy.queues(), "config": dump_queue_config(self.policy.config)}
 
     # -- the loop --------------------------------------------------------------------------------
     @workflow.run
@@ -133,24 +167,28 @@ class Scheduler:
                 if self.tick_due:
                     self.tick_due = False
                     now = workflow.now().timestamp()
-                    deadline = next_deadline(self.state)
+                    deadline = self.policy.next_deadline()
                     if deadline is not None and deadline < now:  # else a Tick would change nothing
                         self.inbox.append(Tick())
                     if now - self.owners_checked >= OWNER_CHECK_EVERY.total_seconds():
                         await self._check_owners()
-                while self.outbox or self.inbox:
-                    if self.outbox:
-                        await self._deliver(self.outbox.pop(0))
-                        continue
-                    self.state, decisions = step(self.state, self.inbox.pop(0), workflow.now().timestamp())
-                    self.handled += 1
-                    # undelivered decisions wait in the outbox, so a continue-as-new never drops one
-                    self.outbox.extend(decisions)
-                    if self.handled >= self.max_events or workflow.info().is_continue_as_new_suggested():
-                        await workflow.wait_condition(workflow.all_handlers_finished)
-                        workflow.continue_as_new(self._carry())
+                # the events waiting now are decided first, then all decisions go out together; a
+                # continue-as-new is checked after every event and carries what is left in the inbox
+                while self.inbox and not self._due():
+                    self._step(self.inbox.pop(0))
+                await self._deliver_all()
+                if self._due():
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    workflow.continue_as_new(self._carry())
         finally:
             ticker.cancel()
+
+    def _step(self, event: Event) -> None:
+        self.outbox.extend(self.policy.step(event, workflow.now().timestamp()))
+        self.handled += 1
+
+    def _due(self) -> bool:
+        return self.handled >= self.max_events or workflow.info().is_continue_as_new_suggested()
 
     def _restore(self, carried: Any) -> None:
         if not isinstance(carried, dict):
@@ -159,14 +197,14 @@ class Scheduler:
             self.max_events = carried["max_events"]
         if isinstance(carried.get("owners_checked"), int | float):
             self.owners_checked = float(carried["owners_checked"])
-        if "state" in carried:
-            self.state = ClusterState.model_validate(carried["state"])
+        if isinstance(carried.get("policy"), dict):
+            self.policy = Policy.restore(carried["policy"])
         self.inbox = [_EVENTS.validate_python(e) for e in carried.get("inbox", [])]
         self.outbox = [_DECISIONS.validate_python(d) for d in carried.get("outbox", [])]
 
     def _carry(self) -> dict[str, Any]:
         return {
-            "state": self.state.model_dump(mode="json"),
+            "policy": self.policy.snapshot(),
             "inbox": [_EVENTS.dump_python(e, mode="json") for e in self.inbox],
             "outbox": [_DECISIONS.dump_python(d, mode="json") for d in self.outbox],
             "max_events": self.max_events,
@@ -180,7 +218,7 @@ class Scheduler:
 
     async def _check_owners(self) -> None:
         self.owners_checked = workflow.now().timestamp()
-        owners = sorted({*self.state.running, *self.state.queued_ids()})
+        owners = sorted({*self.policy.running, *self.policy.pending})
         if not owners:
             return
         try:
@@ -198,6 +236,20 @@ class Scheduler:
             workflow.logger.warning("gang %s has no running workflow any more: releasing what it held", gang_id)
             self.inbox.append(GangReleased(gang_id=gang_id))
 
+    async def _deliver_all(self) -> None:
+        """Signal every decision in the outbox, ``SIGNAL_BATCH`` at a time, concurrently.
+
+        Only the last ``Pending`` of a gang in the outbox is sent, and none when an admission or rejection
+        of that gang follows it: a gang needs its current reason, not the history of the batch."""
+        outbox, self.outbox = self.outbox, []
+        final: dict[str, int] = {}
+        for index, decision in enumerate(outbox):
+            if isinstance(decision, Pending | Admitted | Rejected):
+                final[decision.gang_id] = index
+        wanted = [d for i, d in enumerate(outbox) if not isinstance(d, Pending) or final[d.gang_id] == i]
+        for start in range(0, len(wanted), SIGNAL_BATCH):
+            await asyncio.gather(*(self._deliver(d) for d in wanted[start : start + SIGNAL_BATCH]))
+
     async def _deliver(self, decision: Decision) -> None:
         payload: Any
         if isinstance(decision, Admitted):
@@ -206,11 +258,14 @@ class Scheduler:
             gang_id, name, payload = decision.gang_id, REJECTED_SIGNAL, decision.reason
         elif isinstance(decision, Pending):
             gang_id, name, payload = decision.gang_id, PENDING_SIGNAL, decision.reason
+        elif isinstance(decision, Preempted):
+            gang_id, name = decision.gang_id, PREEMPT_SIGNAL
+            payload = decision.model_dump(mode="json", exclude={"kind", "gang_id"})
         else:  # pragma: no cover - the union is closed
             return
         try:
             await workflow.get_external_workflow_handle(gang_id).signal(name, payload)
         except FailureError:
-            # the gang's workflow is gone (cancelled, terminated): give its placement back
-            if isinstance(decision, Admitted):
+            # the gang's workflow is gone (cancelled, terminated): give back what it held or was offered
+            if isinstance(decision, Admitted | Preempted):
                 self.inbox.append(GangReleased(gang_id=gang_id))

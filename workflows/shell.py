@@ -186,6 +186,9 @@ class _TemporalDispatcher:
             non_retryable=list(task.retry.non_retryable_names),
             hang_timeout_s=task.hang_timeout.total_seconds() if task.hang_timeout else None,
             lost_node_wait_s=task.lost_node_wait.total_seconds(),
+            # the task's own class wins over the run's (gangflow run --priority)
+            priority=task.priority or self.envelope.run.priority,
+            preemptible=task.preemptible,
         )
         return await workflow.execute_child_workflow(  # type: ignore[no-any-return]
             GANG_TYPE,

@@ -1,5 +1,5 @@
 """The ``gangflow`` command: its parser, the commands that talk to a running server (run, status, list,
-cancel, logs, queue, release, plugins) and ``main``; the ones that run the stack (dev, worker, node,
+cancel, logs, queue, queues, release, plugins) and ``main``; the ones that run the stack (dev, worker, node,
 codec-server, demo) are in ``serve``.
 
 Exit codes: 0 success, 1 a failed run (or an unreachable server, an unknown run or gang), 2 bad input
@@ -24,13 +24,23 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError
 
-from engine.client import Client, load_workflow_file, log_rank, prepare_run, to_jsonable
+from engine.client import Client, TenancyError, load_workflow_file, log_rank, prepare_run, to_jsonable
 from engine.core.plugins import available_plugins, load_plugin
 from engine.errors import DefinitionError, GangflowError
 from engine.runtime import TASK_QUEUE
 from engine.runtime.history import read_tasks
+from engine.scheduling.config import QueueConfigError
 
-from .common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError, client_for, follow
+from .common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    CliError,
+    client_for,
+    follow,
+    queue_file_error,
+    read_queue_file,
+)
 from .params import RunArgv, check_collisions, check_missing, parse_params, split_run_argv
 from .render import (
     console,
@@ -39,6 +49,7 @@ from .render import (
     run_json,
     show_failure,
     show_queue,
+    show_queues,
     show_release,
     show_runs,
     show_status,
@@ -91,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--headless", action="store_true", help="no Web UI")
     p.add_argument("--nodes", type=int, default=0, help="node agents to start on this machine (default 0)")
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPU slots per node agent (logical on a CPU box)")
+    p.add_argument(
+        "--queues", metavar="FILE", help="a queue configuration (YAML: tenants, quotas, priority classes) to apply"
+    )
 
     p = command("node", "run a node agent: the executor of distributed tasks on this machine")
     p.add_argument("--node-id", required=True)
@@ -122,6 +136,19 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_args(p)
     p.add_argument("--json", action="store_true")
 
+    p = command(
+        "queues",
+        "tenants and their quotas: apply a queue configuration (YAML), or show usage per tenant",
+        usage="gangflow queues apply FILE [--json] | gangflow queues show [--json]",
+    )
+    p.add_argument("action", choices=("apply", "show"), help="apply FILE, or show what the Scheduler holds")
+    p.add_argument("file", nargs="?", metavar="FILE", help="the queue configuration to apply (YAML)")
+    _connection_args(p)
+    p.add_argument(
+        "--task-queue", default=TASK_QUEUE, help="the workers' queue, to start the Scheduler on (default %(default)s)"
+    )
+    p.add_argument("--json", action="store_true", help='print {"tenants": {NAME: {...}}}')
+
     p = command("worker", "run a workflow + CPU task worker against a running Temporal")
     _connection_args(p)
     p.add_argument("--load", action="append", default=[], metavar="PKG", help="preload a package of workflows")
@@ -138,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_args(p)
     p.add_argument("--input-json", help="inputs as one JSON object")
     p.add_argument("--artifacts", help="artifact store URI (default $GANGFLOW_ARTIFACTS or .gangflow/artifacts)")
-    p.add_argument("--tenant", default="default")
+    p.add_argument("--tenant", help="the tenant the run belongs to (default $GANGFLOW_TENANT or default)")
+    p.add_argument("--priority", metavar="CLASS", help="the priority class of the run's gangs (a task's own wins)")
     p.add_argument("--task-queue", default=TASK_QUEUE, help="the workers' queue (default %(default)s)")
     p.add_argument("--run-id", help="choose the run id (default <workflow>-<random>)")
     p.add_argument("--json", action="store_true", help="print one JSON object: run_id, status, result")
@@ -188,12 +216,24 @@ async def cmd_run(args: argparse.Namespace, argv: RunArgv, options: dict[str, bo
         check_collisions(defn.interface, options, argv, args.target, args.input_json)
         inputs = parse_params(defn.interface, argv.params, args.input_json)
         check_missing(defn.interface, options, inputs, args.target)
-        defn, envelope = prepare_run(defn, inputs, artifacts=args.artifacts, run_id=args.run_id, tenant=args.tenant)
+        defn, envelope = prepare_run(
+            defn,
+            inputs,
+            artifacts=args.artifacts,
+            run_id=args.run_id,
+            tenant=args.tenant,
+            priority=args.priority,
+        )
     except (GangflowError, DefinitionError) as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
     client = await client_for(args, envelope.run.artifacts)
     client.task_queue = args.task_queue
-    run_id = await client.start_prepared(defn, envelope)
+    try:
+        run_id = await client.start_prepared(defn, envelope)
+    except TenancyError as exc:  # an unknown tenant or priority class: bad input, nothing started
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    except GangflowError as exc:  # the Scheduler could not be asked
+        raise CliError(str(exc)) from None
     if args.detach:
         if args.json:
             print_json({"run_id": run_id, "status": "RUNNING"})
@@ -339,11 +379,43 @@ async def cmd_queue(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def cmd_queues(args: argparse.Namespace) -> int:
+    if args.action == "apply":
+        if not args.file:
+            raise CliError(
+                "gangflow queues apply needs the FILE to apply (a queue configuration, YAML)", EXIT_BAD_INPUT
+            )
+        config = read_queue_file(args.file)  # before anything is contacted: a bad file changes nothing
+        client = await client_for(args)
+        try:
+            data = await client.apply_queues(config, task_queue=args.task_queue)
+        except QueueConfigError as exc:  # the Scheduler refused it: nothing was applied
+            raise CliError(queue_file_error(args.file, exc), EXIT_BAD_INPUT) from None
+        except GangflowError as exc:
+            raise CliError(str(exc)) from None
+        if not args.json:
+            console.print(f"applied {escape(args.file)}: {len(data.get('tenants') or {})} tenant(s)")
+    else:
+        if args.file:
+            raise CliError(f"gangflow queues show takes no FILE (got {args.file!r})", EXIT_BAD_INPUT)
+        client = await client_for(args)
+        try:
+            data = await client.queues()
+        except GangflowError as exc:
+            raise CliError(str(exc)) from None
+    if args.json:
+        print_json({"tenants": data.get("tenants") or {}})
+    else:
+        show_queues(data)
+    return EXIT_OK
+
+
 _COMMANDS = {
     "node": cmd_node,
     "plugins": cmd_plugins,
     "codec-server": cmd_codec_server,
     "queue": cmd_queue,
+    "queues": cmd_queues,
     "status": cmd_status,
     "list": cmd_list,
     "cancel": cmd_cancel,

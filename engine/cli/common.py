@@ -1,15 +1,17 @@
 """What every ``gangflow`` command shares: exit codes, the error that ends a command, the connection to
-Temporal, waiting for Ctrl-C, and following a run to its end."""
+Temporal, reading a queue configuration, waiting for Ctrl-C, and following a run to its end."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import signal
+from pathlib import Path
 from typing import Any
 
 from engine.client import Client
 from engine.runtime import Endpoint, connect
+from engine.scheduling.config import QueueConfig, QueueConfigError, load_queue_config
 
 from .render import console
 
@@ -20,6 +22,8 @@ __all__ = [
     "CliError",
     "client_for",
     "follow",
+    "queue_file_error",
+    "read_queue_file",
     "stop_event",
     "until_signalled",
 ]
@@ -45,6 +49,24 @@ async def client_for(args: argparse.Namespace, artifacts: str | None = None) -> 
             f"cannot reach Temporal at {endpoint.address} ({exc}); start one with 'gangflow dev' "
             "or pass --address / set GANGFLOW_ADDRESS"
         ) from None
+
+
+def read_queue_file(path: str) -> QueueConfig:
+    """A queue configuration file, validated (``load_queue_config``) before anything is contacted or
+    started; a bad one ends the command with exit 2 and the field it gets wrong."""
+    file = Path(path)
+    if not file.is_file():
+        raise CliError(f"{path}: no such file (expected a queue configuration, YAML)", EXIT_BAD_INPUT)
+    try:
+        return load_queue_config(file)
+    except QueueConfigError as exc:
+        raise CliError(queue_file_error(path, exc), EXIT_BAD_INPUT) from None
+
+
+def queue_file_error(path: str, exc: Exception) -> str:
+    """``FILE: field: problem`` (errors about the file itself already name it)."""
+    text = str(exc)
+    return text if text.startswith(f"{path}:") else f"{path}: {text}"
 
 
 def stop_event() -> asyncio.Event:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -20,6 +22,7 @@ __all__ = [
     "run_json",
     "show_failure",
     "show_queue",
+    "show_queues",
     "show_release",
     "show_runs",
     "show_status",
@@ -65,6 +68,7 @@ def run_json(info: RunInfo) -> dict[str, Any]:
         "workflow": info.workflow,
         "status": info.status,
         "tenant": info.tenant,
+        "priority": info.priority,
         "start_time": info.start_time.isoformat() if info.start_time else None,
         "close_time": info.close_time.isoformat() if info.close_time else None,
         "result": to_jsonable(info.result),
@@ -88,7 +92,7 @@ def run_json(info: RunInfo) -> dict[str, Any]:
 def show_status(info: RunInfo, *, result: bool = True) -> None:
     console.print(
         f"[bold]{escape(info.run_id)}[/]  workflow [bold]{info.workflow}[/]  {_styled(info.status)}  "
-        f"tenant {info.tenant}",
+        f"tenant {info.tenant}" + (f"  priority {escape(info.priority)}" if info.priority else ""),
         soft_wrap=True,  # the run id stays whole, to be copied
     )
     if info.progress:
@@ -173,6 +177,102 @@ def show_release(freed: dict[str, Any]) -> None:
     )
 
 
+_MEM_UNITS = (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10))
+
+
+def _mem(amount: float) -> str:
+    """Bytes as the quota was likely written: 64Gi, 1.5Gi, 512Mi."""
+    for unit, size in _MEM_UNITS:
+        if amount >= size:
+            return f"{amount / size:.3g}{unit}"
+    return f"{amount:g}"
+
+
+def _amount(resource: str, value: Any) -> str:
+    """One resource of a quota or usage: None is unlimited; CPUs as a number of CPUs, memory in bytes."""
+    if value is None:
+        return "∞"
+    if not isinstance(value, int | float):
+        return str(value)
+    return _mem(value) if resource == "mem" else f"{value:g}"
+
+
+def _amounts(values: Any) -> str:
+    """A quota or a usage, one resource a line (gpu, cpu, mem)."""
+    values = values if isinstance(values, Mapping) else {}
+    return "\n".join(f"{r} {_amount(r, values.get(r, 0))}" for r in ("gpu", "cpu", "mem"))
+
+
+def _share(value: Any) -> str:
+    """The dominant resource share (weight 0: infinite, never favoured)."""
+    if isinstance(value, int | float):
+        return "∞" if math.isinf(value) else f"{value:.2f}"
+    return "—" if value is None else str(value)
+
+
+def _configured(data: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Tenant name → its entry in the applied configuration (cohort, weight), when the answer has it."""
+    config = data.get("config")
+    tenants = config.get("tenants") if isinstance(config, Mapping) else None
+    return {str(t.get("name")): t for t in tenants or [] if isinstance(t, Mapping)}
+
+
+def show_queues(data: Mapping[str, Any]) -> None:
+    """``gangflow queues show``: per tenant its nominal quota, what it uses, borrows and lends, its
+    pending gangs and its fair share."""
+    tenants = data.get("tenants")
+    if not isinstance(tenants, Mapping) or not tenants:
+        console.print("no tenants")
+        return
+    configured = _configured(data)
+    table = Table(title="tenants", show_edge=False, header_style="bold")
+    table.add_column("tenant", no_wrap=True)
+    for column in ("nominal", "used", "borrowed", "lent"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("pending", justify="right")
+    table.add_column("share", justify="right")
+    for name, entry in sorted(tenants.items()):
+        entry = entry if isinstance(entry, Mapping) else {}
+        conf = configured.get(name) or entry  # the Scheduler's entry may say cohort and weight itself
+        who = [escape(name)]
+        if conf.get("cohort"):
+            who.append(f"cohort {escape(str(conf['cohort']))}")
+        if isinstance(conf.get("weight"), int | float):
+            who.append(f"weight {conf['weight']:g}")
+        table.add_row(
+            "\n".join(who),
+            *(_amounts(entry.get(k)) for k in ("nominal", "used", "borrowed", "lent")),
+            str(entry.get("pending", 0)),
+            _share(entry.get("share")),
+            end_section=True,
+        )
+    console.print(table)
+
+
+def _tenant_summary(tenants: Mapping[str, Any]) -> Table:
+    """``gangflow queue``'s per-tenant lines: GPUs only (``gangflow queues show`` has every resource)."""
+    table = Table(title="tenants", show_edge=False, header_style="bold")
+    table.add_column("tenant", no_wrap=True)
+    for column in ("GPUs used/quota", "borrowed", "lent", "pending", "share"):
+        table.add_column(column, justify="right")
+    for name, entry in sorted(tenants.items()):
+        entry = entry if isinstance(entry, Mapping) else {}
+
+        def gpus(key: str, entry: Mapping[str, Any] = entry) -> str:
+            values = entry.get(key)
+            return _amount("gpu", values.get("gpu", 0) if isinstance(values, Mapping) else 0)
+
+        table.add_row(
+            escape(name),
+            f"{gpus('used')}/{gpus('nominal')}",
+            gpus("borrowed"),
+            gpus("lent"),
+            str(entry.get("pending", 0)),
+            _share(entry.get("share")),
+        )
+    return table
+
+
 def show_queue(data: dict[str, Any]) -> None:
     nodes = Table(title="nodes", show_edge=False, header_style="bold")
     nodes.add_column("node", no_wrap=True, overflow="fold")  # ids are copied into other commands: never "…"
@@ -189,21 +289,33 @@ def show_queue(data: dict[str, Any]) -> None:
             ", ".join(n["gangs"]),
         )
     console.print(nodes if data.get("nodes") else "no nodes registered")
+    # Older Schedulers have no tenants, priorities or preemption: every such key is optional.
+    if isinstance(data.get("tenants"), Mapping) and data["tenants"]:
+        console.print(_tenant_summary(data["tenants"]))
     if data.get("running"):
         running = Table(title="running gangs", show_edge=False, header_style="bold")
         running.add_column("gang", no_wrap=True, overflow="fold")
-        for column in ("tenant", "placement"):
+        for column in ("tenant", "priority", "state", "placement"):
             running.add_column(column, overflow="fold")
         for g in data["running"]:
-            where = "; ".join(f"{a['node_id']} gpus {a['gpu_ids']}" for a in g["nodes"])
-            running.add_row(g["gang_id"], g["tenant"], where)
+            where = "; ".join(f"{a['node_id']} gpus {a['gpu_ids']}" for a in g.get("nodes", []))
+            state = "[yellow]preempting[/]" if g.get("preempting") else "running"
+            running.add_row(
+                escape(g["gang_id"]), escape(g.get("tenant") or ""), escape(g.get("priority") or ""), state, where
+            )
         console.print(running)
     if data.get("pending"):
         pending = Table(title="pending", show_edge=False, header_style="bold")
         pending.add_column("#")
         pending.add_column("gang", no_wrap=True, overflow="fold")
-        for column in ("tenant", "why"):
+        for column in ("tenant", "priority", "why"):
             pending.add_column(column, overflow="fold")
         for q in data["pending"]:
-            pending.add_row(str(q["position"]), q["gang_id"], q.get("tenant", ""), q.get("reason", ""))
+            pending.add_row(
+                str(q.get("position", "")),
+                escape(q["gang_id"]),
+                escape(q.get("tenant") or ""),
+                escape(q.get("priority") or ""),
+                escape(q.get("reason") or ""),
+            )
         console.print(pending)

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from temporalio.client import Client as TemporalClient
@@ -20,7 +20,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError
 
-from engine.client import Client, load_workflow_file, prepare_run
+from engine.client import DEFAULT_TENANT, Client, load_workflow_file, prepare_run
 from engine.core.definitions import WorkflowDefinition
 from engine.core.resources import parse_memory
 from engine.core.wire import Envelope
@@ -32,8 +32,18 @@ from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connec
 from engine.runtime.codec_server import CodecServer
 from engine.runtime.history import read_tasks
 from engine.runtime.node import NodeConfig, run_node
+from engine.scheduling.config import QueueConfig, QueueConfigError
 
-from .common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError, follow, stop_event, until_signalled
+from .common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    CliError,
+    follow,
+    read_queue_file,
+    stop_event,
+    until_signalled,
+)
 from .render import console, print_unwrapped, show_failure, show_status
 
 __all__ = ["DEMO_GPUS", "DEMO_NODES", "cmd_codec_server", "cmd_demo", "cmd_dev", "cmd_node", "cmd_worker"]
@@ -52,11 +62,21 @@ async def _connect(endpoint: Endpoint) -> TemporalClient:
         raise CliError(f"cannot reach Temporal at {endpoint.address}: {exc}") from None
 
 
-async def _serve(temporal: TemporalClient, modules: Sequence[str] = (), task_queue: str = TASK_QUEUE) -> None:
+async def _serve(
+    temporal: TemporalClient,
+    modules: Sequence[str] = (),
+    task_queue: str = TASK_QUEUE,
+    ready: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Run a worker until SIGINT / SIGTERM; ``ready`` runs once the worker polls (what needs one of its
+    workflows to answer, such as the Scheduler taking a queue configuration)."""
     await ensure_search_attributes(temporal)
     preload(modules)
     async with build_worker(temporal, task_queue=task_queue):
-        await until_signalled()
+        stopped = stop_event()
+        if ready is not None:
+            await ready()
+        await stopped.wait()
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
@@ -136,8 +156,22 @@ def _spawn_nodes(address: str, count: int, gpus: int, state: Path) -> list[subpr
     ]
 
 
+async def _apply_queues(temporal: TemporalClient, file: str, config: QueueConfig) -> None:
+    """``dev --queues``: hand the (already validated) queue configuration to the Scheduler."""
+    try:
+        applied = await Client(temporal).apply_queues(config)
+    except QueueConfigError as exc:  # the Scheduler refused it: nothing was applied
+        raise CliError(f"{file}: not applied: {exc}", EXIT_BAD_INPUT) from None
+    except GangflowError as exc:
+        raise CliError(f"{file}: not applied: {exc}") from None
+    tenants = ", ".join(sorted(applied.get("tenants") or {}))
+    console.print(f"queue configuration {file} applied: tenants {tenants}; see 'gangflow queues show'")
+
+
 async def cmd_dev(args: argparse.Namespace) -> int:
     state = Path(args.state_dir).resolve()
+    # checked before anything starts: a bad file is bad input (exit 2), not a stack that half came up
+    queues = read_queue_file(args.queues) if args.queues else None
     codec = CodecServer().start()
     server = DevServer(state, port=args.port, ui_port=args.ui_port, ui=not args.headless, codec_endpoint=codec.url)
     try:
@@ -159,8 +193,14 @@ async def cmd_dev(args: argparse.Namespace) -> int:
             console.print(
                 f"{len(nodes)} node agent(s) with {args.gpus_per_node} GPU slot(s) each; see 'gangflow queue'"
             )
+        temporal = await _connect(Endpoint.resolve(server.address, "default"))
+
+        async def ready() -> None:
+            if queues is not None:
+                await _apply_queues(temporal, args.queues, queues)
+
         try:
-            await _serve(await _connect(Endpoint.resolve(server.address, "default")))
+            await _serve(temporal, ready=ready)
         finally:
             stop_processes(nodes, _NODE_STOP_GRACE_S)
     finally:
@@ -192,7 +232,9 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     state = Path(tempfile.mkdtemp(prefix="gangflow-demo-"))
     try:
         defn = load_workflow_file(target)
-        defn, envelope = prepare_run(defn, {}, artifacts=str(state / "artifacts"))
+        # the throwaway stack has no queue configuration: its only tenant is the default (whatever
+        # GANGFLOW_TENANT says for the user's own cluster)
+        defn, envelope = prepare_run(defn, {}, artifacts=str(state / "artifacts"), tenant=DEFAULT_TENANT)
     except GangflowError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
     codec = CodecServer().start()

@@ -72,6 +72,11 @@ class TaskDefinition:
     hang_timeout: timedelta | None
     lost_node_wait: timedelta
     is_async: bool
+    #: the priority class of the task's gangs (checked against the cluster's queue configuration when a
+    #: run starts); None: the run's priority. Distributed tasks only.
+    priority: str | None = None
+    #: False: the task's gangs are never preempted, whatever their priority class says
+    preemptible: bool = True
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,8 @@ def task(
     max_restarts: int = 3,
     hang_timeout: float | timedelta | None = None,
     lost_node_wait: float | timedelta | None = None,
+    priority: str | None = None,
+    preemptible: bool | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -127,6 +134,8 @@ def task(
     max_restarts: int = 3,
     hang_timeout: float | timedelta | None = None,
     lost_node_wait: float | timedelta | None = None,
+    priority: str | None = None,
+    preemptible: bool | None = None,
 ) -> Any:
     """Declare a typed task.
 
@@ -142,6 +151,9 @@ def task(
     that long (the clock starts at launch, so it must cover start-up too); off by default.
     ``lost_node_wait`` (seconds, default 600) is how long a gang that only lost nodes could hold waits for
     them to come back (a whole-cluster restart) before it fails as unschedulable.
+    ``priority`` names the priority class of its gangs (one of the cluster's ``priority_classes``; checked
+    when a run starts, since the classes belong to the cluster, not to the code); it wins over the run's
+    ``--priority``. ``preemptible=False`` keeps its gangs from ever being preempted, whatever their class.
     """
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -170,6 +182,7 @@ def task(
             raise DefinitionError(f"{owner}: lost_node_wait applies to distributed tasks (plugin=...) only")
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
             raise DefinitionError(f"{owner}: max_restarts must be a non-negative int, got {max_restarts!r}")
+        _check_scheduling(owner, shape, priority, preemptible)
         defn = TaskDefinition(
             name=task_name,
             fn=func,
@@ -188,6 +201,8 @@ def task(
             hang_timeout=hang,
             lost_node_wait=node_wait or DEFAULT_LOST_NODE_WAIT,
             is_async=inspect.iscoroutinefunction(func),
+            priority=priority,
+            preemptible=preemptible is not False,
         )
 
         @functools.wraps(func)
@@ -201,6 +216,22 @@ def task(
         return call
 
     return decorate(fn) if fn is not None else decorate
+
+
+def _check_scheduling(owner: str, shape: GangShape | None, priority: object, preemptible: object) -> None:
+    """``priority`` and ``preemptible`` shape how gangs are queued and preempted: distributed tasks only."""
+    if shape is None:
+        for option, value in (("priority", priority), ("preemptible", preemptible)):
+            if value is not None:
+                raise DefinitionError(f"{owner}: {option} applies to distributed tasks (plugin=...) only")
+    # a class name as the queue configuration spells it: a stray space would only fail later, at run start
+    if priority is not None and (not isinstance(priority, str) or not priority or priority != priority.strip()):
+        raise DefinitionError(
+            f"{owner}: priority must name a priority class (a non-empty str without surrounding spaces), "
+            f"got {priority!r}"
+        )
+    if preemptible is not None and not isinstance(preemptible, bool):
+        raise DefinitionError(f"{owner}: preemptible must be True or False, got {preemptible!r}")
 
 
 def workflow(

@@ -2,7 +2,7 @@
 
 It names the code to run (module + qualname, and the content-addressed code bundle it comes from), the
 inputs already validated and encoded for their declared types, and the run context shared by every
-task of a run (run id, pipeline, tenant, artifact store).
+task of a run (run id, pipeline, tenant, priority class, artifact store).
 """
 
 from __future__ import annotations
@@ -32,6 +32,15 @@ class RunContext:
     pipeline: str
     tenant: str
     artifacts: str
+    #: the run's priority class (``gangflow run --priority``); a task's own ``priority=`` wins over it
+    priority: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        # Without a priority the envelope stays byte for byte what it was before priorities existed.
+        wire = asdict(self)
+        if wire["priority"] is None:
+            del wire["priority"]
+        return wire
 
 
 @dataclass(frozen=True)
@@ -41,10 +50,11 @@ class Envelope:
     run: RunContext
 
     def encode(self, where: str) -> bytes:
-        blob = pack({"code": asdict(self.code), "inputs": self.inputs, "run": asdict(self.run)})
+        blob = pack({"code": asdict(self.code), "inputs": self.inputs, "run": self.run.to_wire()})
         return check_payload_size(blob, where)
 
     @classmethod
     def decode(cls, blob: bytes) -> Envelope:
         data = unpack(blob)
+        # envelopes recorded before priorities existed have no "priority": it defaults to None
         return cls(CodeRef(**data["code"]), dict(data["inputs"]), RunContext(**data["run"]))

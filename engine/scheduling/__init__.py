@@ -1,13 +1,26 @@
-"""The scheduling policy: node inventory, a strict-FIFO gang queue, all-or-nothing admission, placement.
+"""The scheduling policy: node inventory, tenants with quotas and cohorts, priority classes, fair share,
+all-or-nothing gang admission with backfill, placement and preemption decisions.
 
-Pure and deterministic (standard library and pydantic only): the Scheduler workflow feeds it events and
-sends out its decisions; tests and simulations drive it without Temporal. See ``policy`` for the rules.
+Pure and deterministic (standard library, pydantic and PyYAML only): the Scheduler workflow feeds it
+events and sends out its decisions; tests and simulations drive it without Temporal. See ``policy`` for
+the rules, ``tenancy`` for quotas and fair share, ``config`` for the YAML users write.
 """
 
-from engine.scheduling.capacity import NodeUsage, usage
-from engine.scheduling.describe import describe
+from engine.scheduling.config import (
+    DEFAULT_QUEUE_CONFIG,
+    CohortConfig,
+    PolicyConfig,
+    PriorityClass,
+    QueueConfig,
+    QueueConfigError,
+    ResourceAmounts,
+    TenantConfig,
+    dump_queue_config,
+    load_queue_config,
+)
 from engine.scheduling.events import (
     Admitted,
+    ConfigApplied,
     Decision,
     Event,
     GangReleased,
@@ -15,29 +28,29 @@ from engine.scheduling.events import (
     NodeLost,
     NodeRegistered,
     Pending,
+    Preempted,
     Rejected,
     Tick,
 )
 from engine.scheduling.model import (
     DEFAULT_LOST_NODE_WAIT_S,
     DEFAULT_NODE_TTL_S,
-    Allocation,
-    ClusterState,
+    DEFAULT_TENANT,
     GangRequest,
     NodeAssignment,
     NodeSpec,
-    NodeState,
     Placement,
-    QueuedGang,
 )
-from engine.scheduling.policy import next_deadline, pending_reasons, place, step
+from engine.scheduling.policy import Policy
 
 __all__ = [
     "DEFAULT_LOST_NODE_WAIT_S",
     "DEFAULT_NODE_TTL_S",
+    "DEFAULT_QUEUE_CONFIG",
+    "DEFAULT_TENANT",
     "Admitted",
-    "Allocation",
-    "ClusterState",
+    "CohortConfig",
+    "ConfigApplied",
     "Decision",
     "Event",
     "GangReleased",
@@ -47,17 +60,18 @@ __all__ = [
     "NodeLost",
     "NodeRegistered",
     "NodeSpec",
-    "NodeState",
-    "NodeUsage",
     "Pending",
     "Placement",
-    "QueuedGang",
+    "Policy",
+    "PolicyConfig",
+    "Preempted",
+    "PriorityClass",
+    "QueueConfig",
+    "QueueConfigError",
     "Rejected",
+    "ResourceAmounts",
+    "TenantConfig",
     "Tick",
-    "describe",
-    "next_deadline",
-    "pending_reasons",
-    "place",
-    "step",
-    "usage",
+    "dump_queue_config",
+    "load_queue_config",
 ]

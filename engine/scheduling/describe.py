@@ -1,79 +1,144 @@
-"""A JSON-able summary of the scheduler state for ``gangflow queue`` and the Scheduler's query handler."""
+"""JSON-able views of the policy: ``describe`` for ``gangflow queue``, ``queues`` for ``gangflow queues show``.
+
+Only plain str / int / float / bool / None / list / dict values, so ``json.dumps`` takes them as they are.
+Both are O(gangs): they answer queries, never run per event.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.scheduling.capacity import Ledger
-from engine.scheduling.model import ClusterState
-from engine.scheduling.policy import pending_reasons
+from engine.scheduling.tenancy import RESOURCES
+from engine.scheduling.units import cpus_of
 
-__all__ = ["describe"]
+if TYPE_CHECKING:
+    from engine.scheduling.policy import Policy
+
+__all__ = ["describe", "queues"]
 
 
-def describe(state: ClusterState) -> dict[str, Any]:
-    """Nodes (sorted by id) with capacity and the gangs on them, running gangs, and the queue in order.
+def _resources(values: tuple[int | None, ...]) -> dict[str, int | float | None]:
+    gpu, cpu, mem = values
+    return {"gpu": gpu, "cpu": None if cpu is None else cpus_of(cpu), "mem": mem}
 
-    Pending reasons are recomputed from the state rather than read from it, so a state built by hand
-    (tests, tools) is described just as ``step`` would explain it; after a ``step`` they are identical.
-    Only plain str / int / float / bool / None / list / dict values, so ``json.dumps`` takes it as is.
-    """
-    ledger = Ledger(state.running)
+
+def _finite(share: float) -> float | None:
+    # JSON has no infinity: a weight-0 tenant above its quota (infinite share) shows null
+    return round(share, 6) if share != float("inf") else None
+
+
+def queues(policy: Policy) -> dict[str, Any]:
+    """Per tenant: nominal quota, used, borrowed, lent, pending gangs and fair share; per cohort its members."""
+    tenancy = policy.tenancy
+    pending: dict[str, int] = {}
+    for queued in policy.pending.values():
+        pending[queued.request.tenant] = pending.get(queued.request.tenant, 0) + 1
+    lent = tenancy.lent()
+    names = [t.name for t in policy.config.tenants]
+    # a tenant removed from the configuration still shows while its gangs hold GPUs
+    names += sorted(name for name in tenancy.tenants if name not in names and any(tenancy.used(name)))
+    tenants = {
+        name: {
+            "cohort": policy.config.root_cohort(name),
+            "weight": tenancy.tenants[name].weight,
+            "nominal": _resources(tenancy.nominal(name)),
+            "used": _resources(tenancy.used(name)),
+            "borrowed": _resources(tenancy.borrowed(name)),
+            "lent": _resources(lent.get(name, (0, 0, 0))),
+            "pending": pending.get(name, 0),
+            "share": _finite(tenancy.share(name, policy.inventory.capacity)),
+        }
+        for name in names
+    }
+    cohorts = {
+        c.name: {"parent": c.parent, "tenants": [t.name for t in policy.config.tenants if t.cohort == c.name]}
+        for c in policy.config.cohorts
+    }
+    return {"tenants": tenants, "cohorts": cohorts, "resources": list(RESOURCES)}
+
+
+def describe(policy: Policy) -> dict[str, Any]:
+    """Nodes (sorted by id) with capacity and the gangs on them, running gangs, and the queue in order."""
+    default_class = policy.config.priority(None).name
     nodes: list[dict[str, Any]] = []
-    for node_id, node in sorted(state.nodes.items()):
-        use = ledger.usage(node)
+    for node_id, node in sorted(policy.inventory.nodes.items()):
         spec = node.spec
+        offered = node.offered
+        held_gpus = sorted(i for hold in node.held.values() for i in hold.gpu_ids)
         nodes.append(
             {
                 "node_id": node_id,
                 "address": spec.address,
                 "alive": node.alive,
+                "drained": node.drained,
                 "gpus_total": spec.gpus,
-                "gpus_free": len(use.free_gpu_ids),
-                "free_gpu_ids": list(use.free_gpu_ids),
+                "gpus_free": len(node.free_gpus) if offered else 0,
+                "free_gpu_ids": list(node.free_gpus) if offered else [],
+                "used_gpu_ids": held_gpus,
                 "cpus_total": spec.cpus,
-                "cpus_free": use.free_cpus,
+                "cpus_free": cpus_of(node.free_mc) if offered else 0,
                 "mem_total": spec.mem,
-                "mem_free": use.free_mem,
-                "gangs": sorted(set(use.gangs)),
+                "mem_free": node.free_mem if offered or node.free_mem is None else 0,
+                "gangs": sorted(node.held),
             }
         )
-    running = [
-        {
-            "gang_id": gang_id,
-            "tenant": alloc.request.tenant,
-            "nnodes": alloc.request.nnodes,
-            "gpus_per_node": alloc.request.gpus_per_node,
-            "cpus_per_node": alloc.request.cpus_per_node,
-            "mem_per_node": alloc.request.mem_per_node,
-            "nodes": [
-                {"node_id": a.node_id, "address": a.address, "node_rank": a.node_rank, "gpu_ids": list(a.gpu_ids)}
-                for a in alloc.placement.nodes
-            ],
-        }
-        for gang_id, alloc in sorted(state.running.items())
-    ]
-    reasons = pending_reasons(state)
+    running = []
+    for gang_id, entry in sorted(policy.running.items()):
+        request = entry.request
+        running.append(
+            {
+                "gang_id": gang_id,
+                "tenant": request.tenant,
+                "priority": request.priority or default_class,
+                "preemptible": entry.preemptible,
+                "backfill": entry.backfill,
+                "preempting": entry.preempted_for is not None,
+                "preempted_for": entry.preempted_for,
+                "admitted_at": entry.admitted_at,
+                "nnodes": request.nnodes,
+                "gpus_per_node": request.gpus_per_node,
+                "cpus_per_node": request.cpus_per_node,
+                "mem_per_node": request.mem_per_node,
+                "nodes": [
+                    {"node_id": a.node_id, "address": a.address, "node_rank": a.node_rank, "gpu_ids": list(a.gpu_ids)}
+                    for a in entry.placement.nodes
+                ],
+            }
+        )
+    by_tenant: dict[str, list[Any]] = {}
+    for q in policy.pending.values():
+        by_tenant.setdefault(q.request.tenant, []).append(q)
+    tiers = {tenant: policy.tiers(tenant, gangs) for tenant, gangs in by_tenant.items()}
+    order = sorted(policy.pending.values(), key=lambda q: (-q.prio, *tiers[q.request.tenant][-q.prio], q.seq))
     pending = [
         {
             "position": position + 1,
             "gang_id": q.request.gang_id,
             "tenant": q.request.tenant,
+            "priority": q.request.priority or default_class,
             "nnodes": q.request.nnodes,
             "gpus_per_node": q.request.gpus_per_node,
             "cpus_per_node": q.request.cpus_per_node,
             "mem_per_node": q.request.mem_per_node,
-            "reason": reasons[q.request.gang_id],
+            "reason": q.reason,
+            "preempting": sorted(q.victims),
         }
-        for position, q in enumerate(state.queue)
+        for position, q in enumerate(order)
     ]
-    alive = [n for n in state.nodes.values() if n.alive]
+    offered_nodes = [n for n in policy.inventory.nodes.values() if n.offered]
     totals = {
-        "nodes": len(state.nodes),
-        "alive_nodes": len(alive),
-        "gpus_total": sum(n.spec.gpus for n in alive),
+        "nodes": len(nodes),
+        "alive_nodes": sum(1 for n in policy.inventory.nodes.values() if n.alive),
+        "gpus_total": sum(n.spec.gpus for n in offered_nodes),
         "gpus_free": sum(entry["gpus_free"] for entry in nodes),
         "running": len(running),
         "pending": len(pending),
     }
-    return {"totals": totals, "nodes": nodes, "running": running, "pending": pending}
+    return {
+        "totals": totals,
+        "nodes": nodes,
+        "running": running,
+        "pending": pending,
+        "tenants": queues(policy)["tenants"],
+        "drained": sorted(n.spec.node_id for n in policy.inventory.nodes.values() if n.drained),
+    }

@@ -11,10 +11,12 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field
 
+from engine.scheduling.config import QueueConfig
 from engine.scheduling.model import Frozen, GangRequest, NodeSpec, Placement
 
 __all__ = [
     "Admitted",
+    "ConfigApplied",
     "Decision",
     "Event",
     "GangReleased",
@@ -22,6 +24,7 @@ __all__ = [
     "NodeLost",
     "NodeRegistered",
     "Pending",
+    "Preempted",
     "Rejected",
     "Tick",
 ]
@@ -69,8 +72,18 @@ class Tick(Frozen):
     kind: Literal["tick"] = "tick"
 
 
+class ConfigApplied(Frozen):
+    """A new queue configuration (tenants, cohorts, quotas, priority classes, policy knobs), already validated.
+
+    Running gangs keep running whatever the new quotas say (a quota shrunk under load is reclaimed by
+    the usual preemption rules, never by killing); pending gangs of a tenant that is gone are rejected."""
+
+    kind: Literal["config_applied"] = "config_applied"
+    config: QueueConfig
+
+
 Event: TypeAlias = Annotated[
-    NodeRegistered | NodeLost | GangSubmitted | GangReleased | Tick, Field(discriminator="kind")
+    NodeRegistered | NodeLost | GangSubmitted | GangReleased | Tick | ConfigApplied, Field(discriminator="kind")
 ]
 
 
@@ -101,4 +114,17 @@ class Pending(Frozen):
     reason: str
 
 
-Decision: TypeAlias = Annotated[Admitted | Rejected | Pending, Field(discriminator="kind")]
+class Preempted(Frozen):
+    """A running gang must make room: its GangRun stops it (with ``grace_s`` to checkpoint), releases its
+    placement and queues again at its own priority. ``by`` is the gang it makes room for."""
+
+    kind: Literal["preempted"] = "preempted"
+    gang_id: str
+    by: str
+    by_tenant: str
+    cause: Literal["reclaim", "priority", "backfill", "defrag", "drain"]
+    reason: str
+    grace_s: float
+
+
+Decision: TypeAlias = Annotated[Admitted | Rejected | Pending | Preempted, Field(discriminator="kind")]

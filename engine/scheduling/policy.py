@@ -1,43 +1,65 @@
-"""The scheduling policy: ``step(state, event, now) -> (state, decisions)``, pure and deterministic.
+"""The scheduling policy: ``Policy.step(event, now) -> decisions``, deterministic and incremental.
 
-It runs inside the Scheduler workflow, so it reads no clock (time comes in as ``now``, the workflow's
-own deterministic clock), uses no randomness, no I/O and never mutates its input; the same state,
-event and ``now`` always give the same answer, also after a continue-as-new.
+It runs inside the Scheduler workflow, so it reads no clock (``now`` is the workflow's clock), uses no
+randomness and no I/O: the same events at the same times always give the same decisions, also after a
+continue-as-new (``snapshot`` / ``restore``). Its state is mutable and indexed so that one event costs
+about O(tenants × shapes + nodes looked at), never a pass over every queued gang.
 
-Admission is **strict FIFO and all-or-nothing**. After each event the head of the queue is admitted
-only if *all* of its nodes can be placed at once, and admission repeats while the new head fits. If
-the head does not fit, nothing behind it starts, even a small gang that would fit: there is no
-backfill. That is a deliberate choice: with backfill, a stream of small gangs can keep a big gang
-waiting forever (it needs many nodes free at the same moment); without it, every gang starts after a
-bounded wait, at the price of some idle capacity while the head waits. Quotas, priorities and
-checkpoint-aware preemption will refine this order later.
+**Order.** Pending gangs are kept per tenant in FIFO queues, one per (priority, shape). After an event the
+heads of those queues are tried in order: higher priority first, then the tenant with the lowest fair
+share (``engine.scheduling.tenancy``), then submission order. When a head is admitted, the next gang of
+its queue joins the order; when it is not, the rest of its queue (same tenant, priority and shape) waits
+too, so an event looks at a few heads, not at 15,000 gangs.
 
-A request is rejected when it is submitted if it is malformed, a duplicate id, or too big for every
-*registered* node even when idle (lost nodes count: after a whole-cluster restart the nodes are expected
-back). A gang that only lost nodes could hold **waits for them** without holding the head of the queue
-(it cannot start anyway, so reserving for it would only block everyone behind it), and is rejected once
-it waited ``request.lost_node_wait_s`` for them. A node that has not re-registered for
-``state.node_ttl_s`` is lost, whether or not a gang runs on it; its next registration revives it.
+**Admission** is all-or-nothing: the tenant's quota must allow the whole gang (nominal quota, or
+borrowing idle cohort capacity within the limits), and ``nnodes`` nodes must each hold one node's
+share (best fit, ``engine.scheduling.inventory``).
 
-Placement is **best fit**: one node's share goes to each of ``nnodes`` distinct alive nodes that have
-room, preferring the nodes with the fewest free GPUs, then the fewest free CPUs, then the lowest node
-id, so small gangs fill partly used nodes and leave whole nodes for big gangs. Each node gets its
-lowest free GPU ids. Node ranks are then numbered in node-id order (rank 0, which hosts the
-rendezvous, is the lowest id), so a user reading the placement can predict the ranks.
+**Backfill without starvation.** The first gang in order that the nodes cannot hold is the *blocker*.
+Gangs after it may still start on idle GPUs, but only as *backfill*: they must be preemptible, and any
+gang that was already waiting when they started may preempt them. A blocker that needs whole nodes may
+also *defragment*: smaller gangs of no higher priority move (preempted, and able to start again at once
+on idle GPUs elsewhere). So idle GPUs are used, and the blocker's wait is bounded: it waits at most for
+the gangs admitted *before* it started waiting, or for the minimum runtime and the grace of the
+backfilled gangs in its way. The nodes a blocker will take (freed by its victims, or held by victims too
+young to preempt yet) are reserved: nothing backfills there meanwhile, so short gangs cannot keep
+replacing each other on them.
 
-Decisions, in order: the ``Rejected`` the event itself caused, ``Admitted`` in queue order, then one
-``Pending`` for every queued gang whose reason text changed (a newly queued gang always gets one).
-Reasons mention the free capacity and the queue position, so they change as other gangs come and go;
-a gang does not get the same reason twice in a row.
+**Preemption** has four causes: *reclaim* (a tenant within its nominal quota takes back what it lent to
+borrowers of its cohort; ``policy.reclaim_within_cohort``), *priority* (within a tenant;
+``policy.within_tenant``), *backfill* and *defrag* (above). Victims are whole gangs, preemptible, admitted
+at least ``policy.min_runtime`` ago, chosen by ``engine.scheduling.preemption`` (fewest; borrowers, then
+the lowest priority, then the most recently admitted). A gang is never preempted for a gang that it was
+itself preempted for earlier: no preemption cycles. A preempted gang keeps its place in the order when
+it comes back. An event runs at most one victim search (a Tick, four): a search put off comes back on a
+Tick within ``SEARCH_PUT_OFF_S``.
+
+**Nodes.** A node that has not re-registered for ``node_ttl_s`` is lost; its allocations stay until
+their gangs release them. A gang that only lost nodes could hold waits for them without holding up the
+queue and is rejected after ``request.lost_node_wait_s``. A request that can never fit (too big for
+every registered node, more than its tenant may ever hold, unknown tenant or priority class, malformed,
+duplicate) is rejected at once.
+
+**Decisions**, in order: what the event itself caused (``Rejected``), then ``Admitted`` / ``Preempted``
+as the order is walked, and ``Pending`` for a gang whose reason changed (a new gang always gets one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import base64
+import heapq
+import itertools
+import json
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from engine.scheduling.capacity import Ledger, fits_idle_cluster
+from engine.scheduling import describe as views
+from engine.scheduling.config import DEFAULT_QUEUE_CONFIG, QueueConfig, dump_queue_config, load_queue_config
 from engine.scheduling.events import (
     Admitted,
+    ConfigApplied,
     Decision,
     Event,
     GangReleased,
@@ -45,184 +67,816 @@ from engine.scheduling.events import (
     NodeLost,
     NodeRegistered,
     Pending,
+    Preempted,
     Rejected,
+    Tick,
 )
-from engine.scheduling.model import (
-    Allocation,
-    ClusterState,
-    GangRequest,
-    NodeAssignment,
-    NodeState,
-    Placement,
-    QueuedGang,
-)
+from engine.scheduling.inventory import Inventory, millicores
+from engine.scheduling.model import DEFAULT_NODE_TTL_S, GangRequest, NodeAssignment, NodeSpec, Placement
+from engine.scheduling.preemption import Victim, choose_victims
 from engine.scheduling.reasons import (
     behind_reason,
-    head_reason,
+    capacity_reason,
     lost_wait_expired_reason,
     lost_wait_reason,
     malformed_reason,
+    needs,
     never_fits_reason,
+    nominated_reason,
+    queued_reason,
+    quota_reason,
 )
+from engine.scheduling.tenancy import Tenancy, Vec, demand
 
-__all__ = ["next_deadline", "pending_reasons", "place", "step"]
+__all__ = ["Policy"]
+
+Shape = tuple[int, int, int, int | None]  # nnodes, GPUs, millicores and bytes per node
+QueueKey = tuple[int, Shape]  # (-priority value, shape)
+Cause = Literal["reclaim", "priority", "backfill", "defrag"]
+_SNAPSHOT_VERSION = 1
+#: how soon a gang whose victim search was put off (one search per event) searches again, policy seconds
+SEARCH_PUT_OFF_S = 5.0
+#: how many of a tenant's most recent gangs a victim search considers to free quota (not nodes)
+MORE_VICTIMS = 256
 
 
-def step(state: ClusterState, event: Event, now: float | None = None) -> tuple[ClusterState, list[Decision]]:
-    """Apply one event, then admit what fits; return the new state and the decisions to send.
+@dataclass(slots=True)
+class _Queued:
+    request: GangRequest
+    seq: int
+    prio: int
+    preemptible: bool
+    vec: Vec
+    shape: Shape
+    reason: str = ""
+    lost_wait_since: float | None = None
+    victims: set[str] = field(default_factory=set)  # preempted for this gang and not released yet
+    cause: str = ""
+    #: the last victim search found nothing: (policy version then, when a too-young victim comes of age)
+    failed_search: tuple[int, float] | None = None
 
-    ``now`` (seconds on the Scheduler's workflow clock) drives the time-based rules: node expiry and
-    the bounded wait for lost nodes. Without it (unit tests of the pure rules) no deadline fires.
-    """
-    # working copies: the input state (and its dicts) are never touched
-    nodes = dict(state.nodes)
-    queue = list(state.queue)
-    running = dict(state.running)
-    decisions: list[Decision] = []
+    @property
+    def key(self) -> QueueKey:
+        return (-self.prio, self.shape)
 
-    if isinstance(event, NodeRegistered):
-        # a re-registration replaces the capacity and revives the node; its allocations stay in `running`
-        nodes[event.spec.node_id] = NodeState(spec=event.spec, alive=True, last_seen=now or 0.0)
-    elif isinstance(event, NodeLost):
-        node = nodes.get(event.node_id)
-        if node is not None and node.alive:
-            nodes[event.node_id] = node.model_copy(update={"alive": False})
-    elif isinstance(event, GangSubmitted):
-        refusal = _refusal(event.request, nodes, queue, running)
-        if refusal is None:
-            queue.append(QueuedGang(request=event.request))
-        else:
-            decisions.append(Rejected(gang_id=event.request.gang_id, reason=refusal))
-    elif isinstance(event, GangReleased):
-        running.pop(event.gang_id, None)
-        queue = [q for q in queue if q.request.gang_id != event.gang_id]
-    if now is not None:
-        _expire_silent_nodes(nodes, state.node_ttl_s, now)
 
-    # gangs that only lost nodes could hold: they wait for them without holding the queue (nodes do not
-    # change below, so this is decided once per step)
-    lost_waiters = {q.request.gang_id for q in queue if not fits_idle_cluster(q.request, nodes)}
-    ledger = Ledger(running)
-    admitted: set[str] = set()
-    for queued in queue:
-        if queued.request.gang_id in lost_waiters:
-            continue  # holding the queue for lost nodes could block everyone for good
-        placement = _place(queued.request, nodes, ledger)
-        if placement is None:
-            break  # strict FIFO: nothing overtakes a head that does not fit (see the module docstring)
-        for assignment in placement.nodes:
-            ledger.take(queued.request, assignment.node_id, assignment.gpu_ids)
-        running[queued.request.gang_id] = Allocation(request=queued.request, placement=placement)
-        decisions.append(Admitted(placement=placement))
-        admitted.add(queued.request.gang_id)
+@dataclass(slots=True)
+class _Running:
+    request: GangRequest
+    placement: Placement
+    seq: int  # its place in the order (kept when a preempted gang comes back)
+    admit_seq: int
+    admitted_at: float
+    prio: int
+    preemptible: bool
+    vec: Vec
+    backfill: bool
+    preempted_for: str | None = None
 
-    waiting: list[QueuedGang] = []
-    for queued in queue:
-        gang_id = queued.request.gang_id
-        if gang_id in admitted:
-            continue
-        since = None
-        if gang_id in lost_waiters:
-            since = queued.lost_wait_since if queued.lost_wait_since is not None else now
-            if since is not None and now is not None and now - since >= queued.request.lost_node_wait_s:
-                decisions.append(Rejected(gang_id=gang_id, reason=lost_wait_expired_reason(queued.request, nodes)))
+
+def _failed(search: tuple[int, float] | None) -> list[Any] | None:
+    # JSON has no infinity: "no victim comes of age" is null
+    return None if search is None else [search[0], None if search[1] == float("inf") else search[1]]
+
+
+def _shape(request: GangRequest) -> Shape:
+    return (request.nnodes, request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node)
+
+
+class Policy:
+    """The scheduler's state and rules (see the module docstring)."""
+
+    def __init__(self, config: QueueConfig = DEFAULT_QUEUE_CONFIG, node_ttl_s: float = DEFAULT_NODE_TTL_S) -> None:
+        self.config = config
+        self.inventory = Inventory(node_ttl_s)
+        self.tenancy = Tenancy(config)
+        self.running: dict[str, _Running] = {}  # in admission order
+        self.pending: dict[str, _Queued] = {}
+        self._queues: dict[str, dict[QueueKey, list[tuple[int, str]]]] = {}  # tenant -> key -> heap (seq, id)
+        self._by_tenant: dict[str, dict[str, _Running]] = {}
+        self._seq = 0
+        self._now = 0.0
+        #: bumps on what can turn a failed victim search into a successful one (a release, a node or config
+        #: change, a tenant starting to borrow); a search that found nothing is not repeated before it moves
+        self._pversion = 0
+        self._backfill_seq = 0  # the admission sequence number of the latest backfilled gang
+        self._prio_counts: dict[str, dict[int, int]] = {}  # tenant -> priority value -> running gangs
+        self._requeue: dict[str, int] = {}  # a preempted gang's place in the order, until it comes back
+        self._evicted_for: dict[str, set[str]] = {}  # gang -> the gangs it was preempted for (no cycles)
+        #: pending gangs waiting for the gangs they preempted to leave -> the nodes they will take: nothing
+        #: backfills there meanwhile, so the freed GPUs go to them
+        self._reserved: dict[str, frozenset[str]] = {}
+        self._lost_waiters: set[str] = set()
+        self._retry: dict[str, float] = {}  # blocked gangs whose victim search waits for a gang to come of age
+        self._fits: dict[Shape, tuple[int, bool, bool]] = {}
+        self._topology_seen = 0
+        self._texts: dict[tuple[Any, ...], str] = {}
+        self._tier_cache: dict[str, tuple[Any, dict[int, tuple[bool, float]]]] = {}
+        self._searches_left = 1  # shape -> (topology, fits alive, fits with lost)
+
+    # -- events ------------------------------------------------------------------------------------
+    def step(self, event: Event, now: float | None = None) -> list[Decision]:
+        """Apply one event, then admit (and preempt) what the order allows; return the decisions.
+
+        ``now`` (seconds, the Scheduler's workflow clock) drives node expiry, the wait for lost nodes and
+        the minimum runtime. Without it (unit tests of the pure rules) no deadline fires and every running
+        gang counts as old enough to preempt."""
+        if now is not None:
+            self._now = now
+        decisions: list[Decision] = []
+        changed = True
+        if isinstance(event, NodeRegistered):
+            changed = self.inventory.register(event.spec, self._now)
+        elif isinstance(event, NodeLost):
+            changed = self.inventory.set_offered(event.node_id, alive=False)
+        elif isinstance(event, GangSubmitted):
+            changed = self._submit(event.request, decisions)
+        elif isinstance(event, GangReleased):
+            self._release(event.gang_id)
+        elif isinstance(event, ConfigApplied):
+            self._apply(event.config, decisions)
+        if now is not None and self.inventory.expire(now):
+            changed = True
+        if changed:
+            # a Tick may carry searches put off by earlier events: it allows more of them than an event does
+            self._cycle(decisions, timed=now is not None, searches=4 if isinstance(event, Tick) else 1)
+        if isinstance(event, GangSubmitted):
+            queued = self.pending.get(event.request.gang_id)
+            if queued is not None and not queued.reason:  # not looked at yet: behind its tenant's earlier gangs
+                request = queued.request
+                key = ("queued", request.tenant, queued.shape)
+                self._say(queued, self._text(key, queued_reason, request), decisions)
+        return decisions
+
+    def _submit(self, request: GangRequest, decisions: list[Decision]) -> bool:
+        refusal = self._refusal(request)
+        if refusal is not None:
+            decisions.append(Rejected(gang_id=request.gang_id, reason=refusal))
+            return False
+        cls = self.config.priority(request.priority)
+        seq = self._requeue.pop(request.gang_id, None)
+        if seq is None:
+            seq = self._next_seq()
+        preemptible = cls.preemptible and request.preemptible
+        queued = _Queued(request, seq, cls.value, preemptible, demand(request), _shape(request))
+        self._enqueue(queued)
+        return True
+
+    def _enqueue(self, queued: _Queued) -> None:
+        self.pending[queued.request.gang_id] = queued
+        heap = self._queues.setdefault(queued.request.tenant, {}).setdefault(queued.key, [])
+        heapq.heappush(heap, (queued.seq, queued.request.gang_id))
+
+    def _refusal(self, request: GangRequest) -> str | None:
+        malformed = malformed_reason(request)
+        if malformed is not None:
+            return malformed
+        gang_id = request.gang_id
+        if gang_id in self.running:
+            return f"rejected: gang id {gang_id!r} is already running; release it before submitting it again"
+        if gang_id in self.pending:
+            return f"rejected: gang id {gang_id!r} is already queued"
+        if not self.config.tenant(request.tenant):
+            known = ", ".join(t.name for t in self.config.tenants)
+            return f"rejected: unknown tenant {request.tenant!r} (tenants: {known})"
+        try:
+            self.config.priority(request.priority)
+        except KeyError as exc:
+            return f"rejected: {exc.args[0]}"
+        if not self._fit(request)[1]:
+            return never_fits_reason(request, self.inventory, count_lost=True)
+        vec = demand(request)
+        blocked = self.tenancy.blocked(request.tenant, vec)
+        if blocked is not None and blocked.kind == "never":
+            return quota_reason(request.tenant, blocked, None, request, False)
+        return None
+
+    def _release(self, gang_id: str) -> None:
+        running = self.running.pop(gang_id, None)
+        if running is not None:
+            self._by_tenant[running.request.tenant].pop(gang_id, None)
+            self.inventory.release(gang_id, running.placement)
+            self.tenancy.add(running.request.tenant, running.vec, -1)
+            self._count_prio(running, -1)
+            self._pversion += 1
+            preemptor = self.pending.get(running.preempted_for or "")
+            if preemptor is not None:
+                preemptor.victims.discard(gang_id)
+            if running.preempted_for is not None:
+                self._requeue[gang_id] = running.seq  # it comes back at its place in the order
+            else:
+                self._evicted_for.pop(gang_id, None)  # done: its history no longer matters
+            return
+        queued = self.pending.pop(gang_id, None)
+        if queued is not None:  # withdrawn while waiting; its heap entry is skipped lazily
+            self._forget(gang_id)
+        else:  # a preempted gang that will not come back (its run ended): forget its place and history
+            self._requeue.pop(gang_id, None)
+            self._evicted_for.pop(gang_id, None)
+
+    def _apply(self, config: QueueConfig, decisions: list[Decision]) -> None:
+        """A new configuration: rebuild the tenant ledger from the running gangs; pending gangs whose tenant
+        or priority class is gone are rejected, the others are re-ranked under the new classes."""
+        self.config = config
+        self.tenancy = Tenancy(config)
+        self._tier_cache.clear()
+        self._prio_counts.clear()
+        for running in self.running.values():
+            self.tenancy.add(running.request.tenant, running.vec)
+            try:  # a class made non-preemptible protects its running gangs too; a class gone keeps the old
+                cls = config.priority(running.request.priority)
+                running.prio, running.preemptible = cls.value, cls.preemptible and running.request.preemptible
+            except KeyError:
+                pass
+            self._count_prio(running, 1)
+        old = sorted(self.pending.values(), key=lambda q: q.seq)
+        self.pending, self._queues = {}, {}
+        self._lost_waiters.clear()
+        self._reserved.clear()
+        self._retry.clear()
+        self._pversion += 1
+        for queued in old:
+            request = queued.request
+            refusal = self._refusal(request)
+            if refusal is not None:
+                decisions.append(Rejected(gang_id=request.gang_id, reason=refusal))
                 continue
-        waiting.append(
-            queued if since == queued.lost_wait_since else queued.model_copy(update={"lost_wait_since": since})
+            cls = config.priority(request.priority)
+            queued.prio, queued.preemptible = cls.value, cls.preemptible and request.preemptible
+            queued.victims.clear()
+            queued.failed_search = None
+            self._enqueue(queued)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    # -- the admission cycle -------------------------------------------------------------------------
+    def _head(self, heap: list[tuple[int, str]]) -> _Queued | None:
+        while heap:
+            seq, gang_id = heap[0]
+            queued = self.pending.get(gang_id)
+            if queued is not None and queued.seq == seq:
+                return queued
+            heapq.heappop(heap)  # withdrawn, admitted or re-queued: a stale entry
+        return None
+
+    def _fit(self, request: GangRequest, shape: Shape | None = None) -> tuple[bool, bool]:
+        """(fits the offered nodes when idle, fits them counting lost nodes too), cached per shape."""
+        shape = shape or _shape(request)
+        cached = self._fits.get(shape)
+        if cached is None or cached[0] != self.inventory.topology:
+            n = request.nnodes
+            alive = self.inventory.count_fitting_idle(request, count_lost=False) >= n
+            anyway = alive or self.inventory.count_fitting_idle(request, count_lost=True) >= n
+            cached = self._fits[shape] = (self.inventory.topology, alive, anyway)
+        return cached[1], cached[2]
+
+    def _cycle(self, decisions: list[Decision], *, timed: bool, searches: int) -> None:
+        self._revive_lost_waiters()
+        if not self.pending:
+            return
+        policy = self.config.policy
+        # ``changed`` counts admissions per tenant in this cycle: an entry ranked before the last one is ranked
+        # again when it comes up (its tenant's share moved)
+        changed: dict[str, int] = {}
+        order: list[tuple[int, bool, float, int, int, str, str, QueueKey]] = []
+        for tenant, queues in self._queues.items():
+            heads = []
+            for key, heap in list(queues.items()):
+                head = self._head(heap)
+                if head is None:
+                    del queues[key]
+                else:
+                    heads.append((key, head))
+            tiers = self.tiers(tenant, [h for _, h in heads])
+            for key, head in heads:
+                borrows, share = tiers[key[0]]
+                order.append((key[0], borrows, share, head.seq, 0, head.request.gang_id, tenant, key))
+        heapq.heapify(order)
+        if self.inventory.topology != self._topology_seen:
+            self._topology_seen = self.inventory.topology
+            self._pversion += 1
+        for gang_id in [g for g, at in self._retry.items() if at <= self._now]:
+            del self._retry[gang_id]  # come of age: the gang's next look searches again
+        blocker: _Queued | None = None
+        blocker_why = ""
+        failed_shapes: set[Shape] = set()
+        reserved = frozenset().union(*self._reserved.values()) if self._reserved else frozenset()
+        self._searches_left = searches  # victim searches per event are bounded: so is the cost of an event
+        # per tenant, the demands its quota refused in this cycle: a bigger one is refused too (its reason
+        # was set when it was first looked at, so it is not worked out again for every event)
+        refused: dict[str, list[Vec]] = {}
+        while order:
+            entry = heapq.heappop(order)
+            _, _, _, seq, version, gang_id, tenant, key = entry
+            if version != changed.get(tenant, 0):  # the tenant started a gang in this cycle: rank it again
+                current = [h for h in map(self._head, self._queues[tenant].values()) if h is not None]
+                borrows, share = self.tiers(tenant, current)[key[0]]
+                heapq.heappush(order, (key[0], borrows, share, seq, changed[tenant], gang_id, tenant, key))
+                continue
+            queued = self.pending[gang_id]
+            request = queued.request
+            heap = self._queues[tenant][key]
+            alive_fit, _ = self._fit(request, queued.shape)
+            if not alive_fit:
+                self._wait_for_lost(heap, decisions, timed=timed)
+                continue
+            if (
+                blocker is not None
+                and not self._searches_left
+                and queued.reason
+                and not queued.victims
+                and (queued.shape in failed_shapes or self.inventory.free_gpus < queued.vec[0])
+            ):
+                # behind the first gang that waits, with no GPUs it could take and no search left for this
+                # event: nothing can change for it now, and its reason still holds (the cost of an event
+                # under a long backlog is the gangs that can move, not every queue's head)
+                continue
+            if blocker is not None and (not policy.backfill or not queued.preemptible):
+                why = blocker_why
+                if policy.backfill and not queued.preemptible:
+                    why += " (this gang is not preemptible, so it does not backfill)"
+                tkey: tuple[Any, ...] = ("behind", queued.shape, blocker.request.gang_id, why)
+                self._say(queued, self._text(tkey, behind_reason, request, blocker.request, why), decisions)
+                continue
+            vec = queued.vec
+            if (
+                queued.reason
+                and not queued.victims
+                and any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refused.get(tenant, ()))
+            ):
+                continue
+            blocked = self.tenancy.blocked(tenant, vec)
+            if blocked is not None:
+                refused.setdefault(tenant, []).append(vec)
+                if queued.victims or self._preempt_for(queued, decisions, timed=timed):
+                    self._say(queued, nominated_reason(request, sorted(queued.victims), queued.cause), decisions)
+                else:
+                    reclaim = blocked.within_nominal and self._reclaimable(queued)
+                    cohort = self.tenancy.root(tenant)
+                    tkey = ("quota", tenant, blocked, queued.shape, reclaim)
+                    text = self._text(tkey, quota_reason, tenant, blocked, cohort, request, reclaim)
+                    self._say(queued, text, decisions)
+                continue
+            shape = queued.shape
+            backfill = blocker is not None
+            placement = None
+            if shape not in failed_shapes:
+                # a backfilled gang stays off the nodes reserved for gangs waiting for their victims to leave
+                placement = self.inventory.place(request, exclude=reserved if backfill else frozenset())
+            if placement is None:
+                failed_shapes.add(shape)
+                waiting_first = blocker is None
+                if queued.victims or (waiting_first and self._preempt_for(queued, decisions, timed=timed, defrag=True)):
+                    self._say(queued, nominated_reason(request, sorted(queued.victims), queued.cause), decisions)
+                    why = "waits for the gangs it preempted to release"
+                else:
+                    tkey = ("capacity", shape, policy.backfill)
+                    self._say(queued, self._text(tkey, capacity_reason, request, policy.backfill), decisions)
+                    why = "waits for capacity"
+                if waiting_first:
+                    blocker, blocker_why = queued, why
+                continue
+            self._admit(queued, placement, backfill=backfill, decisions=decisions)
+            changed[tenant] = changed.get(tenant, 0) + 1
+            nxt = self._head(heap)
+            if nxt is not None:  # ranked again when it comes up, as the tenant's share moved
+                heapq.heappush(order, (key[0], False, 0.0, nxt.seq, -1, nxt.request.gang_id, tenant, key))
+
+    def tiers(self, tenant: str, heads: list[_Queued]) -> dict[int, tuple[bool, float]]:
+        """Per priority value, how the tenant's heads rank against other tenants': (whether its next gang in
+        FIFO order would make it borrow, its fair share). A gang that keeps its tenant within its quota goes
+        before one that would make its tenant borrow (so nothing is admitted only to be reclaimed at once,
+        Kueue's "final share" idea); then the lowest share. Within a tenant and priority the tier is the
+        same for every head, so its gangs keep their FIFO order."""
+        first: dict[int, _Queued] = {}
+        for head in heads:
+            if head.prio not in first or head.seq < first[head.prio].seq:
+                first[head.prio] = head
+        # the same heads, usage and capacity as last time (most events touch one tenant): the same tiers
+        stamp = (self.tenancy.changes.get(tenant, 0), self.inventory.topology, [q.seq for q in first.values()])
+        cached = self._tier_cache.get(tenant)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        share = self.tenancy.share(tenant, self.inventory.capacity)
+        tiers = {-prio: (not self.tenancy.within_nominal(tenant, q.vec), share) for prio, q in first.items()}
+        self._tier_cache[tenant] = (stamp, tiers)
+        return tiers
+
+    def _reclaimable(self, queued: _Queued) -> bool:
+        """Whether a borrower of the gang's root cohort runs a gang it may reclaim (preemptible, and of lower
+        priority under ``reclaim_within_cohort: lower_priority``), old enough or not yet."""
+        rule, tenant = self.config.policy.reclaim_within_cohort, queued.request.tenant
+        root = self.tenancy.root(tenant)
+        if rule == "never" or root is None:
+            return False
+        return any(
+            n and (rule == "any" or prio < queued.prio)
+            for name, counts in self._prio_counts.items()
+            if name != tenant and self.tenancy.root(name) == root and self.tenancy.borrowing(name)
+            for prio, n in counts.items()
         )
 
-    still: list[QueuedGang] = []
-    reasons = _pending_reasons([q.request for q in waiting], nodes, ledger, lost_waiters)
-    for queued, reason in zip(waiting, reasons, strict=True):
+    def _text(self, key: tuple[Any, ...], build: Callable[..., str], *args: Any) -> str:
+        """A reason text, built once per distinct situation (``key``): many gangs wait for the same thing."""
+        text = self._texts.get(key)
+        if text is None:
+            if len(self._texts) > 10_000:
+                self._texts.clear()
+            text = self._texts[key] = build(*args)
+        return text
+
+    def _say(self, queued: _Queued, reason: str, decisions: list[Decision]) -> None:
         if reason != queued.reason:
+            queued.reason = reason
             decisions.append(Pending(gang_id=queued.request.gang_id, reason=reason))
-            queued = queued.model_copy(update={"reason": reason})
-        still.append(queued)
 
-    return state.model_copy(update={"nodes": nodes, "queue": tuple(still), "running": running}), decisions
+    def _admit(self, queued: _Queued, placement: Placement, *, backfill: bool, decisions: list[Decision]) -> None:
+        request = queued.request
+        gang_id = request.gang_id
+        running = _Running(
+            request,
+            placement,
+            queued.seq,
+            self._next_seq(),
+            self._now,
+            queued.prio,
+            queued.preemptible,
+            queued.vec,
+            backfill,
+        )
+        borrowing = self.tenancy.borrowing(request.tenant)
+        self.inventory.take(request, placement)
+        self.tenancy.add(request.tenant, queued.vec)
+        if self.tenancy.borrowing(request.tenant) != borrowing:
+            self._pversion += 1  # its older gangs may now be reclaimed
+        self.running[gang_id] = running
+        self._by_tenant.setdefault(request.tenant, {})[gang_id] = running
+        self._count_prio(running, 1)
+        if backfill:
+            self._backfill_seq = running.admit_seq
+        self._forget(gang_id)
+        decisions.append(Admitted(placement=placement))
 
+    def _count_prio(self, running: _Running, sign: int) -> None:
+        if running.preemptible:
+            counts = self._prio_counts.setdefault(running.request.tenant, {})
+            counts[running.prio] = counts.get(running.prio, 0) + sign
 
-def next_deadline(state: ClusterState) -> float | None:
-    """When ``step`` would next change something on its own (a node expiring, a lost-node wait running
-    out): the Scheduler sleeps until then and sends a ``Tick``. None: no deadline pending."""
-    deadlines = [node.last_seen + state.node_ttl_s for node in state.nodes.values() if node.alive]
-    deadlines += [q.lost_wait_since + q.request.lost_node_wait_s for q in state.queue if q.lost_wait_since is not None]
-    return min(deadlines) if deadlines else None
+    def _forget(self, gang_id: str) -> None:
+        """A gang leaves the queue (admitted, withdrawn, rejected)."""
+        self.pending.pop(gang_id, None)
+        self._reserved.pop(gang_id, None)
+        self._lost_waiters.discard(gang_id)
+        self._retry.pop(gang_id, None)
 
+    # -- lost nodes ------------------------------------------------------------------------------------
+    def _wait_for_lost(self, heap: list[tuple[int, str]], decisions: list[Decision], *, timed: bool) -> None:
+        """A whole queue (one shape) fits only with lost nodes back: its gangs wait for them, each up to its
+        ``lost_node_wait_s``, without holding up anyone else."""
+        reason = ""
+        for seq, gang_id in sorted(heap):
+            queued = self.pending.get(gang_id)
+            if queued is None or queued.seq != seq:
+                continue
+            request = queued.request
+            if queued.lost_wait_since is None and timed:
+                queued.lost_wait_since = self._now
+            self._lost_waiters.add(gang_id)
+            since = queued.lost_wait_since
+            if since is not None and self._now - since >= request.lost_node_wait_s:
+                self._forget(gang_id)
+                decisions.append(Rejected(gang_id=gang_id, reason=lost_wait_expired_reason(request, self.inventory)))
+                continue
+            reason = reason or lost_wait_reason(request, self.inventory)
+            self._say(queued, reason, decisions)
 
-def _expire_silent_nodes(nodes: dict[str, NodeState], ttl: float, now: float) -> None:
-    for node_id, node in list(nodes.items()):
-        if node.alive and now - node.last_seen > ttl:
-            nodes[node_id] = node.model_copy(update={"alive": False})
+    def _revive_lost_waiters(self) -> None:
+        for gang_id in sorted(self._lost_waiters):
+            queued = self.pending.get(gang_id)
+            if queued is None:
+                self._lost_waiters.discard(gang_id)
+            elif self._fit(queued.request)[0]:
+                queued.lost_wait_since = None
+                self._lost_waiters.discard(gang_id)
 
-
-def place(state: ClusterState, request: GangRequest) -> Placement | None:
-    """Where ``request`` would go right now, ignoring the queue; None if it does not fit (a what-if)."""
-    if malformed_reason(request) is not None:
-        return None
-    return _place(request, state.nodes, Ledger(state.running))
-
-
-def pending_reasons(state: ClusterState) -> dict[str, str]:
-    """Why each queued gang waits, in queue order (what ``step`` last sent as ``Pending``)."""
-    requests = [q.request for q in state.queue]
-    lost_waiters = {r.gang_id for r in requests if not fits_idle_cluster(r, state.nodes)}
-    reasons = _pending_reasons(requests, state.nodes, Ledger(state.running), lost_waiters)
-    return {request.gang_id: reason for request, reason in zip(requests, reasons, strict=True)}
-
-
-def _pending_reasons(
-    requests: list[GangRequest], nodes: Mapping[str, NodeState], ledger: Ledger, lost_waiters: set[str]
-) -> list[str]:
-    reasons = []
-    head: GangRequest | None = None
-    ahead = 0
-    for request in requests:
-        if request.gang_id in lost_waiters:
-            reasons.append(lost_wait_reason(request, nodes))
-        elif head is None:
-            head = request
-            reasons.append(head_reason(request, nodes, ledger))
-            ahead = 1
-        else:
-            fits_now = _place(request, nodes, ledger) is not None
-            reasons.append(behind_reason(request, ahead, head.gang_id, fits_now))
-            ahead += 1
-    return reasons
-
-
-def _refusal(
-    request: GangRequest,
-    nodes: Mapping[str, NodeState],
-    queue: list[QueuedGang],
-    running: Mapping[str, Allocation],
-) -> str | None:
-    malformed = malformed_reason(request)
-    if malformed is not None:
-        return malformed
-    if request.gang_id in running:
-        return f"rejected: gang id {request.gang_id!r} is already running; release it before submitting it again"
-    if any(q.request.gang_id == request.gang_id for q in queue):
-        return f"rejected: gang id {request.gang_id!r} is already queued"
-    return never_fits_reason(request, nodes, count_lost=True)
-
-
-def _place(request: GangRequest, nodes: Mapping[str, NodeState], ledger: Ledger) -> Placement | None:
-    candidates = [node.spec for node in nodes.values() if node.alive and not ledger.shortfalls(node.spec, request)]
-    if len(candidates) < request.nnodes:
-        return None
-    # best fit: the tightest nodes first, so whole nodes stay free for big gangs
-    candidates.sort(key=lambda s: (len(ledger.free_gpu_ids(s)), ledger.free_millicores(s), s.node_id))
-    chosen = sorted(candidates[: request.nnodes], key=lambda s: s.node_id)
-    return Placement(
-        gang_id=request.gang_id,
-        nodes=tuple(
-            NodeAssignment(
-                node_id=spec.node_id,
-                address=spec.address,
-                node_rank=rank,
-                gpu_ids=tuple(ledger.free_gpu_ids(spec)[: request.gpus_per_node]),
+    # -- preemption ------------------------------------------------------------------------------------
+    def _preempt_for(self, queued: _Queued, decisions: list[Decision], *, timed: bool, defrag: bool = False) -> bool:
+        """Find and preempt the victims that let ``queued`` start; False if there are none (yet)."""
+        failed = queued.failed_search
+        if failed is not None and failed[0] == self._pversion and self._now < failed[1]:
+            return False  # nothing changed since the last search found nothing
+        if self._searches_left <= 0:
+            # put off to bound this event's cost: a Tick comes back for it soon, whatever else happens
+            self._retry[queued.request.gang_id] = self._now + SEARCH_PUT_OFF_S
+            return False
+        self._searches_left -= 1
+        rank, more, routes, young = self._ranking(queued, timed=timed, defrag=defrag)
+        chosen = choose_victims(self.inventory, self.tenancy, queued.request, queued.vec, self.running, rank, more)
+        victims, nodes = chosen if chosen is not None else ([], frozenset[str]())
+        comes_of_age = min(young, default=float("inf"))
+        moved = [self.running[v.request.gang_id] for v in victims if routes[v.request.gang_id] == "defrag"]
+        if moved and not self._can_move(queued, victims, moved):
+            victims = []
+        if not victims and young and defrag:
+            # The gangs in its way are too young to preempt yet. Keep new backfill off the nodes it would take
+            # meanwhile: else short gangs could keep replacing each other there, never old enough, and
+            # starve it (the bound in the module docstring needs this).
+            rank, more, _, _ = self._ranking(queued, timed=False, defrag=defrag)
+            later = choose_victims(self.inventory, self.tenancy, queued.request, queued.vec, self.running, rank, more)
+            if later is not None:
+                self._reserved[queued.request.gang_id] = later[1]
+        if not victims:
+            queued.failed_search = (self._pversion, comes_of_age)
+            if comes_of_age != float("inf"):
+                self._retry[queued.request.gang_id] = comes_of_age
+            return False
+        self._retry.pop(queued.request.gang_id, None)
+        gang_id, tenant = queued.request.gang_id, queued.request.tenant
+        grace = self.config.policy.preemption_grace
+        causes = []
+        for victim in victims:
+            running = self.running[victim.request.gang_id]
+            cause = routes[running.request.gang_id]
+            causes.append(cause)
+            running.preempted_for = gang_id
+            self._evicted_for.setdefault(running.request.gang_id, set()).add(gang_id)
+            reason = (
+                f"preempted ({cause}) to make room for gang {gang_id!r} of {tenant}, which needs "
+                f"{needs(queued.request)}"
             )
-            for rank, spec in enumerate(chosen)
-        ),
-    )
+            decisions.append(
+                Preempted(
+                    gang_id=running.request.gang_id,
+                    by=gang_id,
+                    by_tenant=tenant,
+                    cause=cause,
+                    reason=reason,
+                    grace_s=grace,
+                )
+            )
+        queued.victims = {v.request.gang_id for v in victims}
+        queued.cause = ", ".join(sorted(set(causes)))
+        queued.failed_search = None
+        self._reserved[gang_id] = nodes
+        return True
+
+    def _can_move(self, queued: _Queued, victims: Sequence[Victim], moved: list[_Running]) -> bool:
+        """Whether, with ``victims`` gone and ``queued`` placed, every gang ``moved`` for defragmentation fits
+        the idle capacity left at once (else moving it would only trade one waiting gang for another)."""
+        inventory = self.inventory
+        released = [self.running[v.request.gang_id] for v in victims]
+        taken: list[tuple[GangRequest, Placement]] = []
+        for running in released:
+            inventory.release(running.request.gang_id, running.placement)
+        try:
+            for request in [queued.request, *(r.request for r in sorted(moved, key=lambda r: -r.vec[0]))]:
+                placement = inventory.place(request)
+                if placement is None:
+                    return False
+                inventory.take(request, placement)
+                taken.append((request, placement))
+            return True
+        finally:
+            for request, placement in reversed(taken):
+                inventory.release(request.gang_id, placement)
+            for running in released:
+                inventory.take(running.request, running.placement)
+
+    def _ranking(
+        self, queued: _Queued, *, timed: bool, defrag: bool
+    ) -> tuple[Callable[[str], tuple[bool, int, int] | None], Callable[[], list[str]], dict[str, Cause], list[float]]:
+        """How ``queued`` ranks the running gangs as victims (None: not one), the candidates that free quota
+        in preference order (computed only if asked), why each victim may go (reclaim over priority over
+        backfill over defrag when several apply), and when the next one too young to go comes of age.
+
+        ``defrag`` (the first gang in order, blocked by the nodes, not by its quota): smaller gangs of no
+        higher priority may move to make room, when the cluster has enough idle GPUs for it elsewhere
+        (``_preempt_for`` checks that every such victim can start again at once)."""
+        policy = self.config.policy
+        request = queued.request
+        tenant, root = request.tenant, self.tenancy.root(request.tenant)
+        counts = self._prio_counts.get(tenant, {})
+        lower = policy.within_tenant == "lower_priority" and any(n for p, n in counts.items() if p < queued.prio)
+        borrowers = {
+            t.name
+            for t in self.config.tenants
+            if t.name != tenant and self.tenancy.root(t.name) == root and self.tenancy.borrowing(t.name)
+        }
+        reclaim = (
+            bool(borrowers)
+            and policy.reclaim_within_cohort != "never"
+            and root is not None
+            and self.tenancy.within_nominal(tenant, queued.vec)
+        )
+        backfilled = self._backfill_seq > queued.seq
+        defrag = defrag and self.inventory.free_gpus >= queued.vec[0] > 0
+        forbidden = self._evicted_for.get(request.gang_id, set())
+        routes: dict[str, Cause] = {}
+        comes_of_age: list[float] = []
+
+        def route(r: _Running) -> Cause | None:
+            other = r.request.tenant
+            if reclaim and other in borrowers and (policy.reclaim_within_cohort == "any" or r.prio < queued.prio):
+                return "reclaim"
+            if lower and other == tenant and r.prio < queued.prio:
+                return "priority"
+            if backfilled and r.backfill and r.admit_seq > queued.seq and r.prio <= queued.prio:
+                return "backfill"
+            if defrag and r.prio <= queued.prio and r.vec[0] < queued.vec[0]:
+                return "defrag"
+            return None
+
+        def rank(gang_id: str) -> tuple[bool, int, int] | None:
+            r = self.running[gang_id]
+            if not r.preemptible or r.preempted_for is not None or gang_id in forbidden:
+                return None
+            cause = route(r)
+            if cause is None:
+                return None
+            of_age = r.admitted_at + policy.min_runtime  # the same sum as the deadline it gives
+            if timed and of_age > self._now:
+                comes_of_age.append(of_age)
+                return None
+            routes[gang_id] = cause
+            return (r.request.tenant not in borrowers, r.prio, -r.admit_seq)
+
+        def more() -> list[str]:
+            # only reclaim and priority free the tenant's quota; their gangs, best victims first
+            tenants = sorted(borrowers) if reclaim else []
+            tenants += [tenant] if lower else []
+            # the most recently admitted of each (the preferred victims), a bounded number: a search costs
+            # O(that), not O(every gang the cohort runs)
+            ids = [g for t in tenants for g in itertools.islice(reversed(self._by_tenant.get(t, {})), MORE_VICTIMS)]
+            return sorted((g for g in ids if rank(g) is not None), key=lambda g: rank(g) or (False, 0, 0))
+
+        if not (lower or backfilled or reclaim or defrag):
+            return (lambda _: None), list, routes, comes_of_age  # nobody could be a victim: no walk at all
+        return rank, more, routes, comes_of_age
+
+    # -- time ------------------------------------------------------------------------------------------
+    def next_deadline(self) -> float | None:
+        """When ``step`` would next change something by itself (a node expiring, a lost-node wait running
+        out, a gang old enough to be preempted): the Scheduler sends a ``Tick`` then. None: nothing pending."""
+        deadlines = [self.inventory.next_expiry()]
+        for gang_id in self._lost_waiters:
+            queued = self.pending.get(gang_id)
+            if queued is not None and queued.lost_wait_since is not None:
+                deadlines.append(queued.lost_wait_since + queued.request.lost_node_wait_s)
+        deadlines += self._retry.values()
+        known = [d for d in deadlines if d is not None]
+        return min(known) if known else None
+
+    # -- views -----------------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """Nodes, running gangs, the queue in order with reasons, and the tenants (``gangflow queue``)."""
+        return views.describe(self)
+
+    def queues(self) -> dict[str, Any]:
+        """Per tenant: nominal, used, borrowed, lent, pending and share (``gangflow queues show``)."""
+        return views.queues(self)
+
+    # -- continue-as-new -------------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Everything ``restore`` needs, compact: 15,000 queued gangs take a few hundred KB of JSON before
+        compression, well under Temporal's 2 MB payload limit after it. Repeated strings (tenants, reasons)
+        are stored once."""
+        strings: dict[str, int] = {}
+
+        def sid(text: str) -> int:
+            return strings.setdefault(text, len(strings))
+
+        def req(r: GangRequest) -> list[Any]:
+            return [
+                r.gang_id,
+                r.nnodes,
+                r.gpus_per_node,
+                r.cpus_per_node,
+                r.mem_per_node,
+                sid(r.tenant),
+                r.priority,
+                r.preemptible,
+                r.lost_node_wait_s,
+            ]
+
+        data = {
+            "ttl": self.inventory.node_ttl_s,
+            "now": self._now,
+            "seq": self._seq,
+            "config": dump_queue_config(self.config),
+            "nodes": [
+                [n.spec.node_id, n.spec.address, n.spec.gpus, n.spec.cpus, n.spec.mem, n.alive, n.last_seen, n.drained]
+                for n in self.inventory.nodes.values()
+            ],
+            "running": [
+                [
+                    req(r.request),
+                    [[a.node_id, a.address, a.node_rank, list(a.gpu_ids)] for a in r.placement.nodes],
+                    r.seq,
+                    r.admit_seq,
+                    r.admitted_at,
+                    r.prio,
+                    r.preemptible,
+                    r.backfill,
+                    r.preempted_for,
+                ]
+                for r in self.running.values()
+            ],
+            "pending": [
+                [
+                    req(q.request),
+                    q.seq,
+                    q.prio,
+                    q.preemptible,
+                    sid(q.reason),
+                    q.lost_wait_since,
+                    sorted(q.victims),
+                    q.cause,
+                    _failed(q.failed_search),
+                ]
+                for q in sorted(self.pending.values(), key=lambda q: q.seq)
+            ],
+            "requeue": self._requeue,
+            "reserved": {k: sorted(v) for k, v in self._reserved.items()},
+            "backfill_seq": self._backfill_seq,
+            "pversion": self._pversion,
+            "retry": self._retry,
+            "evicted_for": {k: sorted(v) for k, v in self._evicted_for.items()},
+            "strings": list(strings),
+        }
+        blob = zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 6)
+        return {"v": _SNAPSHOT_VERSION, "zlib": base64.b64encode(blob).decode("ascii")}
+
+    @classmethod
+    def restore(cls, snapshot: dict[str, Any]) -> Policy:
+        """The policy ``snapshot`` saved; it decides exactly as the original would have."""
+        if snapshot.get("v") != _SNAPSHOT_VERSION:
+            raise ValueError(f"unknown scheduler snapshot version {snapshot.get('v')!r}")
+        data = json.loads(zlib.decompress(base64.b64decode(snapshot["zlib"])))
+        strings: list[str] = data["strings"]
+
+        def req(v: list[Any]) -> GangRequest:
+            return GangRequest(
+                gang_id=v[0],
+                nnodes=v[1],
+                gpus_per_node=v[2],
+                cpus_per_node=v[3],
+                mem_per_node=v[4],
+                tenant=strings[v[5]],
+                priority=v[6],
+                preemptible=v[7],
+                lost_node_wait_s=v[8],
+            )
+
+        policy = cls(load_queue_config(data["config"]), node_ttl_s=data["ttl"])
+        policy._now, policy._seq = data["now"], data["seq"]
+        inventory = policy.inventory
+        for node_id, address, gpus, cpus, mem, alive, last_seen, drained in data["nodes"]:
+            spec = NodeSpec(node_id=node_id, address=address, gpus=gpus, cpus=cpus, mem=mem)
+            inventory.register(spec, last_seen)
+            inventory.set_offered(node_id, alive=alive, drained=drained)
+        for r, nodes, seq, admit_seq, admitted_at, prio, preemptible, backfill, preempted_for in data["running"]:
+            request = req(r)
+            placement = Placement(
+                gang_id=request.gang_id,
+                nodes=tuple(
+                    NodeAssignment(node_id=n, address=a, node_rank=k, gpu_ids=tuple(g)) for n, a, k, g in nodes
+                ),
+            )
+            running = _Running(
+                request,
+                placement,
+                seq,
+                admit_seq,
+                admitted_at,
+                prio,
+                preemptible,
+                demand(request),
+                backfill,
+                preempted_for,
+            )
+            inventory.take(request, placement)
+            policy.tenancy.add(request.tenant, running.vec)
+            policy.running[request.gang_id] = running
+            policy._by_tenant.setdefault(request.tenant, {})[request.gang_id] = running
+            policy._count_prio(running, 1)
+        for r, seq, prio, preemptible, reason, since, victims, cause, failed in data["pending"]:
+            request = req(r)
+            vec = demand(request)
+            queued = _Queued(
+                request, seq, prio, preemptible, vec, _shape(request), strings[reason], since, set(victims), cause
+            )
+            if failed is not None:  # a restored policy searches exactly when the original would have
+                queued.failed_search = (failed[0], float("inf") if failed[1] is None else failed[1])
+            policy._enqueue(queued)
+            if since is not None:
+                policy._lost_waiters.add(request.gang_id)
+        policy._requeue = dict(data["requeue"])
+        policy._reserved = {k: frozenset(v) for k, v in data["reserved"].items()}
+        policy._backfill_seq = data["backfill_seq"]
+        policy._pversion = data["pversion"]
+        policy._topology_seen = inventory.topology  # the count restarts with the restored nodes
+        policy._retry = dict(data["retry"])
+        policy._evicted_for = {k: set(v) for k, v in data["evicted_for"].items()}
+        return policy

@@ -1,26 +1,33 @@
-"""The words users see: why a gang is rejected or still pending.
+"""The words users see: why a gang is rejected, still pending, or preempted.
 
 "Why is my job pending?" is the most common question about any batch queue, so a reason says what the
-gang needs, what is free, what blocks it (which nodes, held by which gangs) and whether it can only
-start after lost nodes come back. The texts are deterministic (sorted, no clocks) because they are part
-of the policy's output and of the state.
+gang needs and what stops it, in tenant terms ("team-a is at its quota of 8 GPUs and cannot borrow").
+A pending reason is sent to the gang only when it changes, so it carries *what* blocks the gang and
+never counters that move with every event (queue position, free GPU counts): the live position comes
+from ``gangflow queue``. Texts are deterministic (sorted, no clocks): they are part of the policy's
+output.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from engine.scheduling.capacity import MILLI, Ledger, fits_idle, fits_idle_cluster, millicores
-from engine.scheduling.model import GangRequest, NodeSpec, NodeState
+from engine.scheduling.inventory import MILLI, Inventory, millicores
+from engine.scheduling.model import GangRequest
+from engine.scheduling.tenancy import Blocked
 
 __all__ = [
+    "amount",
     "behind_reason",
-    "head_reason",
+    "capacity_reason",
     "lost_wait_expired_reason",
     "lost_wait_reason",
     "malformed_reason",
     "needs",
     "never_fits_reason",
+    "nominated_reason",
+    "queued_reason",
+    "quota_reason",
 ]
 
 #: how many node or gang ids a reason lists before saying "and N more" (reasons stay one line)
@@ -43,13 +50,18 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
+def amount(resource: int, value: int) -> str:
+    """``(0, 8)`` → ``"8 GPUs"``; ``(1, 500)`` → ``"0.5 CPUs"``; ``(2, 2**30)`` → ``"1 GiB"`` of memory."""
+    if resource == 0:
+        return _count(value, "GPU")
+    if resource == 1:
+        return _count(value / MILLI, "CPU")
+    return f"{_bytes(value)} of memory"
+
+
 def _ids(ids: Sequence[str]) -> str:
     shown = ", ".join(ids[:_LIST_LIMIT])
     return shown if len(ids) <= _LIST_LIMIT else f"{shown} and {len(ids) - _LIST_LIMIT} more"
-
-
-def _has(n: int) -> str:
-    return f"{_count(n, 'node')} {'has' if n == 1 else 'have'}"
 
 
 def per_node(request: GangRequest) -> str:
@@ -86,27 +98,41 @@ def malformed_reason(request: GangRequest) -> str | None:
     return f"rejected: malformed request: {'; '.join(problems)}" if problems else None
 
 
-def _lost(nodes: Mapping[str, NodeState]) -> list[str]:
-    return sorted(node_id for node_id, node in nodes.items() if not node.alive)
+def _lost(inventory: Inventory) -> list[str]:
+    return sorted(node_id for node_id, node in inventory.nodes.items() if not node.alive)
 
 
-def _big_enough(request: GangRequest, nodes: Mapping[str, NodeState], *, count_lost: bool) -> list[NodeSpec]:
-    return [n.spec for _, n in sorted(nodes.items()) if (n.alive or count_lost) and fits_idle(n.spec, request)]
+def _drained(inventory: Inventory) -> list[str]:
+    return sorted(node_id for node_id, node in inventory.nodes.items() if node.drained)
 
 
-def never_fits_reason(request: GangRequest, nodes: Mapping[str, NodeState], count_lost: bool = False) -> str | None:
-    """Why the request cannot fit the alive cluster (with ``count_lost``: every registered node) even with
-    nothing running, or None if it could."""
-    if fits_idle_cluster(request, nodes, count_lost=count_lost):
+def _big_enough(request: GangRequest, inventory: Inventory, *, lost: bool) -> list[str]:
+    """Ids of the offered nodes (``lost``: of the lost ones) that could hold one node's share when idle."""
+    mc = millicores(request.cpus_per_node)
+    return sorted(
+        node_id
+        for node_id, node in inventory.nodes.items()
+        if (node.offered if not lost else not node.alive and not node.drained)
+        and node.fits_idle(request.gpus_per_node, mc, request.mem_per_node)
+    )
+
+
+def never_fits_reason(request: GangRequest, inventory: Inventory, count_lost: bool = False) -> str | None:
+    """Why the request cannot fit the offered nodes (with ``count_lost``: lost ones too) even with nothing
+    running, or None if it could."""
+    if inventory.count_fitting_idle(request, count_lost=count_lost) >= request.nnodes:
         return None
-    counted = [node.spec for _, node in sorted(nodes.items()) if node.alive or count_lost]
-    big = len(_big_enough(request, nodes, count_lost=count_lost))
-    lost = _lost(nodes)
+    counted = [n.spec for _, n in sorted(inventory.nodes.items()) if n.offered or (count_lost and not n.alive)]
+    big = inventory.count_fitting_idle(request, count_lost=count_lost)
+    lost = _lost(inventory)
+    drained = _drained(inventory)
     if count_lost and lost:
         of, tail = f"{_count(len(counted), 'registered node')} ({len(lost)} of them lost)", ""
     else:
         of = _count(len(counted), "alive node")
         tail = f"; {_count(len(lost), 'lost node')} not counted: {_ids(lost)}" if lost else ""
+    if drained:
+        tail += f"; {_count(len(drained), 'drained node')} not counted: {_ids(drained)}"
     if not counted:
         return f"rejected: needs {needs(request)}; no alive node is registered{tail}"
     largest = [_count(max(s.gpus for s in counted), "GPU"), _count(max(s.cpus for s in counted), "CPU")]
@@ -119,10 +145,10 @@ def never_fits_reason(request: GangRequest, nodes: Mapping[str, NodeState], coun
     )
 
 
-def lost_wait_reason(request: GangRequest, nodes: Mapping[str, NodeState]) -> str:
+def lost_wait_reason(request: GangRequest, inventory: Inventory) -> str:
     """Why a gang that only lost nodes could hold waits (it does not hold up the queue meanwhile)."""
-    lost = [s.node_id for s in _big_enough(request, nodes, count_lost=True) if not nodes[s.node_id].alive]
-    alive = len(_big_enough(request, nodes, count_lost=False))
+    lost = _big_enough(request, inventory, lost=True)
+    alive = len(_big_enough(request, inventory, lost=False))
     return (
         f"pending: needs {needs(request)}; only {alive} alive {'node is' if alive == 1 else 'nodes are'} big enough "
         f"even when idle: waiting for lost {'node' if len(lost) == 1 else 'nodes'} {_ids(lost)} to come back "
@@ -130,55 +156,63 @@ def lost_wait_reason(request: GangRequest, nodes: Mapping[str, NodeState]) -> st
     )
 
 
-def lost_wait_expired_reason(request: GangRequest, nodes: Mapping[str, NodeState]) -> str:
-    lost = [s.node_id for s in _big_enough(request, nodes, count_lost=True) if not nodes[s.node_id].alive]
+def lost_wait_expired_reason(request: GangRequest, inventory: Inventory) -> str:
+    lost = _big_enough(request, inventory, lost=True)
     return (
         f"unschedulable: needs {needs(request)}; waited {_num(request.lost_node_wait_s)} s for lost "
         f"{'node' if len(lost) == 1 else 'nodes'} {_ids(lost)} to come back, and they did not"
     )
 
 
-def head_reason(request: GangRequest, nodes: Mapping[str, NodeState], ledger: Ledger) -> str:
-    """Why the head of the queue does not fit now: what it needs, what is free, who holds the rest."""
-    alive = [node.spec for _, node in sorted(nodes.items()) if node.alive]
-    parts = [f"pending: needs {needs(request)}"]
-    if not alive:
-        parts.append("no alive node is registered")
-    elif request.gpus_per_node:
-        free = [len(ledger.free_gpu_ids(spec)) for spec in alive]
-        with_free = sum(1 for f in free if f)
-        parts.append(f"{_count(sum(free), 'GPU')} free on {with_free} of {_count(len(alive), 'alive node')}")
-    else:
-        free_mc = [ledger.free_millicores(spec) for spec in alive]
-        with_free = sum(1 for f in free_mc if f)
-        parts.append(f"{_count(sum(free_mc) / MILLI, 'CPU')} free on {with_free} of {_count(len(alive), 'alive node')}")
-    if alive:
-        fit = sum(1 for spec in alive if not ledger.shortfalls(spec, request))
-        share = per_node(request)
-        if fit == 0:
-            parts.append(f"no node has {share} free, {request.nnodes} needed")
-        else:
-            parts.append(f"only {_has(fit)} {share} free, {request.nnodes} needed")
-        busy = []
-        for spec in alive:
-            short = ledger.shortfalls(spec, request)
-            if short and fits_idle(spec, request):
-                gangs = sorted(set(ledger.gangs_on(spec.node_id)))
-                held = f" (held by {_ids(gangs)})" if gangs else ""
-                busy.append(f"{spec.node_id} short of {'/'.join(short)}{held}")
-        if busy:
-            parts.append(f"busy: {_ids(busy)}")
-    lost = _lost(nodes)
-    if lost:
-        parts.append(f"{_count(len(lost), 'lost node')} not offered: {_ids(lost)}")
-    return "; ".join(parts)
+def quota_reason(tenant: str, blocked: Blocked, cohort: str | None, request: GangRequest, reclaiming: bool) -> str:
+    """Why the tenant cannot take the gang now, e.g. "team-a is at its quota of 8 GPUs and cannot borrow:
+    cohort research has 0 GPUs idle"."""
+    r = blocked.resource
+    quota = amount(r, blocked.nominal or 0)
+    tail = f"; needs {needs(request)}"
+    if blocked.kind == "never":
+        return (
+            f"rejected: needs {needs(request)}, more than tenant {tenant} may ever hold "
+            f"({amount(r, blocked.limit or 0)}: its quota of {quota} plus what it may borrow)"
+        )
+    if blocked.kind == "quota":
+        return f"pending: {tenant} is at its quota of {quota} and has no cohort to borrow from{tail}"
+    if blocked.kind == "borrowing_limit":
+        return (
+            f"pending: {tenant} is at its quota of {quota} and its borrowing limit of "
+            f"{amount(r, blocked.limit or 0)}{tail}"
+        )
+    idle = amount(r, blocked.idle)
+    if blocked.within_nominal:
+        then = "reclaiming it" if reclaiming else "waiting for it to be returned"
+        return f"pending: {tenant} is within its quota of {quota}, but cohort {cohort} lent it out: {then}{tail}"
+    return f"pending: {tenant} is at its quota of {quota} and cannot borrow: cohort {cohort} has {idle} idle{tail}"
 
 
-def behind_reason(request: GangRequest, ahead: int, head_id: str, fits_now: bool) -> str:
-    """Why a gang behind the head waits: strict FIFO (no backfill), whatever is free. ``ahead`` counts
-    the gangs ahead of it that hold the queue (gangs waiting for lost nodes do not)."""
-    reason = (
-        f"pending: {_count(ahead, 'gang')} ahead in the queue, head {head_id!r} "
-        f"(strict FIFO: gangs start in submission order); needs {needs(request)}"
+def capacity_reason(request: GangRequest, backfill: bool) -> str:
+    """Why a gang the tenant's quota allows does not fit the nodes now."""
+    where = "no node has" if request.nnodes == 1 else f"fewer than {request.nnodes} nodes have"
+    reason = f"pending: waiting for capacity: needs {needs(request)}; {where} {per_node(request)} free"
+    if backfill and request.gpus_per_node:
+        reason += " (smaller gangs may use the idle GPUs meanwhile, preemptibly, until this gang fits)"
+    return reason
+
+
+def behind_reason(request: GangRequest, blocker: GangRequest, why: str) -> str:
+    """Why a gang that might fit waits: a gang ranked before it is waiting (``why`` says for what)."""
+    return (
+        f"pending: behind gang {blocker.gang_id!r} of {blocker.tenant}, which goes first (priority, then fair "
+        f"share, then submission order) and {why}; needs {needs(request)}"
     )
-    return f"{reason}; it would fit now" if fits_now else reason
+
+
+def nominated_reason(request: GangRequest, victims: Sequence[str], cause: str) -> str:
+    return (
+        f"pending: preempting {_count(len(victims), 'gang')} ({cause}) to make room: waiting for "
+        f"{_ids(sorted(victims))} to release; needs {needs(request)}"
+    )
+
+
+def queued_reason(request: GangRequest) -> str:
+    """A new gang behind earlier gangs of its tenant with the same priority and shape."""
+    return f"pending: queued behind earlier gangs of {request.tenant} (first in, first out); needs {needs(request)}"

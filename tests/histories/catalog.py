@@ -58,6 +58,7 @@ SCENARIOS: dict[str, str] = {
     "user_error_rank": "an exception in one rank fails the gang without a restart",
     "task_retries": "a plain task that fails twice, then succeeds under its retry policy",
     "worker_lost": "the worker SIGKILLed mid-task: the task is started again (worker lost, not a retry)",
+    "reclaim": "two tenants: team-a borrows, team-b reclaims (a gang preempted, resumed from its checkpoint)",
     "scheduler_continue_as_new": "two gangs while the Scheduler continues as new every few events",
 }
 

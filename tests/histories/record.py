@@ -45,6 +45,7 @@ import flows  # noqa: E402
 import gangs  # noqa: E402
 import jax_pipeline  # noqa: E402
 import mpi_pipeline  # noqa: E402
+import multitenant  # noqa: E402
 import quickstart  # noqa: E402
 import resilient_training  # noqa: E402
 import xgboost_pipeline  # noqa: E402
@@ -338,6 +339,29 @@ async def _scheduler_cycles(ctx: Context) -> None:
         await ctx.client.result(run_id, resilient_training.pipeline)
     runs = [wf async for wf in ctx.client.temporal.list_workflows(f"WorkflowId = '{SCHEDULER_ID}'")]
     _check(len(runs) >= 3, f"the Scheduler continued as new only {len(runs) - 1} time(s)")
+
+
+_QUEUES = """
+cohorts: [{name: research}]
+tenants:
+  - {name: team-a, cohort: research, quota: {gpu: 2}}
+  - {name: team-b, cohort: research, quota: {gpu: 2}}
+policy: {min_runtime: 1s}
+"""
+
+
+@scenario("reclaim", nodes=2)  # 4 GPU slots: team-a borrows 2, team-b takes them back
+async def _reclaim(ctx: Context) -> None:
+    await ctx.client.apply_queues(_QUEUES)
+    inputs = {"steps": 60, "checkpoint_every": 10, "step_seconds": 0.1}
+    runs = [await ctx.client.start(multitenant.pipeline, inputs, run_id=f"a-{n}", tenant="team-a") for n in (1, 2)]
+    for run_id in runs:
+        await _gang_running(ctx.client, f"{run_id}.train-1", ranks=2, min_step=5)
+    runs.append(await ctx.client.start(multitenant.pipeline, inputs, run_id="b-1", tenant="team-b"))
+    results = [await ctx.client.result(run_id, multitenant.pipeline) for run_id in runs]
+    _check(all(r.optimizer_steps == r.steps for r in results), f"reclaim: a step ran twice: {results}")
+    kinds = [a["kind"] for run_id in runs[:2] for a in (await ctx.client.gang(f"{run_id}.train-1"))["failed_attempts"]]
+    _check(kinds == ["preempted"], f"reclaim: one team-a gang should have been preempted once, got {kinds}")
 
 
 # -- export -------------------------------------------------------------------------------------------

@@ -1,0 +1,236 @@
+"""Tenants' usage against their quotas, cohort borrowing, and fair share, updated one gang at a time.
+
+Resources are vectors ``(gpu, millicores, bytes)``. For each tenant and resource its configuration gives
+a nominal quota ``N`` (None: not limited), a borrowing limit ``B`` (None: unlimited) and a lending limit
+``L`` (None: lend all of ``N``). As in Kueue, a tenant keeps ``G = N - L`` for itself alone and puts ``L``
+into its root cohort's pool; the pool's usage is the sum over its tenants of ``max(0, used - G)``. A gang
+of demand ``d`` is admissible for tenant ``t`` when, for every limited resource:
+
+- ``used + d <= N``, or the tenant has a cohort and ``used + d - N <= B`` (borrowing), and
+- the pool stays within its total: the tenant's draw ``max(0, used + d - G)`` replaces its current one.
+
+So a tenant under its nominal quota can still be blocked when others borrowed what it lent: that is
+exactly when it may *reclaim* (see ``engine.scheduling.preemption``). Nested cohorts (``parent:``) share
+one pool: the root's. A tenant without a cohort neither lends nor borrows.
+
+**Fair share** (weighted dominant resource share, Kueue's DRS generalised to tenants without quota):
+``share(t) = max over r of max(0, used[r] - N[r]) / C[r] / weight(t)``, over the resources the tenant's
+quota limits (all three, with ``N = 0``, for a tenant without any quota), ``C[r]`` the capacity of the
+offered nodes. A tenant within its quota has share 0; among
+tenants above it, the one borrowing least relative to its weight goes first. Weight 0 means an infinite
+share (it only gets what nobody else wants).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.scheduling.config import QueueConfig, ResourceAmounts
+from engine.scheduling.inventory import millicores
+from engine.scheduling.model import GangRequest
+
+__all__ = ["RESOURCES", "Blocked", "Tenancy", "Vec", "demand"]
+
+Vec = tuple[int, int, int]
+RESOURCES = ("gpu", "cpu", "mem")
+_INF = float("inf")
+
+
+def demand(request: GangRequest) -> Vec:
+    """A gang's whole demand: GPUs, millicores and bytes over all of its nodes."""
+    n = request.nnodes
+    return (n * request.gpus_per_node, n * millicores(request.cpus_per_node), n * (request.mem_per_node or 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """Why a tenant cannot take a demand now. ``kind``: "quota" (at nominal, no cohort), "borrowing_limit",
+    "cohort" (the pool has too little idle), "never" (more than the tenant may ever hold)."""
+
+    kind: str
+    resource: int
+    nominal: int | None
+    limit: int | None  # the borrowing limit, or the most the tenant may ever hold (kind "never")
+    idle: int  # what the cohort pool has idle for this tenant (kind "cohort")
+    within_nominal: bool  # True when used + demand <= nominal: the tenant may reclaim what it lent
+
+
+def _amounts(amounts: ResourceAmounts | None) -> tuple[int | None, int | None, int | None]:
+    if amounts is None:
+        return (None, None, None)
+    return (amounts.gpu, amounts.cpu, amounts.mem)
+
+
+@dataclass(slots=True)
+class _Tenant:
+    nominal: tuple[int | None, int | None, int | None]
+    borrowing: tuple[int | None, int | None, int | None]
+    guaranteed: tuple[int, int, int]  # N - L: never lent
+    lendable: tuple[int, int, int]
+    weight: float
+    root: str | None
+    used: list[int]
+    ceilings: tuple[float, float, float] = (_INF, _INF, _INF)  # see ``ceiling``: fixed per configuration
+
+
+class Tenancy:
+    """Usage of every tenant and of every cohort pool under one queue configuration."""
+
+    def __init__(self, config: QueueConfig) -> None:
+        self.config = config
+        self.tenants: dict[str, _Tenant] = {}
+        self.pool_total: dict[str, list[int]] = {}
+        self.pool_used: dict[str, list[int]] = {}
+        self.borrowers: set[str] = set()  # tenants above their nominal quota of some resource, kept by ``add``
+        self.changes: dict[str, int] = {}  # per tenant, how many times its usage changed: a cache stamp
+        for t in config.tenants:
+            nominal = _amounts(t.quota)
+            lending = _amounts(t.lending_limit)
+            root = config.root_cohort(t.name)
+            lendable = tuple(
+                0 if root is None or n is None else (n if lim is None else min(lim, n))
+                for n, lim in zip(nominal, lending, strict=True)
+            )
+            guaranteed = tuple((n or 0) - lend for n, lend in zip(nominal, lendable, strict=True))
+            self.tenants[t.name] = _Tenant(
+                nominal=nominal,
+                borrowing=_amounts(t.borrowing_limit),
+                guaranteed=(guaranteed[0], guaranteed[1], guaranteed[2]),
+                lendable=(lendable[0], lendable[1], lendable[2]),
+                weight=t.weight,
+                root=root,
+                used=[0, 0, 0],
+            )
+            if root is not None:
+                total = self.pool_total.setdefault(root, [0, 0, 0])
+                self.pool_used.setdefault(root, [0, 0, 0])
+                for r in range(3):
+                    total[r] += lendable[r]
+        for entry in self.tenants.values():  # once every pool is summed up
+            c = [self._ceiling(entry, r) for r in range(3)]
+            entry.ceilings = (c[0], c[1], c[2])
+
+    def root(self, tenant: str) -> str | None:
+        """The root cohort whose pool the tenant shares (None: it neither lends nor borrows)."""
+        entry = self.tenants.get(tenant)
+        return entry.root if entry is not None else None
+
+    def _get(self, tenant: str) -> _Tenant:
+        # a running gang of a tenant removed from the configuration keeps being counted (it still holds
+        # GPUs) under an ad-hoc tenant without quota, cohort or weight
+        entry = self.tenants.get(tenant)
+        if entry is None:
+            entry = self.tenants[tenant] = _Tenant(
+                (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0), 1.0, None, [0, 0, 0], (0, 0, 0)
+            )
+        return entry
+
+    def _draw(self, t: _Tenant, r: int, used: int) -> int:
+        return max(0, used - t.guaranteed[r]) if t.nominal[r] is not None else 0
+
+    def add(self, tenant: str, vec: Vec, sign: int = 1) -> None:
+        """Count (``sign=1``) or uncount (``-1``) a gang's demand."""
+        t = self._get(tenant)
+        self.changes[tenant] = self.changes.get(tenant, 0) + 1
+        pool = self.pool_used.get(t.root) if t.root is not None else None
+        for r in range(3):
+            before = t.used[r]
+            t.used[r] = before + sign * vec[r]
+            if pool is not None:
+                pool[r] += self._draw(t, r, t.used[r]) - self._draw(t, r, before)
+        if any(n is not None and u > n for n, u in zip(t.nominal, t.used, strict=True)):
+            self.borrowers.add(tenant)
+        else:
+            self.borrowers.discard(tenant)
+
+    def blocked(self, tenant: str, vec: Vec) -> Blocked | None:
+        """None when ``tenant`` may take ``vec`` now, else the first resource that stops it."""
+        t = self._get(tenant)
+        for r in range(3):  # "never" first: such a gang is rejected, whatever else stops it now
+            nominal = t.nominal[r]
+            if nominal is not None and vec[r] > t.ceilings[r]:
+                return Blocked("never", r, nominal, int(t.ceilings[r]), 0, t.used[r] + vec[r] <= nominal)
+        for r in range(3):
+            nominal = t.nominal[r]
+            if nominal is None or vec[r] == 0:
+                continue
+            after = t.used[r] + vec[r]
+            within = after <= nominal
+            if t.root is None:
+                if not within:
+                    return Blocked("quota", r, nominal, None, 0, False)
+                continue
+            limit = t.borrowing[r]
+            if not within and limit is not None and after - nominal > limit:
+                return Blocked("borrowing_limit", r, nominal, limit, 0, False)
+            total, used = self.pool_total[t.root][r], self.pool_used[t.root][r]
+            draw_before, draw_after = self._draw(t, r, t.used[r]), self._draw(t, r, after)
+            if used - draw_before + draw_after > total:
+                idle = max(0, t.guaranteed[r] - t.used[r]) + max(0, total - used)
+                return Blocked("cohort", r, nominal, limit, idle, within)
+        return None
+
+    def _ceiling(self, t: _Tenant, r: int) -> float:
+        """The most of resource ``r`` the tenant could ever hold with nothing else running."""
+        nominal = t.nominal[r]
+        if nominal is None:
+            return _INF
+        if t.root is None:
+            return nominal
+        limit = t.borrowing[r]
+        most = t.guaranteed[r] + self.pool_total[t.root][r]
+        return most if limit is None else min(most, nominal + limit)
+
+    def borrowing(self, tenant: str) -> bool:
+        """Whether the tenant uses more than its nominal quota of some resource."""
+        return tenant in self.borrowers
+
+    def within_nominal(self, tenant: str, vec: Vec) -> bool:
+        t = self._get(tenant)
+        return all(n is None or u + v <= n for n, u, v in zip(t.nominal, t.used, vec, strict=True))
+
+    def share(self, tenant: str, capacity: Sequence[int], plus: Vec = (0, 0, 0)) -> float:
+        """Weighted dominant resource share (see the module docstring), with ``plus`` more in use."""
+        t = self._get(tenant)
+        dominant = 0.0
+        # the resources its quota limits; a tenant without any quota is measured on all of them
+        limited = [r for r in range(3) if t.nominal[r] is not None] or [0, 1, 2]
+        for r in limited:
+            over = t.used[r] + plus[r] - (t.nominal[r] or 0)
+            if over > 0 and capacity[r] > 0:
+                dominant = max(dominant, over / capacity[r])
+        if dominant == 0.0:
+            return 0.0
+        return dominant / t.weight if t.weight > 0 else _INF
+
+    def used(self, tenant: str) -> tuple[int, int, int]:
+        u = self._get(tenant).used
+        return (u[0], u[1], u[2])
+
+    def nominal(self, tenant: str) -> tuple[int | None, int | None, int | None]:
+        return self._get(tenant).nominal
+
+    def borrowed(self, tenant: str) -> tuple[int, int, int]:
+        t = self._get(tenant)
+        b = [max(0, u - n) if n is not None else 0 for u, n in zip(t.used, t.nominal, strict=True)]
+        return (b[0], b[1], b[2])
+
+    def lent(self) -> dict[str, tuple[int, int, int]]:
+        """What each tenant's idle nominal quota currently lends to borrowers of its cohort.
+
+        Borrowed amounts are attributed to lenders in name order, each up to its idle lendable quota
+        (a display choice: the pool does not record who lent to whom)."""
+        lent = {name: [0, 0, 0] for name in self.tenants}
+        for root in self.pool_total:
+            members = sorted(name for name, t in self.tenants.items() if t.root == root)
+            for r in range(3):
+                owed = sum(self.borrowed(name)[r] for name in members)
+                for name in members:
+                    t = self.tenants[name]
+                    nominal = t.nominal[r]
+                    idle = 0 if nominal is None else max(0, min(t.lendable[r], nominal - t.used[r]))
+                    give = min(idle, owed)
+                    lent[name][r] += give
+                    owed -= give
+        return {name: (v[0], v[1], v[2]) for name, v in lent.items()}

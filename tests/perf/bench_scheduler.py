@@ -1,0 +1,1174 @@
+"""Scheduling policy at cluster scale: a discrete-event simulation of a shared GPU cluster, FIFO vs Policy.
+
+    python tests/perf/bench_scheduler.py [--nodes 1000] [--gpus-per-node 8] [--gangs 15000] [--tenants 10]
+                                         [--seed 0] [--load 1.5] [--save-s 30] [--grace-s 120]
+                                         [--min-runtime-s 60] [--fifo-budget-s 60] [--json | --markdown]
+    python tests/perf/bench_scheduler.py --render RESULT.json     # the README rows of a saved JSON line
+
+Two schedulers are driven directly, without Temporal, by the same seeded workload (see
+:func:`generate_workload`), in simulated time (seconds; no wall clock enters the schedule):
+
+* **fifo** — the strict-FIFO policy gangflow had before multi-tenant scheduling, loaded from git (the
+  package ``engine/scheduling`` at commit ``8de69f7``, imported as ``fifo_baseline``). It ignores tenants
+  and priorities and recomputes every queued gang's reason on every event, so it is capped by a
+  wall-clock budget (``--fifo-budget-s``) and reports how far it got (``"finished": false``).
+* **policy** — ``engine.scheduling.Policy`` with a queue configuration built from the workload (tenant
+  quotas, cohorts, priority classes; :func:`queue_config`).
+
+Each scheduler sits behind the same small adapter (:class:`Adapter`: register a node, submit, release,
+tick, next deadline). The simulation sends every node's registration at time 0, each gang's submission at
+its arrival, and a release when it finishes; a ``Tick`` whenever the scheduler's ``next_deadline()`` has
+passed before the next event. A preempted gang (a ``Preempted`` decision) stops working at once, spends
+``--save-s`` seconds saving while it still holds its GPUs, releases them, and is submitted again at once
+under the same gang id with the work it has left since its last periodic checkpoint (one every 600 s of
+run time; the work after it is lost). ``gpu_seconds_lost`` = GPUs x (lost work + save time).
+
+Only the scheduler call itself is timed (``time.perf_counter`` around it, one sample per event), so the
+simulation's own bookkeeping does not count against the scheduler.
+
+Metrics, per scheduler:
+
+* ``events_per_s``, ``p50_ms``, ``p99_ms`` — scheduler calls per second of scheduler time; latency per call.
+* ``cpu_s`` — process time of the whole simulation loop, bookkeeping included (the Policy's snapshot
+  size, sampled as the queue grows, is left out); ``step_cpu_s`` — process time inside the scheduler
+  calls only, which other work on a shared machine does not inflate as it does wall-clock figures.
+* ``makespan_over_bound`` — the last release over the work-conserving lower bound
+  max(total GPU-seconds / cluster GPUs, max over gangs of arrival + duration). With the Philly fit the
+  second term wins (a gang of up to 6.9 days), so this says mostly whether the longest gangs started
+  early; ``config.bound`` has both terms.
+* ``gpu_allocated_under_backlog`` — the time-weighted mean fraction of GPUs allocated while a gang waits.
+* ``jain`` — Jain's index over tenants of (GPU-seconds received / entitlement), per 10-minute window with a
+  backlog, averaged over those windows. A window's entitlement is the weighted max-min (water-filling)
+  split of its GPU-seconds among the tenants, each capped at its demand in the window (the GPU-seconds it
+  ran plus the GPU-seconds it had waiting).
+* ``queue_delay_s`` — per tenant, p50 and p99 of (first admission - submission); also over all tenants
+  and per priority class.
+* ``preemptions_per_gang`` and ``gpu_seconds_lost``.
+* ``checks`` — every placement checked against the simulation's own per-node GPU and CPU ledger
+  (``no_double_allocation``), decisions that fit the gang's state (``consistent_decisions``: no admission
+  of a gang that is not waiting, no preemption of one that is not running), no gang preempted for one
+  that it later preempts (``no_preemption_cycle``), a ``Tick`` at ``next_deadline()`` moves it
+  (``deadlines_advance``), every gang finished (``all_finished``); ``violations`` says what failed.
+  A trace also stops after 100 scheduler calls per gang, lest a preemption loop never end.
+* ``decision_hash`` — SHA-256 of every decision and its time: the same seed gives the same hash.
+
+Prints ONE JSON line ``{"benchmark": "scheduler", "fifo": {...}, "policy": {...}, "config": {...}, ...}`` on
+stdout and a table on stderr (``--markdown``: the README's rows; ``--json``: no table). Not a test:
+nothing here asserts on timings (``test_bench_scheduler.py`` runs a small size for its checks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import heapq
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+BASELINE_COMMIT = "8de69f7"
+BASELINE_FILES = ("__init__", "model", "events", "capacity", "reasons", "describe", "policy")
+#: the simulation does not model node heartbeats: a node registered at time 0 never expires
+NODE_TTL_S = 1e12
+CHECKPOINT_EVERY_S = 600.0
+WINDOW_S = 600.0
+#: arrivals keep ``--load`` x the cluster busy with what gangs run within this long of their start
+RAMP_S = 3600.0
+#: a trace stops after this many scheduler calls per gang (or node): a preemption loop would never end
+MAX_CALLS_PER_GANG = 100
+PROGRESS_EVERY_S = 30.0
+#: gang sizes and durations: the Philly fit that the Gavel scheduler uses
+GANG_GPUS = ((1, 0.83), (2, 0.03), (4, 0.03), (8, 0.10), (16, 0.01))
+LONG_FRACTION = 0.05
+SHORT_EXPONENTS = (1.0, 3.0)  # 60 * 10^U(1,3) s: 10 minutes to 16.7 hours
+LONG_EXPONENTS = (3.0, 4.0)  # 60 * 10^U(3,4) s: 16.7 hours to 6.9 days
+WEIGHTS = (1, 2, 3)  # tenants' weights, cycling
+HIGH_FRACTION = 0.10
+PRIORITY_CLASSES = (
+    {"name": "low", "value": 10, "preemptible": True},
+    {"name": "high", "value": 100, "preemptible": False},
+)
+COHORTS = ("cohort-a", "cohort-b", "cohort-c")
+ROOT_COHORT = "cluster"
+CPUS_PER_GPU_NODE = 8  # a node has 8 CPUs per GPU
+CPUS_PER_GPU_GANG = 4  # a gang asks 4 CPUs per GPU on each of its nodes
+SCHEDULERS = ("fifo", "policy")
+#: issue 9's goals, shown next to the figures
+GOALS = {
+    "p99_ms": "≤ 5 ms",
+    "step_cpu_s": "≤ 10 s",
+    "makespan_over_bound": "≤ 1.2",
+    "gpu_allocated_under_backlog": "≥ 90%",
+    "jain": "≥ 0.95",
+    "preemptions_per_gang": "≤ 3",
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the workload
+# ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SimGang:
+    """One gang of the trace: who submits it, when, its shape and how long it runs undisturbed."""
+
+    gang_id: str
+    tenant: str
+    priority: str  # "low" (preemptible) or "high" (not)
+    arrival: float
+    duration: float
+    nnodes: int
+    gpus_per_node: int
+    cpus_per_node: float
+
+    @property
+    def gpus(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class SimTenant:
+    name: str
+    weight: int
+    quota_gpus: int
+    cohort: str | None
+
+
+@dataclass(frozen=True)
+class Workload:
+    nodes: int
+    gpus_per_node: int
+    cpus_per_node: int
+    tenants: tuple[SimTenant, ...]
+    gangs: tuple[SimGang, ...]
+    arrival_rate: float  # gangs per second
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_ids(self) -> list[str]:
+        width = len(str(self.nodes - 1))
+        return [f"node-{i:0{width}d}" for i in range(self.nodes)]
+
+    def bound(self) -> dict[str, float]:
+        """The work-conserving lower bound on the makespan and its two terms."""
+        work = sum(g.gpus * g.duration for g in self.gangs) / self.total_gpus
+        longest = max(g.arrival + g.duration for g in self.gangs)
+        return {"work_s": work, "longest_s": longest, "bound_s": max(work, longest)}
+
+
+def _mean_capped(lo: float, hi: float, cap: float) -> float:
+    """E[min(60 * 10^U(lo, hi), cap)]: a duration of the fit, counted up to ``cap`` seconds."""
+    c = min(max(math.log10(cap / 60), lo), hi)
+    below = 60 * (10**c - 10**lo) / ((hi - lo) * math.log(10))  # the durations shorter than the cap
+    return below + cap * (hi - c) / (hi - lo)
+
+
+def expected_gpu_seconds(gpus_per_node: int, nodes: int, horizon: float = math.inf) -> float:
+    """The mean GPU-seconds one generated gang runs within ``horizon`` seconds of its start (sizes as
+    :func:`gang_shape` rounds them; size and duration are drawn independently)."""
+    gpus = sum(p * math.prod(gang_shape(g, gpus_per_node, nodes)) for g, p in GANG_GPUS)
+    duration = (1 - LONG_FRACTION) * _mean_capped(*SHORT_EXPONENTS, horizon) + LONG_FRACTION * _mean_capped(
+        *LONG_EXPONENTS, horizon
+    )
+    return gpus * duration
+
+
+def gang_shape(gpus: int, gpus_per_node: int, nodes: int) -> tuple[int, int]:
+    """(nnodes, gpus per node) for a gang of ``gpus`` GPUs: one node when it fits one, else whole nodes
+    (``ceil(gpus / gpus_per_node)`` of them, full), and never more nodes than the cluster has."""
+    if gpus <= gpus_per_node:
+        return 1, gpus
+    return min(nodes, math.ceil(gpus / gpus_per_node)), gpus_per_node
+
+
+def generate_workload(
+    nodes: int, gpus_per_node: int, gangs: int, tenants: int, seed: int, load: float = 1.5
+) -> Workload:
+    """A seeded trace calibrated to the Philly fit (Gavel), on ``nodes`` x ``gpus_per_node`` GPUs.
+
+    - **Gang size**: 1 GPU with p=.83, 2 with .03, 4 with .03, 8 with .10, 16 with .01. A gang bigger than a
+      node takes whole nodes (16 GPUs on 8-GPU nodes: 2 nodes of 8); see :func:`gang_shape`.
+    - **Duration**: 95 % are 60 * 10^U(1,3) s, 5 % are 60 * 10^U(3,4) s.
+    - **CPUs**: nodes have 8 CPUs per GPU, a gang asks 4 per GPU on each node, so GPUs are what binds.
+    - **Arrivals**: Poisson, at ``load * GPUs * 3600 / E[GPU-seconds a gang runs in its first hour]``
+      (from the distributions above): by Little's law the gangs submitted in the last hour alone would
+      keep ``load`` times the cluster busy. Not the long-run rate (``GPUs / E[GPU-seconds]``): half of the
+      work is in the 5 % of gangs that run for days, which would spread a trace of 15,000 gangs over
+      hours of arrivals with the cluster rarely full. With the default 1.5 the cluster is full within about
+      an hour and a backlog of thousands of gangs lasts for most of the trace (as in Kueue's scheduler
+      benchmark, which submits everything at once): the regime where order, fairness and preemption matter.
+    - **Tenants**: ``team-0..`` with weights cycling 1, 2, 3 and GPU quotas proportional to the weights
+      summing to the cluster's GPUs (largest remainder), in up to 3 cohorts (``cohort-a..c``, tenant i in
+      cohort i mod 3) under one root cohort ``cluster``, so idle quota can be borrowed across the whole
+      cluster. Each gang's tenant is drawn uniformly: demand is equal, entitlements are not.
+    - **Priority**: 10 % of gangs are ``high`` (not preemptible), the rest ``low`` (preemptible).
+    """
+    rng = random.Random(seed)
+    weights = [WEIGHTS[i % len(WEIGHTS)] for i in range(tenants)]
+    total = nodes * gpus_per_node
+    exact = [total * w / sum(weights) for w in weights]
+    quotas = [math.floor(x) for x in exact]
+    # largest remainder, ties to the lower index: deterministic and summing to the cluster exactly
+    for i in sorted(range(tenants), key=lambda i: (quotas[i] - exact[i], i))[: total - sum(quotas)]:
+        quotas[i] += 1
+    ncohorts = min(len(COHORTS), tenants)
+    sim_tenants = tuple(
+        SimTenant(name=f"team-{i}", weight=weights[i], quota_gpus=quotas[i], cohort=COHORTS[i % ncohorts])
+        for i in range(tenants)
+    )
+    rate = load * total / expected_gpu_seconds(gpus_per_node, nodes, RAMP_S)
+    sizes = [g for g, _p in GANG_GPUS]
+    cumulative = [p for _g, p in GANG_GPUS]
+    width = len(str(gangs - 1))
+    now = 0.0
+    out = []
+    for i in range(gangs):
+        if i:
+            now += rng.expovariate(rate)
+        gpus = rng.choices(sizes, weights=cumulative)[0]
+        exponents = LONG_EXPONENTS if rng.random() < LONG_FRACTION else SHORT_EXPONENTS
+        duration = 60 * 10 ** rng.uniform(*exponents)
+        tenant = sim_tenants[rng.randrange(tenants)].name
+        priority = "high" if rng.random() < HIGH_FRACTION else "low"
+        nnodes, per_node = gang_shape(gpus, gpus_per_node, nodes)
+        out.append(
+            SimGang(
+                gang_id=f"g{i:0{width}d}",
+                tenant=tenant,
+                priority=priority,
+                arrival=round(now, 3),
+                duration=round(duration, 3),
+                nnodes=nnodes,
+                gpus_per_node=per_node,
+                cpus_per_node=float(CPUS_PER_GPU_GANG * per_node),
+            )
+        )
+    return Workload(
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        cpus_per_node=CPUS_PER_GPU_NODE * gpus_per_node,
+        tenants=sim_tenants,
+        gangs=tuple(out),
+        arrival_rate=rate,
+    )
+
+
+def queue_config(workload: Workload, grace_s: float, min_runtime_s: float) -> dict[str, Any]:
+    """The queue configuration (the YAML file's shape) the Policy runs with: the workload's tenants and
+    cohorts, priority classes low/high, and the default policy otherwise."""
+    used = sorted({t.cohort for t in workload.tenants if t.cohort is not None})
+    return {
+        "cohorts": [{"name": ROOT_COHORT}, *({"name": c, "parent": ROOT_COHORT} for c in used)],
+        "tenants": [
+            {"name": t.name, "cohort": t.cohort, "weight": t.weight, "quota": {"gpu": t.quota_gpus}}
+            for t in workload.tenants
+        ],
+        "priority_classes": [dict(c) for c in PRIORITY_CLASSES],
+        "policy": {"min_runtime": min_runtime_s, "preemption_grace": grace_s, "default_priority": "low"},
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the schedulers, behind one adapter
+# ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Outcome:
+    """A decision, reduced to what the simulation acts on."""
+
+    kind: str  # admitted | preempted | rejected | pending
+    gang_id: str
+    nodes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # admitted: (node id, GPU ids), by node rank
+    by: str = ""  # preempted: the preemptor
+    cause: str = ""  # preempted: reclaim | priority | backfill | drain
+    reason: str = ""
+
+
+class Adapter:
+    """What the simulation needs from a scheduler. Subclasses build the scheduler's own event objects
+    (outside the timed call) and make one ``_timed`` call per event, which times the scheduler, hashes its
+    decisions (``decision_hash``: same trace, same decisions) and reduces them to :class:`Outcome`."""
+
+    name = ""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.cpu_s = 0.0
+        self.counts: dict[str, int] = {}
+        self._digest = hashlib.sha256()
+
+    def register(self, node_id: str, gpus: int, cpus: int, now: float) -> list[Outcome]:
+        raise NotImplementedError
+
+    def submit(self, gang: SimGang, now: float) -> list[Outcome]:
+        raise NotImplementedError
+
+    def release(self, gang_id: str, now: float) -> list[Outcome]:
+        raise NotImplementedError
+
+    def tick(self, now: float) -> list[Outcome]:
+        raise NotImplementedError
+
+    def next_deadline(self) -> float | None:
+        raise NotImplementedError
+
+    @property
+    def decision_hash(self) -> str:
+        return self._digest.hexdigest()
+
+    def _timed(self, call: Callable[[], Sequence[Any]], now: float) -> list[Outcome]:
+        cpu, start = time.process_time(), time.perf_counter()
+        decisions = call()
+        self.latencies.append(time.perf_counter() - start)
+        self.cpu_s += time.process_time() - cpu  # what a shared machine's other work does not inflate
+        out = []
+        for decision in decisions:
+            self._digest.update(f"{now!r} ".encode())
+            self._digest.update(decision.model_dump_json().encode())
+            self._digest.update(b"\n")
+            kind = str(decision.kind)
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+            if kind == "admitted":
+                nodes = tuple((a.node_id, tuple(a.gpu_ids)) for a in decision.placement.nodes)
+                out.append(Outcome(kind, decision.placement.gang_id, nodes=nodes))
+            elif kind == "preempted":
+                out.append(
+                    Outcome(kind, decision.gang_id, by=decision.by, cause=decision.cause, reason=decision.reason)
+                )
+            elif kind == "rejected":
+                out.append(Outcome(kind, decision.gang_id, reason=decision.reason))
+        return out
+
+
+class PolicyAdapter(Adapter):
+    """``engine.scheduling.Policy``: one object, mutated by ``step``."""
+
+    name = "policy"
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        from engine.scheduling import GangReleased, GangRequest, GangSubmitted, NodeRegistered, NodeSpec, Policy, Tick
+        from engine.scheduling.config import load_queue_config
+
+        self.s = SimpleNamespace(
+            GangReleased=GangReleased,
+            GangRequest=GangRequest,
+            GangSubmitted=GangSubmitted,
+            NodeRegistered=NodeRegistered,
+            NodeSpec=NodeSpec,
+            Tick=Tick,
+        )
+        self.policy = Policy(load_queue_config(config), node_ttl_s=NODE_TTL_S)
+
+    def _step(self, event: Any, now: float) -> list[Outcome]:
+        return self._timed(lambda: self.policy.step(event, now), now)
+
+    def register(self, node_id: str, gpus: int, cpus: int, now: float) -> list[Outcome]:
+        spec = self.s.NodeSpec(node_id=node_id, address=f"{node_id}:0", gpus=gpus, cpus=cpus)
+        return self._step(self.s.NodeRegistered(spec=spec), now)
+
+    def submit(self, gang: SimGang, now: float) -> list[Outcome]:
+        request = self.s.GangRequest(
+            gang_id=gang.gang_id,
+            nnodes=gang.nnodes,
+            gpus_per_node=gang.gpus_per_node,
+            cpus_per_node=gang.cpus_per_node,
+            tenant=gang.tenant,
+            priority=gang.priority,
+        )
+        return self._step(self.s.GangSubmitted(request=request), now)
+
+    def release(self, gang_id: str, now: float) -> list[Outcome]:
+        return self._step(self.s.GangReleased(gang_id=gang_id), now)
+
+    def tick(self, now: float) -> list[Outcome]:
+        return self._step(self.s.Tick(), now)
+
+    def next_deadline(self) -> float | None:
+        deadline: float | None = self.policy.next_deadline()
+        return deadline
+
+    def snapshot_bytes(self) -> int:
+        """The size of the state a continue-as-new would carry, as compact JSON."""
+        import json
+
+        return len(json.dumps(self.policy.snapshot(), separators=(",", ":")))
+
+
+class FifoAdapter(Adapter):
+    """The pre-tenancy FIFO policy: ``state, decisions = step(state, event, now)``; no tenants, no priorities."""
+
+    name = "fifo"
+
+    def __init__(self, module: ModuleType) -> None:
+        super().__init__()
+        self.m = module
+        self.state = module.ClusterState(node_ttl_s=NODE_TTL_S)
+
+    def _step(self, event: Any, now: float) -> list[Outcome]:
+        def call() -> Sequence[Any]:
+            self.state, decisions = self.m.step(self.state, event, now)
+            return decisions  # type: ignore[no-any-return]
+
+        return self._timed(call, now)
+
+    def register(self, node_id: str, gpus: int, cpus: int, now: float) -> list[Outcome]:
+        spec = self.m.NodeSpec(node_id=node_id, address=f"{node_id}:0", gpus=gpus, cpus=cpus)
+        return self._step(self.m.NodeRegistered(spec=spec), now)
+
+    def submit(self, gang: SimGang, now: float) -> list[Outcome]:
+        request = self.m.GangRequest(
+            gang_id=gang.gang_id,
+            nnodes=gang.nnodes,
+            gpus_per_node=gang.gpus_per_node,
+            cpus_per_node=gang.cpus_per_node,
+            tenant=gang.tenant,
+        )
+        return self._step(self.m.GangSubmitted(request=request), now)
+
+    def release(self, gang_id: str, now: float) -> list[Outcome]:
+        return self._step(self.m.GangReleased(gang_id=gang_id), now)
+
+    def tick(self, now: float) -> list[Outcome]:
+        return self._step(self.m.Tick(), now)
+
+    def next_deadline(self) -> float | None:
+        deadline: float | None = self.m.next_deadline(self.state)
+        return deadline
+
+
+def load_fifo_baseline(commit: str = BASELINE_COMMIT) -> ModuleType | str:
+    """The FIFO policy package as it was at ``commit``, imported as ``fifo_baseline``; or why it cannot be."""
+    import importlib
+    import re
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    scratch = Path(tempfile.mkdtemp(prefix="gangflow-fifo-baseline-"))
+    try:
+        package = scratch / "fifo_baseline"
+        package.mkdir()
+        for name in BASELINE_FILES:
+            path = f"engine/scheduling/{name}.py"
+            try:
+                done = subprocess.run(
+                    ["git", "-C", str(root), "show", f"{commit}:{path}"],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    check=False,
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                return f"git show {commit}:{path} did not run: {exc}"
+            if done.returncode != 0:
+                why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[0]
+                return f"git show {commit}:{path} failed: {why}"
+            (package / f"{name}.py").write_text(re.sub(r"\bengine\.scheduling\b", "fifo_baseline", done.stdout))
+        sys.path.insert(0, str(scratch))
+        try:
+            # the package's __init__ imports every module, so the files are not needed after this
+            return importlib.import_module("fifo_baseline")
+        except Exception as exc:
+            return f"the baseline at {commit} does not import: {type(exc).__name__}: {exc}"
+        finally:
+            sys.path.remove(str(scratch))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the simulation
+# ---------------------------------------------------------------------------------------------------------
+ARRIVE, FINISH, SAVED = "arrive", "finish", "saved"
+#: at one instant, releases go before arrivals so that the capacity they free is there for them
+ORDER = {FINISH: 0, SAVED: 0, ARRIVE: 1}
+Nodes = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass
+class GangRun:
+    """The simulation's view of one gang across its attempts."""
+
+    gang: SimGang
+    tenant: int  # index into the workload's tenants
+    done_work: float = 0.0  # checkpointed progress carried from earlier attempts
+    attempt: int = 0  # admissions so far: a FINISH or SAVED event of an earlier attempt is stale
+    state: str = "new"  # new | pending | running | saving | finished | rejected
+    started: float = 0.0
+    stopped: float = 0.0  # when a preemption notice stopped its work
+    first_admitted: float | None = None
+    placement: Nodes = ()
+    preemptions: int = 0
+
+    @property
+    def remaining(self) -> float:
+        return self.gang.duration - self.done_work
+
+
+class Simulation:
+    """One scheduler through the whole trace: the event heap, each gang's state, the simulation's own ledger
+    of the cluster (every placement is checked against it) and the time integrals the metrics need."""
+
+    def __init__(self, workload: Workload, adapter: Adapter, save_s: float) -> None:
+        self.workload, self.adapter, self.save_s = workload, adapter, save_s
+        self.node_ids = workload.node_ids()
+        index = {t.name: i for i, t in enumerate(workload.tenants)}
+        self.runs = {g.gang_id: GangRun(g, index[g.tenant]) for g in workload.gangs}
+        self.free_gpus = {n: set(range(workload.gpus_per_node)) for n in self.node_ids}
+        self.free_cpus = dict.fromkeys(self.node_ids, float(workload.cpus_per_node))
+        self.heap: list[tuple[float, int, int, str, str, int]] = []
+        self.seq = 0
+        self.clock = 0.0
+        # piecewise-constant state, integrated by `advance`
+        self.held_gpus = 0  # allocated, including gangs still saving after a preemption notice
+        self.pending = 0
+        self.pending_gpus = [0] * len(workload.tenants)
+        self.running_gpus = [0] * len(workload.tenants)
+        self.backlog_s = 0.0
+        self.held_under_backlog = 0.0  # GPU-seconds
+        self.windows: dict[int, tuple[list[float], list[float]]] = {}  # GPU-seconds ran, waited per tenant
+        # what happened
+        self.finished = 0
+        self.makespan = 0.0
+        self.rejections = 0
+        self.lost_gpu_s = 0.0
+        self.causes: dict[str, int] = {}
+        self.preempted_by: set[tuple[str, str]] = set()  # (victim, preemptor)
+        self.peak_pending = 0
+        self.snapshot_at = 0
+        self.snapshot_bytes: int | None = None
+        self.measuring_s = 0.0
+        # what went wrong
+        self.violations: list[str] = []
+        self.double_allocations = 0
+        self.inconsistent = 0
+        self.cycles = 0
+        self.deadlines_advance = True
+
+    # -- the run ----------------------------------------------------------------------------------------
+    def run(self, budget_s: float | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Every event of the trace, or as many as ``budget_s`` seconds of wall clock allow; ``progress``
+        gets a line every ``PROGRESS_EVERY_S`` seconds of wall clock."""
+        for gang in self.workload.gangs:
+            self.push(gang.arrival, ARRIVE, gang.gang_id)
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        for node_id in self.node_ids:
+            self.handle(self.adapter.register(node_id, self.workload.gpus_per_node, self.workload.cpus_per_node, 0.0))
+        stopped = False
+        last_ticked: float | None = None
+        limit = MAX_CALLS_PER_GANG * (len(self.runs) + len(self.node_ids))
+        report = wall0 + PROGRESS_EVERY_S
+        while self.heap:
+            last_ticked = self.tick_until(self.heap[0][0], last_ticked)
+            at, _order, _seq, kind, gang_id, attempt = heapq.heappop(self.heap)
+            self.advance(at)
+            run = self.runs[gang_id]
+            if kind == ARRIVE:
+                self.submit(run)
+            elif kind == FINISH and run.attempt == attempt and run.state in ("running", "saving"):
+                self.finish(run)
+            elif kind == SAVED and run.attempt == attempt and run.state == "saving":
+                self.saved(run)
+            self.sample_snapshot()
+            if progress is not None and time.perf_counter() > report:
+                report += PROGRESS_EVERY_S
+                progress(
+                    f"  {self.adapter.name}: {len(self.adapter.latencies):,} calls, {self.clock / 3600:,.1f} h "
+                    f"simulated, {self.pending:,} waiting, {self.finished:,} finished"
+                )
+            if budget_s is not None and time.perf_counter() - wall0 > budget_s:
+                stopped = bool(self.heap)
+                break
+            if len(self.adapter.latencies) > limit:
+                # a scheduler that preempts in a loop would never let the trace end
+                self.violations.append(f"stopped after {limit:,} scheduler calls: gangs preempted in a loop?")
+                stopped = bool(self.heap)
+                break
+        cpu_s = time.process_time() - cpu0 - self.measuring_s
+        return self.result(finished=not stopped, cpu_s=cpu_s, wall_s=time.perf_counter() - wall0)
+
+    def tick_until(self, upcoming: float, last_ticked: float | None) -> float | None:
+        """Send a Tick for every scheduler deadline that passes before ``upcoming``; the last one ticked."""
+        deadline = self.adapter.next_deadline()
+        while deadline is not None and deadline <= upcoming and deadline != last_ticked:
+            now = max(deadline, self.clock)
+            self.advance(now)
+            self.handle(self.adapter.tick(now))
+            last_ticked, deadline = deadline, self.adapter.next_deadline()
+            if deadline is not None and deadline <= last_ticked:
+                # a Tick that does not move the deadline would be sent forever: note it, go on with the trace
+                self.deadlines_advance = False
+                self.violation(f"next_deadline() is still {deadline} after a Tick at {now}")
+                break
+        return last_ticked
+
+    def submit(self, run: GangRun) -> None:
+        run.state = "pending"
+        self.set_pending(run, True)
+        self.handle(self.adapter.submit(replace(run.gang, duration=run.remaining), self.clock))
+
+    def finish(self, run: GangRun) -> None:
+        self.free(run)
+        run.state, run.done_work = "finished", run.gang.duration
+        self.finished += 1
+        self.makespan = self.clock
+        self.handle(self.adapter.release(run.gang.gang_id, self.clock))
+
+    def saved(self, run: GangRun) -> None:
+        """A preempted gang has saved: it releases its GPUs and asks again for the work it has left."""
+        progress = run.done_work + (run.stopped - run.started)
+        kept = math.floor(progress / CHECKPOINT_EVERY_S + 1e-9) * CHECKPOINT_EVERY_S
+        self.lost_gpu_s += run.gang.gpus * (progress - kept + self.save_s)
+        run.done_work = kept
+        self.free(run)
+        self.handle(self.adapter.release(run.gang.gang_id, self.clock))
+        self.submit(run)
+
+    def sample_snapshot(self) -> None:
+        """The Policy's continue-as-new state, measured each time the queue has grown by a quarter."""
+        if isinstance(self.adapter, PolicyAdapter) and self.pending > max(self.peak_pending, 1.25 * self.snapshot_at):
+            cpu = time.process_time()
+            self.snapshot_at = self.pending
+            self.snapshot_bytes = self.adapter.snapshot_bytes()
+            self.measuring_s += time.process_time() - cpu  # not the simulation's cost: left out of cpu_s
+        self.peak_pending = max(self.peak_pending, self.pending)
+
+    # -- decisions --------------------------------------------------------------------------------------
+    def handle(self, outcomes: list[Outcome]) -> None:
+        for outcome in outcomes:
+            run = self.runs.get(outcome.gang_id)
+            if run is None:
+                self.inconsistency(f"a decision for unknown gang {outcome.gang_id}")
+            elif outcome.kind == "admitted":
+                self.admit(run, outcome.nodes)
+            elif outcome.kind == "preempted":
+                self.preempt(run, outcome)
+            elif outcome.kind == "rejected":
+                self.rejections += 1
+                self.violation(f"{run.gang.gang_id} rejected: {outcome.reason}")
+                if run.state == "pending":
+                    self.set_pending(run, False)
+                    run.state = "rejected"
+
+    def admit(self, run: GangRun, nodes: Nodes) -> None:
+        gang = run.gang
+        if run.state != "pending":
+            self.inconsistency(f"{gang.gang_id} admitted while {run.state}")
+            return
+        if len(nodes) != gang.nnodes or len({n for n, _ in nodes}) != len(nodes):
+            self.inconsistency(f"{gang.gang_id} asked for {gang.nnodes} distinct nodes, got {[n for n, _ in nodes]}")
+        for node_id, gpu_ids in nodes:
+            free = self.free_gpus.get(node_id)
+            if free is None:
+                self.inconsistency(f"{gang.gang_id} placed on unknown node {node_id}")
+                continue
+            if len(gpu_ids) != gang.gpus_per_node or len(set(gpu_ids)) != len(gpu_ids):
+                self.inconsistency(f"{gang.gang_id} got GPUs {gpu_ids} on {node_id}, asked for {gang.gpus_per_node}")
+            taken = sorted(g for g in gpu_ids if g not in free)
+            if taken:
+                self.double_allocations += 1
+                self.violation(f"{gang.gang_id} got GPUs {taken} on {node_id}, which another gang holds")
+            free.difference_update(gpu_ids)
+            self.free_cpus[node_id] -= gang.cpus_per_node
+            if self.free_cpus[node_id] < -1e-9:
+                self.double_allocations += 1
+                self.violation(f"{gang.gang_id} overcommits the CPUs of {node_id}")
+        self.set_pending(run, False)
+        run.state, run.started, run.placement = "running", self.clock, nodes
+        self.hold(run, True)
+        if run.first_admitted is None:
+            run.first_admitted = self.clock
+        run.attempt += 1
+        self.push(self.clock + run.remaining, FINISH, gang.gang_id, run.attempt)
+
+    def preempt(self, run: GangRun, outcome: Outcome) -> None:
+        """The notice: the gang stops working now and saves for ``save_s`` while it still holds its GPUs."""
+        victim = run.gang.gang_id
+        if run.state == "saving":
+            return  # told again while it saves: nothing new to do
+        if run.state != "running":
+            self.inconsistency(f"{victim} preempted while {run.state}")
+            return
+        if (outcome.by, victim) in self.preempted_by:
+            self.cycles += 1
+            self.violation(f"preemption cycle: {victim} preempted for {outcome.by}, which was preempted for it")
+        self.preempted_by.add((victim, outcome.by))
+        self.causes[outcome.cause] = self.causes.get(outcome.cause, 0) + 1
+        run.preemptions += 1
+        run.state, run.stopped = "saving", self.clock
+        if self.clock + self.save_s < run.started + run.remaining:
+            self.push(self.clock + self.save_s, SAVED, victim, run.attempt)
+        # else it finishes before its save would: nothing is lost, its own release follows
+
+    # -- bookkeeping ------------------------------------------------------------------------------------
+    def push(self, at: float, kind: str, gang_id: str, attempt: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, ORDER[kind], self.seq, kind, gang_id, attempt))
+
+    def set_pending(self, run: GangRun, on: bool) -> None:
+        sign = 1 if on else -1
+        self.pending += sign
+        self.pending_gpus[run.tenant] += sign * run.gang.gpus
+
+    def hold(self, run: GangRun, on: bool) -> None:
+        sign = 1 if on else -1
+        self.running_gpus[run.tenant] += sign * run.gang.gpus
+        self.held_gpus += sign * run.gang.gpus
+
+    def free(self, run: GangRun) -> None:
+        for node_id, gpu_ids in run.placement:
+            self.free_gpus[node_id].update(gpu_ids)
+            self.free_cpus[node_id] += run.gang.cpus_per_node
+        run.placement = ()
+        self.hold(run, False)
+
+    def advance(self, to: float) -> None:
+        """Integrate the piecewise-constant state over [clock, to), window by window."""
+        if to <= self.clock:
+            return
+        start, self.clock = self.clock, to
+        if self.pending:
+            self.backlog_s += to - start
+            self.held_under_backlog += (to - start) * self.held_gpus
+        elif not self.held_gpus:
+            return
+        t = start
+        while t < to:
+            index = int(t // WINDOW_S)
+            end = min(to, (index + 1) * WINDOW_S)
+            window = self.windows.get(index)
+            if window is None:
+                n = len(self.workload.tenants)
+                window = self.windows[index] = ([0.0] * n, [0.0] * n)
+            ran, waited = window
+            for i, gpus in enumerate(self.running_gpus):
+                if gpus:
+                    ran[i] += gpus * (end - t)
+            for i, gpus in enumerate(self.pending_gpus):
+                if gpus:
+                    waited[i] += gpus * (end - t)
+            t = end
+
+    def violation(self, text: str) -> None:
+        if len(self.violations) < 20:
+            self.violations.append(f"t={self.clock:.1f}: {text}")
+
+    def inconsistency(self, text: str) -> None:
+        self.inconsistent += 1
+        self.violation(text)
+
+    # -- the figures ------------------------------------------------------------------------------------
+    def result(self, finished: bool, cpu_s: float, wall_s: float) -> dict[str, Any]:
+        lat = self.adapter.latencies
+        busy = sum(lat)
+        delays: dict[str, list[float]] = {t.name: [] for t in self.workload.tenants}
+        by_priority: dict[str, list[float]] = {"high": [], "low": []}
+        for run in self.runs.values():
+            if run.first_admitted is not None:
+                delays[run.gang.tenant].append(run.first_admitted - run.gang.arrival)
+                by_priority[run.gang.priority].append(run.first_admitted - run.gang.arrival)
+        bound = self.workload.bound()["bound_s"]
+        jain = windowed_jain(self.windows, self.workload, self.clock)
+        preemptions = sum(r.preemptions for r in self.runs.values())
+        return {
+            "finished": finished,
+            "events": len(lat),
+            "sim_time_s": round(self.clock, 1),
+            "events_per_s": round(len(lat) / busy, 1) if busy else None,
+            "p50_ms": _round(percentile(lat, 50), 3, 1000),
+            "p99_ms": _round(percentile(lat, 99), 3, 1000),
+            "max_ms": _round(max(lat, default=None), 3, 1000),
+            "step_s": round(busy, 3),
+            "step_cpu_s": round(self.adapter.cpu_s, 3),
+            "cpu_s": round(cpu_s, 3),
+            "wall_s": round(wall_s, 3),
+            "makespan_s": round(self.makespan, 1) if finished else None,
+            "makespan_over_bound": round(self.makespan / bound, 4) if finished else None,
+            "gpu_allocated_under_backlog": (
+                round(self.held_under_backlog / (self.backlog_s * self.workload.total_gpus), 4)
+                if self.backlog_s
+                else None
+            ),
+            "backlog_s": round(self.backlog_s, 1),
+            "jain": _round(jain, 4),
+            "preemptions_per_gang": round(preemptions / len(self.runs), 4),
+            "preemptions": preemptions,
+            "preemptions_by_cause": dict(sorted(self.causes.items())),
+            "gpu_seconds_lost": round(self.lost_gpu_s, 1),
+            "queue_delay_s": {name: p50_p99(v) for name, v in delays.items()},
+            "queue_delay_all_s": p50_p99([d for v in delays.values() for d in v]),
+            "queue_delay_by_priority_s": {name: p50_p99(v) for name, v in by_priority.items()},
+            "gangs_finished": self.finished,
+            "rejections": self.rejections,
+            "peak_pending": self.peak_pending,
+            "snapshot_bytes_at_peak": self.snapshot_bytes,
+            "decisions": dict(sorted(self.adapter.counts.items())),
+            "decision_hash": self.adapter.decision_hash,
+            "checks": {
+                "no_double_allocation": self.double_allocations == 0,
+                "consistent_decisions": self.inconsistent == 0,
+                "no_preemption_cycle": self.cycles == 0,
+                "deadlines_advance": self.deadlines_advance,
+                "all_finished": self.finished == len(self.runs),
+            },
+            "violations": self.violations,
+        }
+
+
+def simulate(
+    workload: Workload,
+    adapter: Adapter,
+    save_s: float,
+    budget_s: float | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the trace through ``adapter`` (at most ``budget_s`` of wall clock); its figures and checks."""
+    return Simulation(workload, adapter, save_s).run(budget_s, progress)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# metrics
+# ---------------------------------------------------------------------------------------------------------
+def _round(value: float | None, digits: int, scale: float = 1.0) -> float | None:
+    return None if value is None else round(value * scale, digits)
+
+
+def p50_p99(values: Sequence[float]) -> dict[str, float | None]:
+    return {"p50": _round(percentile(values, 50), 1), "p99": _round(percentile(values, 99), 1)}
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100), linear between the closest ranks; None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def water_fill(capacity: float, demands: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """Weighted max-min split of ``capacity``: each share proportional to its weight, capped at its demand,
+    what a capped share leaves going to the others."""
+    alloc = [0.0] * len(demands)
+    active = sorted(
+        (i for i, d in enumerate(demands) if d > 0 and weights[i] > 0), key=lambda i: demands[i] / weights[i]
+    )
+    remaining, weight = capacity, sum(weights[i] for i in active)
+    for k, i in enumerate(active):
+        if demands[i] * weight <= remaining * weights[i]:
+            alloc[i] = demands[i]
+            remaining -= demands[i]
+            weight -= weights[i]
+        else:
+            for j in active[k:]:
+                alloc[j] = remaining * weights[j] / weight
+            break
+    return alloc
+
+
+def jain_index(xs: Sequence[float]) -> float:
+    """(sum x)^2 / (n sum x^2): 1 when all are equal, 1/n when one has everything."""
+    total = sum(xs)
+    squares = sum(x * x for x in xs)
+    return total * total / (len(xs) * squares) if squares else 1.0
+
+
+def windowed_jain(windows: dict[int, tuple[list[float], list[float]]], workload: Workload, end: float) -> float | None:
+    """Jain's index of received / entitled GPU-seconds per window with a backlog, averaged by window length
+    (``windows``: per window index, the GPU-seconds each tenant ran and had waiting)."""
+    weights = [float(t.weight) for t in workload.tenants]
+    total, span = 0.0, 0.0
+    for index, (ran, waited) in sorted(windows.items()):
+        length = min(WINDOW_S, end - index * WINDOW_S)
+        if not any(waited) or length <= 0:
+            continue
+        demand = [r + w for r, w in zip(ran, waited, strict=True)]
+        entitled = water_fill(workload.total_gpus * length, demand, weights)
+        ratios = [r / e for r, e in zip(ran, entitled, strict=True) if e > 0]
+        if ratios:
+            total += jain_index(ratios) * length
+            span += length
+    return total / span if span else None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# output
+# ---------------------------------------------------------------------------------------------------------
+ROWS: tuple[tuple[str, str, str], ...] = (
+    # (label, key, format)
+    ("scheduler calls per second", "events_per_s", "{:,.0f}"),
+    ("p50 per call", "p50_ms", "{:.3f} ms"),
+    ("p99 per call", "p99_ms", "{:.3f} ms"),
+    ("CPU for the whole trace, simulation included", "cpu_s", "{:.1f} s"),
+    ("of which in the scheduler", "step_cpu_s", "{:.1f} s"),
+    ("makespan / work-conserving bound", "makespan_over_bound", "{:.3f}"),
+    ("GPUs allocated while gangs wait", "gpu_allocated_under_backlog", "{:.1%}"),
+    ("Jain's index, received / entitled GPU time", "jain", "{:.3f}"),
+    ("preemptions per gang", "preemptions_per_gang", "{:.3f}"),
+    ("GPU-hours lost to preemption", "gpu_seconds_lost", "{:,.0f}"),
+    ("queue delay p50, all tenants", "queue_delay_p50", "{:,.0f} s"),
+    ("queue delay p99, all tenants", "queue_delay_p99", "{:,.0f} s"),
+    ("queue delay p99, priority class high", "queue_delay_high_p99", "{:,.0f} s"),
+)
+
+
+#: figures about the schedule as a whole: a run stopped at its budget shows none (its JSON keeps them)
+SCHEDULE_KEYS = frozenset(
+    {
+        "makespan_over_bound",
+        "gpu_allocated_under_backlog",
+        "jain",
+        "queue_delay_p50",
+        "queue_delay_p99",
+        "queue_delay_high_p99",
+    }
+)
+
+
+def cell(entry: dict[str, Any], key: str, fmt: str) -> str:
+    if "skipped" in entry:
+        return "skipped"
+    if key in SCHEDULE_KEYS and not entry["finished"]:
+        return "–"
+    if key == "gpu_seconds_lost":
+        value = entry.get(key)
+        value = None if value is None else value / 3600
+    elif key.startswith("queue_delay_p"):
+        value = entry["queue_delay_all_s"][key.removeprefix("queue_delay_")]
+    elif key.startswith("queue_delay_high_p"):
+        value = entry["queue_delay_by_priority_s"]["high"][key.removeprefix("queue_delay_high_")]
+    else:
+        value = entry.get(key)
+    if value is None:
+        return "–"
+    text = fmt.format(value)
+    if key in ("cpu_s", "step_cpu_s") and not entry.get("finished", True):
+        text = f"> {text} (stopped)"
+    return text
+
+
+#: the flags the caption names only when a run changed them
+OPTIONAL_FLAGS = {"load": 1.5, "save_s": 30.0, "grace_s": 120.0, "min_runtime_s": 60.0, "fifo_budget_s": 60.0}
+
+
+def command_line(result: dict[str, Any]) -> str:
+    """The command that reproduces ``result``."""
+    c = result["config"]
+    line = (
+        f"python tests/perf/bench_scheduler.py --nodes {c['nodes']} --gpus-per-node {c['gpus_per_node']} "
+        f"--gangs {c['gangs']} --tenants {c['tenants']} --seed {c['seed']}"
+    )
+    for key, default in OPTIONAL_FLAGS.items():
+        if c.get(key, default) != default:
+            line += f" --{key.replace('_', '-')} {c[key]:g}"
+    return line
+
+
+def fifo_note(fifo: dict[str, Any]) -> str:
+    if "skipped" in fifo:
+        return f"FIFO skipped: {fifo['skipped']}."
+    if fifo["finished"]:
+        return "FIFO ran the whole trace."
+    return (
+        f"FIFO stopped at its wall-clock budget after {fifo['events']:,} scheduler calls and "
+        f"{fifo['gangs_finished']:,} finished gangs ({fifo['sim_time_s'] / 3600:,.1f} simulated hours): it has no "
+        f"figures for the schedule as a whole."
+    )
+
+
+def markdown(result: dict[str, Any]) -> list[str]:
+    """The README's table and caption for one JSON line of this benchmark."""
+    from benchenv import caption, markdown_table
+
+    fifo, policy = result["fifo"], result["policy"]
+    rows = [[label, cell(fifo, key, fmt), cell(policy, key, fmt), GOALS.get(key, "")] for label, key, fmt in ROWS]
+    c = result["config"]
+    note = (
+        f"{c['gangs']:,} gangs from {c['tenants']} tenants on {c['nodes']:,} nodes x {c['gpus_per_node']} GPUs, "
+        f"arriving over {c['last_arrival_s'] / 3600:,.1f} h (see `--load`); "
+        f"bound {c['bound']['bound_s'] / 3600:,.1f} h "
+        f"(work {c['bound']['work_s'] / 3600:,.1f} h, longest gang from its arrival "
+        f"{c['bound']['longest_s'] / 3600:,.1f} h). {fifo_note(fifo)}"
+    )
+    table_rows = markdown_table(["", "FIFO (before)", "Policy", "goal"], "lrrr", rows)
+    return [*table_rows, "", note, "", caption(command_line(result), result)]
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    """The plain-text table printed to stderr."""
+    fifo, policy = result["fifo"], result["policy"]
+    lines = [f"{'':<48}{'fifo':>22}{'policy':>22}{'goal':>10}"]
+    for label, key, fmt in ROWS:
+        lines.append(f"{label:<48}{cell(fifo, key, fmt):>22}{cell(policy, key, fmt):>22}{GOALS.get(key, ''):>10}")
+    lines.append("\nqueue delay p50 / p99 per tenant (s)")
+    for tenant in result["config"]["queue"]["tenants"]:
+        name = tenant["name"]
+        parts = []
+        for entry in (fifo, policy):
+            d = entry.get("queue_delay_s", {}).get(name) if entry.get("finished") else None
+            parts.append("–" if not d or d["p50"] is None else f"{d['p50']:,.0f} / {d['p99']:,.0f}")
+        lines.append(f"  {name:<10} w={tenant['weight']:<3}{parts[0]:>30}{parts[1]:>30}")
+    for name, entry in (("fifo", fifo), ("policy", policy)):
+        if "checks" in entry:
+            failed = [k for k, ok in entry["checks"].items() if not ok]
+            lines.append(f"{name}: checks {'all pass' if not failed else 'FAILED: ' + ', '.join(failed)}")
+            lines.extend(f"  {v}" for v in entry["violations"][:5])
+    lines.append(fifo_note(fifo))
+    return lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--nodes", type=int, default=1000, help="GPU nodes (default %(default)s)")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default %(default)s)")
+    parser.add_argument("--gangs", type=int, default=15000, help="gangs in the trace (default %(default)s)")
+    parser.add_argument(
+        "--tenants", type=int, default=10, help="tenants, weights 1, 2, 3 cycling (default %(default)s)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the workload (default %(default)s)")
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=OPTIONAL_FLAGS["load"],
+        help="GPUs the last hour's arrivals want, over the cluster's GPUs (default %(default)s)",
+    )
+    parser.add_argument(
+        "--save-s",
+        type=float,
+        default=OPTIONAL_FLAGS["save_s"],
+        help="checkpoint save time of a preempted gang (default %(default)s)",
+    )
+    parser.add_argument(
+        "--grace-s",
+        type=float,
+        default=OPTIONAL_FLAGS["grace_s"],
+        help="the policy's preemption grace (default %(default)s)",
+    )
+    parser.add_argument(
+        "--min-runtime-s",
+        type=float,
+        default=OPTIONAL_FLAGS["min_runtime_s"],
+        help="the policy's minimum runtime (default %(default)s)",
+    )
+    parser.add_argument(
+        "--fifo-budget-s",
+        type=float,
+        default=OPTIONAL_FLAGS["fifo_budget_s"],
+        help="wall-clock cap for the FIFO baseline, 0 to skip it (default %(default)s)",
+    )
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the JSON line only, no table")
+    out.add_argument("--markdown", action="store_true", help="print the README's table rows instead of a table")
+    parser.add_argument("--render", metavar="FILE", help="print the README's rows of a saved JSON line and exit")
+    args = parser.parse_args(argv)
+    for flag in ("nodes", "gpus_per_node", "gangs", "tenants"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    for flag in ("save_s", "grace_s", "min_runtime_s", "fifo_budget_s"):
+        value = getattr(args, flag)
+        if not math.isfinite(value) or value < 0:
+            parser.error(f"--{flag.replace('_', '-')} must be a finite number >= 0, got {value}")
+    if not math.isfinite(args.load) or args.load <= 0:
+        parser.error(f"--load must be a finite number > 0, got {args.load}")
+    if args.save_s > args.grace_s:
+        parser.error(
+            f"--save-s ({args.save_s:g}) must not exceed --grace-s ({args.grace_s:g}): "
+            "a gang still saving when its grace ends is killed"
+        )
+    return args
+
+
+def source_digest() -> str:
+    """A short hash of ``engine/scheduling/*.py``: which policy code a saved result was measured with."""
+    from pathlib import Path
+
+    digest = hashlib.sha256()
+    for path in sorted((Path(__file__).resolve().parents[2] / "engine" / "scheduling").glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def main(args: argparse.Namespace) -> None:
+    from benchenv import LoadSampler, emit, environment, log, render
+
+    if args.render:
+        render(args.render, "scheduler", markdown)
+        return
+
+    workload = generate_workload(args.nodes, args.gpus_per_node, args.gangs, args.tenants, args.seed, args.load)
+    queue = queue_config(workload, args.grace_s, args.min_runtime_s)
+    bound = workload.bound()
+    config: dict[str, Any] = {
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "cpus_per_node": workload.cpus_per_node,
+        "gangs": args.gangs,
+        "tenants": args.tenants,
+        "seed": args.seed,
+        "load": args.load,
+        "arrival_rate_per_s": round(workload.arrival_rate, 6),
+        "last_arrival_s": workload.gangs[-1].arrival,
+        "save_s": args.save_s,
+        "grace_s": args.grace_s,
+        "min_runtime_s": args.min_runtime_s,
+        "checkpoint_every_s": CHECKPOINT_EVERY_S,
+        "window_s": WINDOW_S,
+        "fifo_budget_s": args.fifo_budget_s,
+        "fifo_commit": BASELINE_COMMIT,
+        "bound": {k: round(v, 1) for k, v in bound.items()},
+        "gpus_by_size": {
+            str(size): sum(1 for g in workload.gangs if g.gpus == size)
+            for size in sorted({g.gpus for g in workload.gangs})
+        },
+        "high_priority": sum(1 for g in workload.gangs if g.priority == "high"),
+        "queue": queue,
+        "policy_source": source_digest(),
+    }
+    log(
+        f"{args.gangs:,} gangs, {args.tenants} tenants, {args.nodes:,} nodes x {args.gpus_per_node} GPUs; "
+        f"last arrival at {workload.gangs[-1].arrival / 3600:,.1f} h, bound {bound['bound_s'] / 3600:,.1f} h"
+    )
+    result: dict[str, Any] = {"benchmark": "scheduler"}
+    with LoadSampler() as load:
+        try:
+            adapter = PolicyAdapter(queue)
+        except ImportError as exc:
+            result["policy"] = {"skipped": f"engine.scheduling.Policy is not available: {exc}"}
+        else:
+            log("policy ...")
+            result["policy"] = simulate(workload, adapter, args.save_s, progress=log)
+            log(f"  {result['policy']['events']:,} calls in {result['policy']['wall_s']:.1f} s")
+        if args.fifo_budget_s == 0:
+            result["fifo"] = {"skipped": "--fifo-budget-s 0"}
+        else:
+            baseline = load_fifo_baseline()
+            if isinstance(baseline, str):
+                result["fifo"] = {"skipped": baseline}
+            else:
+                log(f"fifo (from {BASELINE_COMMIT}, at most {args.fifo_budget_s:g} s) ...")
+                fifo = FifoAdapter(baseline)
+                result["fifo"] = simulate(workload, fifo, args.save_s, budget_s=args.fifo_budget_s, progress=log)
+                log(f"  {result['fifo']['events']:,} calls in {result['fifo']['wall_s']:.1f} s")
+    result = {
+        "benchmark": "scheduler",
+        "fifo": result["fifo"],
+        "policy": result["policy"],
+        "config": config,
+        "environment": environment(),
+        "load": load.summary(),
+    }
+    emit(result, [] if args.json else markdown(result) if args.markdown else table(result))
+
+
+if __name__ == "__main__":
+    main(parse_args())

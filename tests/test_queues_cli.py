@@ -1,0 +1,255 @@
+"""Tenants, quotas and priorities through the CLI a user types, on real stacks of their own (the queue
+configuration is the Scheduler's, shared by every run on a server, so these tests never touch the
+session's): ``queues apply`` refuses a bad file and changes nothing, applies the example, ``queues show
+--json`` has the issue's shape, ``run`` refuses an unknown tenant or priority class with exit 2 before
+anything starts, ``run --tenant team-a --priority high`` runs a gang on a 2-node cluster, and ``dev
+--queues`` applies its file once the stack is up."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, Stack, gangflow_cli
+
+from engine.runtime import free_port
+from engine.runtime.devserver import DevServer
+
+EXAMPLE = str(ROOT / "examples" / "queues.yaml")
+
+FLOW = """
+import os
+import time
+from dataclasses import dataclass
+
+from engine import GangPlugin, Resources, task, workflow
+
+
+@dataclass(frozen=True)
+class Ranks(GangPlugin):
+    nnodes: int = 2
+    nproc_per_node: int = 1
+
+
+@task(plugin=Ranks(), resources=Resources(gpu=1))
+def hold(marker: str) -> int:
+    # each rank waits for the test to have looked at the queue (a minute at most: nothing is left behind)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return int(os.environ["RANK"])
+
+
+@workflow
+async def train(marker: str) -> int:
+    return await hold(marker=marker)
+
+
+@task(plugin=Ranks(), priority="urgent")
+def rushed(n: int) -> int:
+    return n
+
+
+@workflow
+async def rush(n: int = 1) -> int:
+    return await rushed(n=n)
+
+
+@workflow
+async def plain(n: int = 1) -> int:
+    return n
+"""
+
+BAD = """\
+cohorts: [{name: research}]
+tenants:
+  - {name: team-a, cohort: research, quota: {gpu: 2}}
+  - {name: team-b, cohort: research, quota: {gpu: -1}}
+"""
+
+
+def cli(address: str, *args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    return gangflow_cli(*args, cwd=cwd, GANGFLOW_ADDRESS=address, COLUMNS="120", **env)
+
+
+def shown(address: str) -> dict[str, Any]:
+    done = cli(address, "queues", "show", "--json")
+    assert done.returncode == 0, done.stderr
+    data: dict[str, Any] = json.loads(done.stdout)
+    return data
+
+
+def run_ids(address: str) -> set[str]:
+    listed = cli(address, "list", "--json", "--limit", "100")
+    assert listed.returncode == 0, listed.stderr
+    return {run["run_id"] for run in json.loads(listed.stdout)}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("queues-project")
+    (folder / "flow.py").write_text(FLOW)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Server, worker and two node agents with two GPU slots each, the example configuration applied."""
+    built = Stack(tmp_path_factory.mktemp("queues-stack"), "q", count=2, gpus=2)
+    try:
+        asyncio.run(built.wait_nodes())
+        applied = cli(built.server.address, "queues", "apply", EXAMPLE)
+        assert applied.returncode == 0, applied.stderr
+        yield built
+    finally:
+        built.close()
+
+
+def test_without_a_scheduler_only_the_default_tenant_runs(tmp_path, project):
+    """A bare server: no Scheduler, so no queue configuration."""
+    server = DevServer(tmp_path / "server", ui=False).start()
+    try:
+        address = server.address
+        show = cli(address, "queues", "show")
+        assert show.returncode == 1 and "no Scheduler is running here" in show.stderr
+        assert "gangflow queues apply FILE" in show.stderr and "Traceback" not in show.stderr
+
+        for options, named in ((["--tenant", "team-a"], "unknown tenant 'team-a'"), (["--priority", "high"], "'high'")):
+            refused = cli(address, "run", "flow.py:plain", "--detach", *options, cwd=project)
+            assert refused.returncode == 2, refused.stderr
+            assert named in refused.stderr and "no queue configuration is applied here" in refused.stderr
+            assert "Traceback" not in refused.stderr
+        from_env = cli(address, "run", "flow.py:plain", "--detach", cwd=project, GANGFLOW_TENANT="team-b")
+        assert from_env.returncode == 2 and "unknown tenant 'team-b'" in from_env.stderr
+        assert run_ids(address) == set()  # nothing was started
+    finally:
+        server.stop()
+
+
+def test_a_bad_file_is_refused_naming_the_field_and_changes_nothing(stack, tmp_path):
+    address = stack.server.address
+    before = shown(address)
+    bad = tmp_path / "queues.yaml"
+    bad.write_text(BAD)
+    refused = cli(address, "queues", "apply", str(bad))
+    assert refused.returncode == 2, refused.stderr
+    assert "tenants[1].quota.gpu" in refused.stderr and "Traceback" not in refused.stderr
+    assert shown(address) == before
+
+
+def test_the_example_applies_and_show_json_has_the_issues_shape(stack):
+    address = stack.server.address
+    applied = cli(address, "queues", "apply", EXAMPLE)
+    assert applied.returncode == 0, applied.stderr
+    assert "team-a" in applied.stdout and "team-b" in applied.stdout and "cohort research" in applied.stdout
+
+    data = shown(address)
+    assert list(data) == ["tenants"] and sorted(data["tenants"]) == ["team-a", "team-b"]
+    for entry in data["tenants"].values():
+        assert {"nominal", "used", "borrowed", "lent", "pending", "share"} <= set(entry), entry
+        for key in ("nominal", "used", "borrowed", "lent"):
+            assert sorted(entry[key]) == ["cpu", "gpu", "mem"], entry
+        assert isinstance(entry["pending"], int) and isinstance(entry["share"], int | float)
+    assert data["tenants"]["team-a"]["nominal"] == {"gpu": 2, "cpu": 8, "mem": 32 * 2**30}
+
+    again = cli(address, "queues", "apply", EXAMPLE, "--json")
+    assert again.returncode == 0 and json.loads(again.stdout) == data  # the same shape as `show --json`
+    table = cli(address, "queues", "show")
+    assert table.returncode == 0 and "team-a" in table.stdout and "mem 32Gi" in table.stdout
+
+
+def test_an_unknown_tenant_or_priority_class_is_refused_before_anything_starts(stack, project):
+    address = stack.server.address
+    cases = [
+        (["--tenant", "team-c"], {}, "unknown tenant 'team-c': the cluster's tenants are team-a, team-b"),
+        ([], {}, "unknown tenant 'default'"),  # the example has no tenant "default"
+        ([], {"GANGFLOW_TENANT": "team-c"}, "unknown tenant 'team-c'"),
+        (["--tenant", "team-a", "--priority", "urgent"], {}, "unknown priority class 'urgent' (the run)"),
+    ]
+    for n, (options, env, message) in enumerate(cases):
+        refused = cli(address, "run", "flow.py:plain", "--run-id", f"refused-{n}", *options, cwd=project, **env)
+        assert refused.returncode == 2, (options, refused.stderr)
+        assert message in refused.stderr and "Traceback" not in refused.stderr
+    task_class = cli(address, "run", "flow.py:rush", "--run-id", "refused-task", "--tenant", "team-a", cwd=project)
+    assert task_class.returncode == 2, task_class.stderr
+    assert "unknown priority class 'urgent' (task 'rushed')" in task_class.stderr and "low, high" in task_class.stderr
+    assert not any(run_id.startswith("refused-") for run_id in run_ids(address))
+
+
+def test_a_run_as_team_a_at_high_priority_runs_its_gang(stack, project, tmp_path):
+    address = stack.server.address
+    marker = tmp_path / "go"
+    started = cli(
+        address,
+        "run",
+        "flow.py:train",
+        "--tenant",
+        "team-a",
+        "--priority",
+        "high",
+        "--detach",
+        "--json",
+        "--marker",
+        str(marker),
+        cwd=project,
+        GANGFLOW_ARTIFACTS=stack.artifacts,
+    )
+    assert started.returncode == 0, started.stderr
+    run_id = json.loads(started.stdout)["run_id"]
+    try:
+        asyncio.run(stack.wait_for("the gang running", lambda q: any(g for g in q["running"]), 90))
+        view = asyncio.run(stack.queue())
+        (gang,) = view["running"]
+        assert gang["gang_id"].startswith(run_id) and gang["tenant"] == "team-a"
+        assert gang.get("priority", "high") == "high"  # the class travelled with the gang request
+        listed = cli(address, "queue")
+        assert listed.returncode == 0 and "team-a" in listed.stdout
+    finally:
+        marker.write_text("go")
+    status = _wait_done(address, run_id)
+    assert status["status"] == "COMPLETED", status
+    assert (status["tenant"], status["priority"], status["result"]) == ("team-a", "high", 0)
+
+
+def _wait_done(address: str, run_id: str, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        done = cli(address, "status", run_id, "--json")
+        assert done.returncode == 0, done.stderr
+        status: dict[str, Any] = json.loads(done.stdout)
+        if status["status"] != "RUNNING":
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.5)
+
+
+def test_dev_applies_its_queue_file_once_the_stack_is_up(tmp_path):
+    port = free_port()
+    options = ["--port", str(port), "--ui-port", str(free_port()), "--state-dir", str(tmp_path / "state")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", "dev", "--headless", *options, "--queues", EXAMPLE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, COLUMNS="200", PYTHONUNBUFFERED="1"),
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 90
+        while not any("applied" in line for line in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            lines.append(proc.stdout.readline())
+        assert "tenants team-a, team-b" in lines[-1], lines
+        assert sorted(shown(f"127.0.0.1:{port}")["tenants"]) == ["team-a", "team-b"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
