@@ -158,7 +158,8 @@ def test_pending_gang_says_why_and_queue_shows_it(server, worker, cluster, artif
 
     async def main() -> None:
         client = await make_client(server, artifacts)
-        holder = await client.start(gangs.exclusive, {"marker_dir": str(tmp_path), "tag": "holder"})
+        # the holder keeps the cluster long enough for a few CLI calls on a busy machine
+        holder = await client.start(gangs.exclusive, {"marker_dir": str(tmp_path), "tag": "holder", "seconds": 15})
         while not (tmp_path / "holder.start").exists():
             await asyncio.sleep(0.2)
         waiting = await client.start(gangs.ddp, {"steps": 1})

@@ -4,15 +4,16 @@ the tenants' queues and the gangs' placements.
 It is a thin shell around the pure policy in ``engine.scheduling`` (``Policy``): signals become events, the
 policy returns decisions (admit, reject, preempt, a pending reason that changed), and each decision is
 signalled to the GangRun workflow it concerns. The events waiting at a wake-up are decided first and their
-decisions then go out together, ``SIGNAL_BATCH`` signals at a time concurrently (one workflow task per
-batch, not one round trip per decision); a gang's superseded pending reasons are never sent. It sleeps
-until a signal arrives or its ticker fires (every few seconds: node registrations expire, a gang's wait
-for lost nodes runs out, a gang becomes old enough to preempt, and now and then the owners of allocations
-are checked). It continues as new when Temporal suggests it or after ``max_events`` events, checked after
-every event, carrying the policy's compact snapshot and everything not yet handled or delivered, so its
-history stays small however long it lives. Node agents start it on first registration
-(signal-with-start), so there is nothing to deploy by hand; ``gangflow queues apply`` (the update
-``apply_queues``, validated before it is accepted) sets tenants, cohorts, quotas and priority classes.
+decisions then go out without waiting for their acknowledgements, ``MAX_IN_FLIGHT`` at most (so the next
+events are decided meanwhile, not one round trip per decision); a gang's superseded pending reasons are
+never sent. It sleeps until a signal arrives or its ticker fires (every few seconds: node registrations
+expire, a gang's wait for lost nodes runs out, a gang becomes old enough to preempt, and now and then the
+owners of allocations are checked, in the background). It continues as new when Temporal suggests it or
+after ``max_events`` events, checked after every event, carrying the policy's compact snapshot and
+everything not yet handled or delivered, so its history stays small however long it lives. Node agents
+start it on first registration (signal-with-start), so there is nothing to deploy by hand;
+``gangflow queues apply`` (the update ``apply_queues``, validated before it is accepted) sets tenants,
+cohorts, quotas and priority classes.
 
 Nothing leaks: an allocation lives only as long as the GangRun that owns it. A GangRun releases its
 placement itself when it ends, is cancelled, preempted, or its parent run is terminated (the user-workflow
@@ -24,6 +25,7 @@ every allocation and queued request, and the closed ones are released.
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import timedelta
 from typing import Any
 
@@ -77,23 +79,32 @@ MAX_EVENTS_PER_RUN = 4000
 TICK = timedelta(seconds=5)
 #: how often the owners of allocations are checked (on a tick), when there is anything to check
 OWNER_CHECK_EVERY = timedelta(seconds=15)
-#: decisions are signalled this many at a time, concurrently: one workflow task per batch instead of one
-#: round trip per decision, and well under Temporal's limit on outstanding signal commands
-SIGNAL_BATCH = 200
+#: at most this many decisions are being signalled (sent, not yet acknowledged) at a time: the Scheduler
+#: decides the next events meanwhile. Each acknowledgement is an event, and more than 100 of them arriving
+#: during one workflow task make the server force-fail it (history.maximumBufferedEventsBatch): the worker
+#: then replays the whole run. Small also means more superseded pending reasons are dropped unsent.
+MAX_IN_FLIGHT = 50
 _EVENTS: TypeAdapter[Event] = TypeAdapter(Event)
 _DECISIONS: TypeAdapter[Decision] = TypeAdapter(Decision)
 
 
 @workflow.defn(name=SCHEDULER_TYPE, sandboxed=False)
 class Scheduler:
-    def __init__(self) -> None:
+    # The carried state is restored here, before any handler runs: a run's first workflow task delivers the
+    # signals and updates that came before it ahead of ``run``, and an update handled then must see (and
+    # change) the restored policy, not a fresh one that ``run`` would replace.
+    @workflow.init
+    def __init__(self, carried: Any = None) -> None:
         self.policy = Policy()
         self.inbox: list[Event] = []
         self.outbox: list[Decision] = []
         self.handled = 0
         self.tick_due = False
+        self.sending: dict[str, asyncio.Task[None]] = {}  # gang id -> its last signal not yet acknowledged
+        self.checking: asyncio.Task[None] | None = None  # the owner check in progress
         self.owners_checked = 0.0  # workflow time of the last owner check (carried across continue-as-new)
         self.max_events = MAX_EVENTS_PER_RUN
+        self._restore(carried)
 
     # -- inputs ----------------------------------------------------------------------------------
     # A signal handler that raises would fail the workflow task again and again: every payload is taken
@@ -158,30 +169,39 @@ class Scheduler:
 
     # -- the loop --------------------------------------------------------------------------------
     @workflow.run
-    async def run(self, carried: Any = None) -> None:
-        self._restore(carried)
+    async def run(self, carried: Any = None) -> None:  # the same input as __init__, which restored it
         ticker = asyncio.create_task(self._ticker())
         try:
             while True:
-                await workflow.wait_condition(lambda: bool(self.inbox or self.outbox or self.tick_due))
+                await workflow.wait_condition(
+                    lambda: bool(self.inbox or self.tick_due or (self.outbox and len(self.sending) < MAX_IN_FLIGHT))
+                )
                 if self.tick_due:
                     self.tick_due = False
                     now = workflow.now().timestamp()
                     deadline = self.policy.next_deadline()
                     if deadline is not None and deadline < now:  # else a Tick would change nothing
                         self.inbox.append(Tick())
-                    if now - self.owners_checked >= OWNER_CHECK_EVERY.total_seconds():
-                        await self._check_owners()
-                # the events waiting now are decided first, then all decisions go out together; a
-                # continue-as-new is checked after every event and carries what is left in the inbox
+                    due = now - self.owners_checked >= OWNER_CHECK_EVERY.total_seconds()
+                    if due and self._idle(self.checking):  # in the background: events go on meanwhile
+                        self.checking = asyncio.create_task(self._check_owners())
+                # the events waiting now are decided first, then their decisions are sent without waiting for
+                # the acknowledgements (the next events are decided meanwhile); a continue-as-new is checked
+                # after every event, and carries what is left once every signal in flight is acknowledged
                 while self.inbox and not self._due():
                     self._step(self.inbox.pop(0))
-                await self._deliver_all()
+                self._send()
                 if self._due():
-                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    await workflow.wait_condition(
+                        lambda: not self.sending and self._idle(self.checking) and workflow.all_handlers_finished()
+                    )
                     workflow.continue_as_new(self._carry())
         finally:
             ticker.cancel()
+
+    @staticmethod
+    def _idle(task: asyncio.Task[None] | None) -> bool:
+        return task is None or task.done()
 
     def _step(self, event: Event) -> None:
         self.outbox.extend(self.policy.step(event, workflow.now().timestamp()))
@@ -236,19 +256,34 @@ class Scheduler:
             workflow.logger.warning("gang %s has no running workflow any more: releasing what it held", gang_id)
             self.inbox.append(GangReleased(gang_id=gang_id))
 
-    async def _deliver_all(self) -> None:
-        """Signal every decision in the outbox, ``SIGNAL_BATCH`` at a time, concurrently.
+    def _send(self) -> None:
+        """Start signalling the decisions in the outbox, at most ``MAX_IN_FLIGHT`` unacknowledged at a time;
+        the rest wait in the outbox (and cross a continue-as-new there).
 
         Only the last ``Pending`` of a gang in the outbox is sent, and none when an admission or rejection
-        of that gang follows it: a gang needs its current reason, not the history of the batch."""
-        outbox, self.outbox = self.outbox, []
+        of that gang follows it: a gang needs its current reason, not the history of the batch. The signals
+        to one gang go one after the other, in order (a placement before the preemption of that placement)."""
         final: dict[str, int] = {}
-        for index, decision in enumerate(outbox):
+        for index, decision in enumerate(self.outbox):
             if isinstance(decision, Pending | Admitted | Rejected):
                 final[decision.gang_id] = index
-        wanted = [d for i, d in enumerate(outbox) if not isinstance(d, Pending) or final[d.gang_id] == i]
-        for start in range(0, len(wanted), SIGNAL_BATCH):
-            await asyncio.gather(*(self._deliver(d) for d in wanted[start : start + SIGNAL_BATCH]))
+        wanted = [d for i, d in enumerate(self.outbox) if not isinstance(d, Pending) or final[d.gang_id] == i]
+        room = max(0, MAX_IN_FLIGHT - len(self.sending))
+        self.outbox = wanted[room:]
+        for decision in wanted[:room]:
+            gang_id = decision.placement.gang_id if isinstance(decision, Admitted) else decision.gang_id
+            task = asyncio.create_task(self._deliver_after(self.sending.get(gang_id), decision))
+            self.sending[gang_id] = task
+            task.add_done_callback(functools.partial(self._sent, gang_id))
+
+    def _sent(self, gang_id: str, task: asyncio.Task[None]) -> None:
+        if self.sending.get(gang_id) is task:
+            del self.sending[gang_id]
+
+    async def _deliver_after(self, previous: asyncio.Task[None] | None, decision: Decision) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        await self._deliver(decision)
 
     async def _deliver(self, decision: Decision) -> None:
         payload: Any

@@ -92,6 +92,13 @@ class DevServer:
             self.namespace,
             "--log-level",
             "error",
+            # sqlite's default journal fsyncs every commit (~4 ms here): 300 gangs took 201 s on disk, 15 s in
+            # RAM. WAL with synchronous=normal gets that speed on disk; only an OS crash (not a killed server)
+            # can lose the last commits, which is fine for a development server
+            "--sqlite-pragma",
+            "journal_mode=wal",
+            "--sqlite-pragma",
+            "synchronous=normal",
         ]
         for name, kind in SEARCH_ATTRIBUTES.items():
             cmd += ["--search-attribute", f"{name}={kind}"]

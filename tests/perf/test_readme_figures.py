@@ -18,7 +18,7 @@ from benchenv import markdown_table, read_result
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = HERE.parents[1] / "README.md"
-BENCHMARKS = ["orchestration", "launch", "scheduler"]
+BENCHMARKS = ["orchestration", "launch", "scheduler", "scheduler_workflow"]
 #: the benchmarks that repeat their measurement (``--reps``); the scheduler's is one deterministic simulation
 REPEATED = ["orchestration", "launch"]
 
