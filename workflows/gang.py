@@ -323,6 +323,9 @@ class GangRun:
             request["priority"] = spec.priority
         if not spec.preemptible:
             request["preemptible"] = False
+        # said before the submit: the Scheduler's answer (a pending reason) can arrive before the submit's own
+        # acknowledgement, and must not be overwritten by this line
+        self._say(f"waiting for a placement: {spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)")
         try:
             await scheduler.signal("submit", request)
         except Exception as exc:
@@ -331,7 +334,6 @@ class GangRun:
                 type="Unschedulable",
                 non_retryable=True,
             ) from exc
-        self._say(f"waiting for a placement: {spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)")
         try:
             await workflow.wait_condition(lambda: self.placement is not None or self.rejected is not None)
         except asyncio.CancelledError:
