@@ -6,12 +6,13 @@ import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-__all__ = ["NEVER_RETRIED", "Resources", "Retry", "parse_memory", "to_timedelta"]
+__all__ = ["MEMORY_UNITS", "NEVER_RETRIED", "Resources", "Retry", "parse_memory", "to_timedelta"]
 
 #: failure types that no retry can fix (gangflow's own error kinds, and code that cannot be found)
 NEVER_RETRIED = ("TypeMismatch", "InputError", "PayloadTooLarge", "DefinitionError", "CodeNotFound")
 
-_MEM_UNITS = {
+#: memory suffixes, case-insensitive, to bytes (decimal and binary, as Kubernetes quantities)
+MEMORY_UNITS = {
     "": 1,
     "b": 1,
     "k": 10**3,
@@ -38,9 +39,9 @@ def parse_memory(value: int | str | None) -> int | None:
     if value is None or isinstance(value, int):
         return value
     match = re.fullmatch(r"\s*([0-9_.]+)\s*([a-zA-Z]*)\s*", value)
-    if not match or match.group(2).lower() not in _MEM_UNITS:
+    if not match or match.group(2).lower() not in MEMORY_UNITS:
         raise ValueError(f"memory {value!r} is not a quantity like '512Mi', '4G' or a number of bytes")
-    return int(float(match.group(1)) * _MEM_UNITS[match.group(2).lower()])
+    return int(float(match.group(1)) * MEMORY_UNITS[match.group(2).lower()])
 
 
 def to_timedelta(value: float | int | timedelta | None, what: str) -> timedelta | None:

@@ -20,34 +20,14 @@ import math
 import re
 from decimal import Decimal, InvalidOperation
 
+from engine.core.resources import MEMORY_UNITS
+
 __all__ = ["MILLI", "cpus_of", "parse_cpu", "parse_duration", "parse_gpu", "parse_mem"]
 
 MILLI = 1000
 
-_MEM_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "ki": 2**10,
-    "kib": 2**10,
-    "m": 10**6,
-    "mb": 10**6,
-    "mi": 2**20,
-    "mib": 2**20,
-    "g": 10**9,
-    "gb": 10**9,
-    "gi": 2**30,
-    "gib": 2**30,
-    "t": 10**12,
-    "tb": 10**12,
-    "ti": 2**40,
-    "tib": 2**40,
-    "p": 10**15,
-    "pb": 10**15,
-    "pi": 2**50,
-    "pib": 2**50,
-}
+# the suffixes ``Resources(mem=...)`` takes, plus peta: one table for a task's memory and a quota's
+_MEM_UNITS = {**MEMORY_UNITS, "p": 10**15, "pb": 10**15, "pi": 2**50, "pib": 2**50}
 _DURATION_UNITS = {"ms": Decimal("0.001"), "s": Decimal(1), "m": Decimal(60), "h": Decimal(3600), "d": Decimal(86400)}
 # a plain decimal number: no sign (negatives get their own message), no exponent, no inf/nan
 _NUMBER = r"(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)"
