@@ -2,8 +2,10 @@
 
 from engine import task, workflow, Resources, Retry, File, Directory
 engine.now(), engine.random(), engine.uuid4(), await engine.sleep(s): replay-safe in a workflow body
+engine.preemption(): in a rank, the preemption notice (deadline, reason) or None
 """
 
+from engine.checkpoint import Preemption, preemption
 from engine.core import (
     DefinitionError,
     GangflowError,
@@ -31,6 +33,7 @@ __all__ = [
     "InputError",
     "NonDeterministicCall",
     "PayloadTooLargeError",
+    "Preemption",
     "ProcessSpec",
     "RankContext",
     "Resources",
@@ -41,6 +44,7 @@ __all__ = [
     "current_rank",
     "now",
     "plugin",
+    "preemption",
     "random",
     "report",
     "run_local",

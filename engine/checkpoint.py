@@ -15,35 +15,57 @@
 Files are ``step-<n>.ckpt`` written to a temporary name and renamed, so a crash mid-save never leaves
 a torn checkpoint; the last ``keep`` are kept. Payloads are pickled (``torch.save`` when torch is
 present, so tensors are stored efficiently). ``save_torch`` / ``load_torch`` handle a model and its
-optimizer. A rank asked to stop (SIGTERM: preemption, a peer failed, a cancel) gets a grace period
-before SIGKILL; ``stop_requested()`` turns true so the training loop can save and return.
+optimizer.
+
+A rank asked to stop gets a grace period before SIGKILL, and ``stop_requested()`` turns true so the
+training loop can save and return. A *preemption* (the cluster needs the GPUs: a reclaim, a
+higher-priority gang, a drained node) comes with a notice: the plugin's notice signal (SIGTERM unless the
+plugin says otherwise) and a notice file that ``preemption()`` reads (deadline, reason). Its grace is the
+task's ``preemption_grace`` (default 120 s); ranks that exit earlier release the GPUs at once, and the
+gang resumes from its checkpoint later without spending a restart. Any other stop (a peer failed, the run
+was cancelled) is SIGTERM with 5 s of grace.
+
+    while step < total and not checkpoint.stop_requested():
+        ...
+    checkpoint.save(state, step=step)          # then return: the gang resumes from here
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import re
 import signal
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.atomic import write_atomic
 
 __all__ = [
+    "NOTICE_FILE_ENV",
+    "NOTICE_SIGNAL_ENV",
+    "Preemption",
     "directory",
     "latest_step",
     "load_latest",
     "load_torch",
+    "preemption",
     "save",
     "save_torch",
     "stop_requested",
 ]
 
 _NAME = re.compile(r"^step-(\d+)\.ckpt$")
+#: where the node agent writes a preemption notice for this rank (set in every rank's environment)
+NOTICE_FILE_ENV = "GANGFLOW_PREEMPTION_FILE"
+#: the signal that carries the notice (a name, e.g. SIGTERM; the plugin's ``notice_signal``)
+NOTICE_SIGNAL_ENV = "GANGFLOW_NOTICE_SIGNAL"
 _stop = False
-_watching = False  # set once the body asks stop_requested(): only then does SIGTERM wait for it
+_watching = False  # set once the body asks stop_requested(): only then does a stop signal wait for it
 
 
 def directory() -> Path:
@@ -134,22 +156,64 @@ def load_torch(model: Any, optimizer: Any = None) -> tuple[int, dict[str, Any]]:
     return step, state
 
 
-def stop_requested() -> bool:
-    """True once this rank was asked to stop (SIGTERM: preemption, a failed peer, a cancel); the training
-    loop should then save and return within the grace period (5 s) before SIGKILL.
+@dataclass(frozen=True)
+class Preemption:
+    """A preemption notice: the gang must stop by ``deadline`` (epoch seconds) and will resume later."""
 
-    The first call installs the SIGTERM handler (from the main thread), so only a rank that asks gets
-    the grace period; any other rank keeps SIGTERM's default and stops at once, even inside a blocking
-    collective, where a Python handler could not run.
+    deadline: float
+    grace_s: float
+    reason: str  # e.g. "preempted by gang 'b.train-1' of team-b (reclaim)"
+    cause: str  # reclaim | priority | backfill | defrag | drain
+    by: str  # the gang it makes room for (for a drain: the node)
+    by_tenant: str
+
+    def seconds_left(self) -> float:
+        return max(0.0, self.deadline - time.time())
+
+
+def preemption() -> Preemption | None:
+    """The preemption notice this rank got, or None (no notice, or not a rank). Reading it installs no signal
+    handler, so it also works beside a framework that handles the notice signal itself (JAX with SIGTERM)."""
+    path = os.environ.get(NOTICE_FILE_ENV)
+    if not path:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+        return Preemption(
+            deadline=float(data["deadline"]),
+            grace_s=float(data["grace_s"]),
+            reason=str(data["reason"]),
+            cause=str(data["cause"]),
+            by=str(data["by"]),
+            by_tenant=str(data["by_tenant"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):  # none yet (or being replaced): no notice
+        return None
+
+
+def stop_requested() -> bool:
+    """True once this rank was asked to stop: a preemption notice (``preemption()`` says until when), a
+    failed peer or a cancel (SIGTERM, 5 s). The training loop should then save and return.
+
+    The first call installs handlers for SIGTERM and the notice signal (from the main thread), so only a rank
+    that asks gets the grace period; any other rank keeps the signals' default and stops at once, even inside
+    a blocking collective, where a Python handler could not run. A notice file is noticed even where the
+    handler could not be installed.
     """
     global _watching
     if not _watching:
-        with contextlib.suppress(ValueError):  # not the main thread: keep the default behaviour
-            signal.signal(signal.SIGTERM, _on_sigterm)
+        names = {"SIGTERM", os.environ.get(NOTICE_SIGNAL_ENV) or "SIGTERM"}
+        for name in sorted(names):
+            sig = getattr(signal, name, None)
+            if isinstance(sig, signal.Signals):
+                with contextlib.suppress(ValueError, OSError):  # not the main thread: keep the default behaviour
+                    signal.signal(sig, _on_stop)
         _watching = True
+    if not _stop and os.environ.get(NOTICE_FILE_ENV) and os.path.exists(os.environ[NOTICE_FILE_ENV]):
+        return True
     return _stop
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
+def _on_stop(signum: int, frame: Any) -> None:
     global _stop
     _stop = True

@@ -40,10 +40,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from engine.artifacts import ArtifactStore, default_artifact_root, pack_code
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
 from engine.core.wire import CodeRef, Envelope, RunContext
-from engine.errors import GangflowError, InputError
+from engine.errors import GangflowError, InputError, NodeNotFoundError
 from engine.runtime.connection import PIPELINE, TASK_QUEUE, TENANT, Endpoint, connect
 from engine.runtime.history import TaskRecord, read_tasks
 from engine.scheduling.config import QueueConfig, QueueConfigError, dump_queue_config, load_queue_config
+from engine.scheduling.events import drain_request
 from engine.types.codec import unpack
 from workflows.gang import RUN_RANKS
 from workflows.scheduler import SCHEDULER_ID, SCHEDULER_TYPE
@@ -94,14 +95,30 @@ def load_workflow_file(target: str) -> WorkflowDefinition:
     if not Path(file).is_file():
         raise InputError(f"{file}: no such file")
     bundle = pack_code(file)
-    if str(bundle.root) not in sys.path:
-        sys.path.insert(0, str(bundle.root))
+    _import_from(Path(bundle.root))
     module = importlib.import_module(bundle.module)
     defn = definition_of(getattr(module, name, None))
     if not isinstance(defn, WorkflowDefinition):
         found = sorted(k for k, v in vars(module).items() if isinstance(definition_of(v), WorkflowDefinition))
         raise InputError(f"{file} has no @workflow named {name!r}; it has: {', '.join(found) or 'none'}")
     return defn
+
+
+def _import_from(root: Path) -> None:
+    """Make ``root`` the first place imports look, and forget the modules of the same top-level names that
+    came from elsewhere: a process that loads two projects (a notebook, a test session) each with its own
+    ``flows.py`` and ``tasks.py`` must get the second project's, not the first one's again, since the
+    definition found here is also what the run's code bundle is packed from."""
+    with contextlib.suppress(ValueError):
+        sys.path.remove(str(root))
+    sys.path.insert(0, str(root))
+    names = {p.stem for p in root.glob("*.py")} | {p.parent.name for p in root.glob("*/__init__.py")}
+    for name in list(sys.modules):
+        if name.partition(".")[0] not in names:
+            continue
+        origin = getattr(sys.modules[name], "__file__", None)
+        if origin is not None and not Path(origin).resolve().is_relative_to(root.resolve()):
+            del sys.modules[name]
 
 
 def to_jsonable(data: Any) -> Any:
@@ -493,6 +510,46 @@ class Client:
                 f"is a gangflow worker running on queue {task_queue or self.task_queue!r}?"
             ) from None
         return applied
+
+    async def drain_node(self, node_id: str, reason: str = "", drained: bool = True) -> dict[str, Any]:
+        """Operators: drain a node (it takes no new gangs; each of its preemptible gangs gets a preemption
+        notice, checkpoints, and is placed elsewhere; the others run there to their end), or bring it back
+        with ``drained=False``. The flag outlives the node agent's restarts and the Scheduler's.
+
+        Returns the Scheduler's answer: ``node_id``, ``drained``, ``reason``, ``preempted`` (gangs preempted
+        now), ``remaining`` (gangs still running there that are not preemptible) and ``leaving`` (gangs
+        preempted earlier that have not released yet). Raises InputError for a malformed request (before
+        anything is sent), NodeNotFoundError for a node the Scheduler does not know (its message lists the
+        known ones), GangflowError when the Scheduler does not answer."""
+        payload = {"node_id": node_id, "drained": drained, "reason": reason}
+        try:
+            drain_request(payload)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        handle = self.temporal.get_workflow_handle(SCHEDULER_ID)
+        try:
+            answer: dict[str, Any] = await handle.execute_update(
+                "drain_node", payload, result_type=dict, rpc_timeout=_APPLY_TIMEOUT
+            )
+        except WorkflowUpdateFailedError as exc:
+            cause = exc.cause
+            message = cause.message if isinstance(cause, ApplicationError) else str(cause)
+            kind = cause.type if isinstance(cause, ApplicationError) else None
+            if kind == "UnknownNode":
+                raise NodeNotFoundError(message) from None
+            if kind == "BadRequest":
+                raise InputError(message) from None
+            raise GangflowError(f"the Scheduler refused to drain node {node_id!r}: {message}") from None
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise NodeNotFoundError(f"unknown node {node_id!r}: {_NO_SCHEDULER}") from None
+            raise GangflowError(f"the Scheduler did not answer: {exc.message}") from None
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            raise GangflowError(
+                f"the Scheduler did not answer within {_APPLY_TIMEOUT.total_seconds():.0f} s; is a gangflow worker "
+                "running?"
+            ) from None
+        return answer
 
     async def release(self, gang_id: str, *, force: bool = False, confirm_s: float = 10.0) -> dict[str, Any]:
         """Operators: make the Scheduler free a gang's placement, or withdraw its queued request, and wait

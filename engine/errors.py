@@ -10,6 +10,7 @@ __all__ = [
     "DefinitionError",
     "GangflowError",
     "InputError",
+    "NodeNotFoundError",
     "PayloadTooLargeError",
     "TypeMismatchError",
 ]
@@ -46,3 +47,10 @@ class PayloadTooLargeError(GangflowError, ValueError):
     """A value is too large to travel through Temporal; it should be a File or Directory."""
 
     kind = "PayloadTooLarge"
+
+
+class NodeNotFoundError(GangflowError, LookupError):
+    """An operator named a node the Scheduler does not know (``gangflow node drain``: exit 2); the message
+    lists the nodes it knows."""
+
+    kind = "NodeNotFound"

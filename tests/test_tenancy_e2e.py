@@ -209,7 +209,8 @@ async def check_resumed(client: Client, run_id: str, victim: str, *, by: str, te
     assert info["status"] == "COMPLETED" and info["restarts"] == 0 and info["preemptions"] == 1, info
     (attempt,) = info["failed_attempts"]
     assert attempt["kind"] == "preempted" and attempt["attempt"] == 0, attempt
-    assert attempt["reason"] == f"preempted by {by} of {tenant} ({cause})", attempt
+    # the ranks saved a checkpoint at the notice and exited: the GPUs were free within seconds
+    assert attempt["reason"].startswith(f"preempted by {by} of {tenant} ({cause}): the ranks exited "), attempt
 
 
 def test_a_tenant_reclaims_its_quota_and_the_borrower_resumes_from_its_checkpoint(stack: Stack) -> None:

@@ -19,6 +19,13 @@ the task body) is retried only as far as the task's retry policy says (attempts,
 ``max_interval``, ``non_retryable`` types; type mismatches never). The budget and the attempt list live
 in workflow state, so they survive any crash of workers or server.
 
+A *preemption* (the Scheduler needs the placement for another gang, or a node is drained) is neither: the
+gang's node agents get a notice (``NOTICE``), the ranks checkpoint and exit (the GPUs are released at once)
+or are killed when the grace ends (the task's ``preemption_grace``, else the cluster's), and the gang queues
+again at its own priority, with ``GANGFLOW_ATTEMPT`` + 1 and the same checkpoint folder. No restart or retry
+is spent. A failure reported before the notice went out stays a failure; after it, the attempt is a
+preemption whatever the ranks' exit codes say (a node lost meanwhile is still reported lost).
+
 The node activities get no retries from Temporal (``maximum_attempts=1``): a retry would be queued on
 the same node's queue, which may belong to a dead machine. This workflow owns every retry.
 """
@@ -26,6 +33,7 @@ the same node's queue, which may belong to a dead machine. This workflow owns ev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -51,6 +59,7 @@ from workflows.scheduler import PENDING_SIGNAL, PLACEMENT_SIGNAL, PREEMPT_SIGNAL
 
 __all__ = [
     "GANG_TYPE",
+    "NOTICE",
     "PING",
     "PROBE_TIMEOUT",
     "REMOTE_COMMAND",
@@ -70,6 +79,17 @@ PING = "gangflow.ping"
 PROBE_TIMEOUT = timedelta(seconds=1)
 #: a launcher's command for another node (MPI proxies), relayed through this workflow
 REMOTE_COMMAND = "remote_command"
+#: a node agent's preemption notice for one attempt of a gang (engine.runtime.node)
+NOTICE = "gangflow.notice"
+#: the node agents kill ranks at the grace deadline themselves; GangRun stops waiting this much later (a node
+#: agent that cannot kill them is gone: its activity is cancelled, and its heartbeat timeout reports it)
+NOTICE_BACKSTOP_S = 15.0
+#: while ranks save, the current-details line is refreshed this often ("38 s of 120 s grace")
+NOTICE_REFRESH_S = 10.0
+#: GangRuns recorded before preemption notices stop their ranks at once when preempted (workflow.patched)
+NOTICE_PATCH = "preemption-notice"
+#: what a preempted attempt's node activity fails with (the node agent's word for it)
+PREEMPTED_TYPE = "RankPreempted"
 
 
 def node_queue(node_id: str) -> str:
@@ -95,6 +115,7 @@ class GangSpec:
     lost_node_wait_s: float = DEFAULT_LOST_NODE_WAIT_S
     priority: str | None = None  # a priority class name: the task's own, else the run's
     preemptible: bool = True  # False (the task's own): never preempted, whatever its class says
+    preemption_grace_s: float | None = None  # the task's own grace; None: the cluster's (in the notice)
 
     @property
     def retry(self) -> Retry:
@@ -109,14 +130,35 @@ class GangSpec:
 class _Preempted(Exception):
     """The Scheduler took the gang's placement back for another gang (see ``GangRun.on_preempt``)."""
 
-    def __init__(self, notice: dict[str, Any]) -> None:
+    def __init__(self, notice: dict[str, Any], lost_nodes: list[str] | None = None, outcome: str = "") -> None:
         super().__init__(notice.get("reason", "preempted"))
-        self.notice = notice
+        self.notice, self.lost_nodes, self.outcome = notice, lost_nodes or [], outcome
 
     @property
     def summary(self) -> str:
-        n = self.notice
-        return f"preempted by {n.get('by')} of {n.get('by_tenant')} ({n.get('cause')})"
+        return preemption_summary(self.notice)
+
+
+def preemption_summary(notice: dict[str, Any]) -> str:
+    """One line for the attempt list: who took the gang's placement, and why."""
+    if notice.get("cause") == "drain":
+        reason = notice.get("reason") or f"node {notice.get('by')} is draining"
+        return f"preempted: {reason}"
+    return f"preempted by {notice.get('by')} of {notice.get('by_tenant')} ({notice.get('cause')})"
+
+
+def _waiting_because(notice: dict[str, Any]) -> str:
+    """Why a preempted gang waits again, in the words its user thinks in."""
+    cause, by, tenant = notice.get("cause"), notice.get("by"), notice.get("by_tenant")
+    if cause == "reclaim":
+        return f"{tenant} reclaimed its quota"
+    if cause == "priority":
+        return f"a higher-priority gang ({by}) needed the GPUs"
+    if cause == "drain":
+        return f"node {by} is draining"
+    if cause == "backfill":
+        return f"gang {by} of {tenant} was waiting before this backfilled gang started"
+    return f"moved to make room for gang {by} of {tenant}"
 
 
 class _AttemptFailed(Exception):
@@ -160,6 +202,23 @@ def _classify(err: BaseException, node_id: str) -> _Verdict | None:
     return _Verdict(node_id, True, f"node {node_id}: {err.message}: {cause}", False)
 
 
+def _outcome(handles: list[ActivityHandle[bytes]], lost: set[str]) -> str:
+    """How the ranks of a preempted attempt left, in the node agents' words: the slowest node's report."""
+    reports: list[tuple[bool, float, str]] = []
+    for handle in handles:
+        failure = handle.exception() if handle.done() else None
+        cause = failure.cause if isinstance(failure, ActivityError) else None
+        if isinstance(cause, ApplicationError) and cause.type == PREEMPTED_TYPE:
+            details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
+            seconds = details.get("seconds")
+            slow = float(seconds) if isinstance(seconds, int | float) else 0.0
+            reports.append((details.get("killed") is True, slow, cause.message.split(": ", 1)[-1]))
+    parts = [max(reports)[2]] if reports else ["the ranks were stopped"]
+    if lost:
+        parts.append(f"node(s) {', '.join(sorted(lost))} lost meanwhile")
+    return "; ".join(parts)
+
+
 def _record(order: list[int], index: int, _: object) -> None:
     order.append(index)
 
@@ -180,6 +239,9 @@ class GangRun:
         self.remote: dict[str, list[str]] = {}  # "<attempt>/<node rank>" -> command
         self.preempt: dict[str, Any] | None = None  # the Scheduler's notice while this gang holds a placement
         self.preemptions = 0
+        #: the notice as the ranks got it (with the grace that applies and when), while they stop
+        self.noticed: dict[str, Any] | None = None
+        self.requeued: str | None = None  # why a preempted gang waits again, until it is placed
 
     # A signal handler that raises fails the workflow task again and again: every payload is checked
     # here, and a malformed one is logged and dropped.
@@ -198,7 +260,7 @@ class GangRun:
     def on_pending(self, reason: Any) -> None:
         if isinstance(reason, str):
             self.pending = reason
-            self._say(reason)
+            self._say(f"waiting: {self.requeued}; {reason}" if self.requeued else reason)
 
     @workflow.signal(name=PREEMPT_SIGNAL)
     def on_preempt(self, notice: Any) -> None:
@@ -234,6 +296,7 @@ class GangRun:
             "placement": self.placement.model_dump(mode="json") if self.placement else None,
             "restarts": self.restarts,
             "preemptions": self.preemptions,
+            "preemption": self.noticed,
             "failed_attempts": self.attempts,
         }
 
@@ -261,16 +324,19 @@ class GangRun:
             finally:
                 # Always hand the GPUs back (also when this run is being cancelled), after reporting
                 # lost nodes so the Scheduler never offers them again.
-                for node_id in failure.lost_nodes if failure else []:
+                lost = failure.lost_nodes if failure else preempted.lost_nodes if preempted else []
+                for node_id in lost:
                     await scheduler.signal("node_lost", node_id)
                 await scheduler.signal("release", gang_id)
+                self.noticed = None
             if preempted is not None:
                 # a preemption is the cluster's decision, not a failure: no restart or retry is spent, and the
                 # gang queues again at its own priority (and its old place) to resume from its checkpoint
                 self.preemptions += 1
-                self.attempts.append({"attempt": attempt, "kind": "preempted", "reason": preempted.summary})
+                reason = f"{preempted.summary}: {preempted.outcome}" if preempted.outcome else preempted.summary
+                self.attempts.append({"attempt": attempt, "kind": "preempted", "reason": reason})
                 attempt += 1
-                self._say(f"{preempted.summary}: queued again (attempt {attempt} resumes from the last checkpoint)")
+                self.requeued = _waiting_because(preempted.notice)
                 continue
             if failure is None:  # pragma: no cover - _attempt returns, or raises one of the two
                 raise ApplicationError("internal error: attempt ended without a result", non_retryable=True)
@@ -325,7 +391,10 @@ class GangRun:
             request["preemptible"] = False
         # said before the submit: the Scheduler's answer (a pending reason) can arrive before the submit's own
         # acknowledgement, and must not be overwritten by this line
-        self._say(f"waiting for a placement: {spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)")
+        if self.requeued:
+            self._say(f"waiting: {self.requeued} (the next attempt resumes from the last checkpoint)")
+        else:
+            self._say(f"waiting for a placement: {spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)")
         try:
             await scheduler.signal("submit", request)
         except Exception as exc:
@@ -342,6 +411,7 @@ class GangRun:
         if self.placement is None:
             await scheduler.signal("release", gang_id)
             raise ApplicationError(self.rejected or "rejected", type="Unschedulable", non_retryable=True)
+        self.requeued = None
         return self.placement
 
     async def _attempt(self, spec: GangSpec, envelope: bytes, placement: Placement, attempt: int) -> bytes:
@@ -364,6 +434,8 @@ class GangRun:
             verdict = _classify(err, nodes[0].node_id)
             reason = verdict.reason if verdict else f"node {nodes[0].node_id} did not reserve a port: {err}"
             raise _AttemptFailed(True, reason, [nodes[0].node_id]) from err
+        if self.preempt is not None:  # preempted while the port was reserved: start nothing
+            raise _Preempted(self.preempt, outcome="no rank had started")
         checkpoint_dir = f"{run.artifacts}/checkpoints/{run.run_id}/{spec.call}"
         handles: list[ActivityHandle[bytes]] = []
         for node in nodes:
@@ -409,10 +481,15 @@ class GangRun:
             await workflow.wait([*handles, notice], return_when=asyncio.FIRST_EXCEPTION)
             if all(h.done() and h.exception() is None for h in handles):
                 return handles[0].result()
-            if notice.done() and self.preempt is not None:
-                self._say(f"attempt {attempt}: {_Preempted(self.preempt).summary}: stopping the ranks")
-                await self._stop(handles, nodes, set())
-                raise _Preempted(self.preempt)
+            failed_first = any(h.done() and h.exception() is not None for h in handles)
+            if notice.done() and self.preempt is not None and not failed_first:
+                if not workflow.patched(NOTICE_PATCH):  # preempted before notices existed: replays as it ran
+                    await self._stop(handles, nodes, set())
+                    raise _Preempted(self.preempt)
+                lost = await self._honour(spec, handles, nodes, attempt)
+                if all(h.done() and h.exception() is None for h in handles):
+                    return handles[0].result()  # every rank had finished before the notice reached it
+                raise _Preempted(self.preempt, sorted(lost), _outcome(handles, lost))
             # Stop the survivors first, then judge: the root cause (a node that vanished, a rank killed
             # from outside) often reports after its peers' collective errors ("connection closed by peer").
             self._say(f"attempt {attempt}: a rank failed; probing the other nodes and stopping their ranks")
@@ -439,6 +516,68 @@ class GangRun:
         root = system[0] if system else verdicts[0]
         lost_nodes = [v.node_id for v in verdicts if v.node_lost and v.node_id not in alive]
         raise _AttemptFailed(bool(system), root.reason, lost_nodes, root.error_type)
+
+    async def _honour(
+        self, spec: GangSpec, handles: list[ActivityHandle[bytes]], nodes: list[NodeAssignment], attempt: int
+    ) -> set[str]:
+        """Give every node the preemption notice and wait until the ranks have left (each node agent kills
+        them at the grace deadline), refreshing the current details meanwhile. Returns the nodes found lost
+        while waiting: a node that dies during the grace period does not hold up the release."""
+        notice = self.preempt or {}
+        grace = spec.preemption_grace_s
+        if grace is None:
+            grace = notice["grace_s"] if isinstance(notice.get("grace_s"), int | float) else 120.0
+        started = workflow.now()
+        self.noticed = {
+            **{k: notice.get(k) for k in ("by", "by_tenant", "cause", "reason")},
+            "grace_s": grace,
+            "noticed_at": started.timestamp(),
+        }
+        gang_id = workflow.info().workflow_id
+        head = f"attempt {attempt}: preempted ({notice.get('cause')} by {notice.get('by_tenant') or notice.get('by')})"
+        sends = [
+            workflow.start_activity(
+                NOTICE,
+                args=[gang_id, attempt, self.noticed],
+                task_queue=node_queue(node.node_id),
+                schedule_to_close_timeout=timedelta(seconds=max(10.0, spec.heartbeat_timeout_s)),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary=f"preemption notice to {node.node_id}",
+            )
+            for node, handle in zip(nodes, handles, strict=True)
+            if not handle.done()
+        ]
+        lost: set[str] = set()
+
+        def waiting() -> list[str]:
+            return [n.node_id for n, h in zip(nodes, handles, strict=True) if not h.done() and n.node_id not in lost]
+
+        try:
+            while waiting():
+                elapsed = (workflow.now() - started).total_seconds()
+                if elapsed >= grace + NOTICE_BACKSTOP_S:
+                    break  # the finally of _attempt cancels what is left
+                self._say(f"{head}: saving checkpoint, {elapsed:.0f} s of {grace:.0f} s grace")
+                before = len(waiting())
+                # the builtin TimeoutError (this module's TimeoutError is Temporal's activity timeout)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await workflow.wait_condition(
+                        lambda before=before: len(waiting()) < before,  # type: ignore[misc]
+                        timeout=min(NOTICE_REFRESH_S, grace + NOTICE_BACKSTOP_S - elapsed),
+                    )
+                still = waiting()
+                if still and len(still) < len(nodes):  # some nodes are done: are the others still there?
+                    lost |= await self._probe(still)
+        finally:
+            for send in sends:
+                if not send.done():
+                    send.cancel()
+        for node, handle in zip(nodes, handles, strict=True):
+            failure = handle.exception() if handle.done() else None
+            verdict = _classify(failure, node.node_id) if failure is not None else None
+            if verdict is not None and verdict.node_lost:
+                lost.add(node.node_id)
+        return lost
 
     async def _preempted(self, handles: list[ActivityHandle[bytes]]) -> None:
         """Raises once the Scheduler preempts this gang, so that ``workflow.wait(FIRST_EXCEPTION)`` wakes up;

@@ -13,7 +13,8 @@ after ``max_events`` events, checked after every event, carrying the policy's co
 everything not yet handled or delivered, so its history stays small however long it lives. Node agents
 start it on first registration (signal-with-start), so there is nothing to deploy by hand;
 ``gangflow queues apply`` (the update ``apply_queues``, validated before it is accepted) sets tenants,
-cohorts, quotas and priority classes.
+cohorts, quotas and priority classes; ``gangflow node drain|undrain`` (the update ``drain_node``, validated
+the same way) takes a node out of service and back.
 
 Nothing leaks: an allocation lives only as long as the GangRun that owns it. A GangRun releases its
 placement itself when it ends, is cancelled, preempted, or its parent run is terminated (the user-workflow
@@ -51,6 +52,7 @@ from engine.scheduling import (
     QueueConfigError,
     Rejected,
     Tick,
+    drain_request,
     dump_queue_config,
     load_queue_config,
 )
@@ -84,6 +86,8 @@ OWNER_CHECK_EVERY = timedelta(seconds=15)
 #: during one workflow task make the server force-fail it (history.maximumBufferedEventsBatch): the worker
 #: then replays the whole run. Small also means more superseded pending reasons are dropped unsent.
 MAX_IN_FLIGHT = 50
+#: how many node ids the refusal of an unknown node lists
+KNOWN_NODES_SHOWN = 20
 _EVENTS: TypeAdapter[Event] = TypeAdapter(Event)
 _DECISIONS: TypeAdapter[Decision] = TypeAdapter(Decision)
 
@@ -159,6 +163,47 @@ class Scheduler:
         except QueueConfigError as exc:
             raise ApplicationError(str(exc), type="QueueConfigError", non_retryable=True) from None
 
+    @workflow.update(name="drain_node")
+    def drain_node(self, request: Any) -> dict[str, Any]:
+        """Drain a node (``{"node_id", "drained": true, "reason"}``: it takes no new gangs and its preemptible
+        gangs are preempted) or undrain it (``"drained": false``). Validated first (``_check_drain``): an
+        unknown node or a malformed request changes nothing. Events that arrived before it are decided first.
+        Returns what it did: the gangs ``preempted`` now, the ones ``remaining`` there (not preemptible),
+        and the ones already ``leaving`` it (preempted earlier, not released yet)."""
+        while self.inbox:
+            self._step(self.inbox.pop(0))
+        event = drain_request(request)
+        decisions = self._step(event)
+        preempted = [d.gang_id for d in decisions if isinstance(d, Preempted) and d.cause == "drain"]
+        report = self.policy.drain_report(event.node_id)
+        return {
+            "node_id": event.node_id,
+            "drained": event.drained,
+            "reason": event.reason,
+            "preempted": preempted,
+            "remaining": report["remaining"],
+            "leaving": [g for g in report["leaving"] if g not in preempted],
+        }
+
+    @drain_node.validator
+    def _check_drain(self, request: Any) -> None:
+        try:
+            event = drain_request(request)
+        except ValueError as exc:
+            raise ApplicationError(f"bad drain request: {exc}", type="BadRequest", non_retryable=True) from None
+        # a node whose first registration waits in the inbox is known: the update decides the inbox first
+        known = {*self.policy.inventory.nodes, *(e.spec.node_id for e in self.inbox if isinstance(e, NodeRegistered))}
+        if event.node_id not in known:
+            names = sorted(known)
+            listed = ", ".join(names[:KNOWN_NODES_SHOWN]) or "none (no node agent has registered)"
+            if len(names) > KNOWN_NODES_SHOWN:
+                listed += f" and {len(names) - KNOWN_NODES_SHOWN} more"
+            raise ApplicationError(
+                f"unknown node {event.node_id!r}; the nodes the Scheduler knows: {listed}",
+                type="UnknownNode",
+                non_retryable=True,
+            )
+
     @workflow.query(name="describe")
     def describe(self) -> dict[str, Any]:
         return self.policy.describe()
@@ -203,9 +248,11 @@ class Scheduler:
     def _idle(task: asyncio.Task[None] | None) -> bool:
         return task is None or task.done()
 
-    def _step(self, event: Event) -> None:
-        self.outbox.extend(self.policy.step(event, workflow.now().timestamp()))
+    def _step(self, event: Event) -> list[Decision]:
+        decisions = self.policy.step(event, workflow.now().timestamp())
+        self.outbox.extend(decisions)
         self.handled += 1
+        return decisions
 
     def _due(self) -> bool:
         return self.handled >= self.max_events or workflow.info().is_continue_as_new_suggested()

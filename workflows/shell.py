@@ -189,6 +189,7 @@ class _TemporalDispatcher:
             # the task's own class wins over the run's (gangflow run --priority)
             priority=task.priority or self.envelope.run.priority,
             preemptible=task.preemptible,
+            preemption_grace_s=task.preemption_grace.total_seconds() if task.preemption_grace else None,
         )
         return await workflow.execute_child_workflow(  # type: ignore[no-any-return]
             GANG_TYPE,

@@ -1,6 +1,6 @@
 """The ``gangflow`` command: its parser, the commands that talk to a running server (run, status, list,
-cancel, logs, queue, queues, release, plugins) and ``main``; the ones that run the stack (dev, worker, node,
-codec-server, demo) are in ``serve``.
+cancel, logs, queue, queues, release, node drain|undrain, plugins) and ``main``; the ones that run the stack
+(dev, worker, node, codec-server, demo) are in ``serve``.
 
 Exit codes: 0 success, 1 a failed run (or an unreachable server, an unknown run or gang), 2 bad input
 (nothing was started).
@@ -26,10 +26,11 @@ from temporalio.service import RPCError
 
 from engine.client import Client, TenancyError, load_workflow_file, log_rank, prepare_run, to_jsonable
 from engine.core.plugins import available_plugins, load_plugin
-from engine.errors import DefinitionError, GangflowError
+from engine.errors import DefinitionError, GangflowError, InputError, NodeNotFoundError
 from engine.runtime import TASK_QUEUE
 from engine.runtime.history import read_tasks
 from engine.scheduling.config import QueueConfigError
+from engine.scheduling.events import drain_request
 
 from .common import (
     EXIT_BAD_INPUT,
@@ -47,6 +48,7 @@ from .render import (
     err_console,
     print_json,
     run_json,
+    show_drain,
     show_failure,
     show_queue,
     show_queues,
@@ -63,6 +65,24 @@ def _connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="Temporal host:port (default $GANGFLOW_ADDRESS or localhost:7233)")
     p.add_argument("--namespace", help="Temporal namespace (default $GANGFLOW_NAMESPACE or default)")
 
+
+NODE_ACTIONS = ("drain", "undrain")
+#: the options that start a node agent (``dest`` -> option), refused with a drain or an undrain
+_AGENT_OPTIONS = {
+    "node_id": "--node-id",
+    "gpus": "--gpus",
+    "cpus": "--cpus",
+    "mem": "--mem",
+    "advertise_addr": "--advertise-addr",
+    "standby": "--standby",
+    "warm": "--warm",
+}
+_NODE_EPILOG = """\
+A drained node takes no new gangs. Its preemptible gangs get a preemption notice (grace to save a
+checkpoint), release their GPUs and are placed elsewhere, resuming from their checkpoints; gangs that are
+not preemptible run there to their end. The drain outlives restarts of the node agent and of the
+Scheduler; 'gangflow node undrain NODE' offers the node again.
+"""
 
 _RUN_EPILOG = """\
 The workflow's parameters follow the target as --name value or --name=value (--total-steps and
@@ -106,8 +126,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--queues", metavar="FILE", help="a queue configuration (YAML: tenants, quotas, priority classes) to apply"
     )
 
-    p = command("node", "run a node agent: the executor of distributed tasks on this machine")
-    p.add_argument("--node-id", required=True)
+    p = command(
+        "node",
+        "run a node agent (the executor of distributed tasks on this machine), or drain / undrain a node",
+        usage="gangflow node --node-id ID [options] | gangflow node drain NODE [--reason TEXT] [--json] | "
+        "gangflow node undrain NODE [--json]",
+        epilog=_NODE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "action", nargs="?", choices=NODE_ACTIONS, help="drain or undrain NODE (without one: start a node agent)"
+    )
+    p.add_argument("node", nargs="?", metavar="NODE", help="the node to drain or undrain, as 'gangflow queue' shows it")
+    p.add_argument("--node-id", help="the id of the node agent to start (required to start one)")
+    p.add_argument("--reason", help="drain: why, shown with the node and to the gangs it moves")
+    p.add_argument("--json", action="store_true", help="drain/undrain: print the Scheduler's answer as JSON")
     p.add_argument("--gpus", type=int, help="GPUs to offer (default: what nvidia-smi reports, else 0)")
     p.add_argument("--cpus", type=float, help="CPUs to offer (default: all)")
     p.add_argument("--mem", help="memory to offer, e.g. 64Gi (default: all)")
@@ -207,6 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=DEMO_NODES, help="node agents to start (default %(default)s)")
     p.add_argument("--keep", action="store_true", help="leave the stack up after the run (Ctrl-C stops it)")
     p.add_argument("--headless", action="store_true", help="no Web UI")
+    p.add_argument(
+        "--tenants",
+        action="store_true",
+        help="instead: team-a borrows the whole cluster, team-b reclaims its quota, team-a resumes from its "
+        "checkpoint (examples/queues.yaml, examples/multitenant.py); prints the timeline",
+    )
     return parser
 
 
@@ -366,6 +405,56 @@ async def cmd_plugins(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def cmd_node_command(args: argparse.Namespace) -> int:
+    """``gangflow node``: start a node agent (``--node-id``), or drain / undrain a node."""
+    if args.action is None:
+        if args.reason is not None or args.json:
+            option = "--reason" if args.reason is not None else "--json"
+            raise CliError(
+                f"{option} is for gangflow node drain|undrain NODE, not for starting a node agent", EXIT_BAD_INPUT
+            )
+        if not args.node_id:
+            raise CliError(
+                "gangflow node needs --node-id ID to start a node agent on this machine, or an action: "
+                "gangflow node drain NODE [--reason TEXT] | gangflow node undrain NODE",
+                EXIT_BAD_INPUT,
+            )
+        return await cmd_node(args)
+    return await cmd_drain(args)
+
+
+async def cmd_drain(args: argparse.Namespace) -> int:
+    action = args.action
+    given = [option for dest, option in _AGENT_OPTIONS.items() if getattr(args, dest, None) is not None]
+    if given:
+        hint = f" (gangflow node {action} {args.node_id})" if args.node_id and not args.node else ""
+        raise CliError(
+            f"gangflow node {action} takes the node as NODE and no {', '.join(given)}: those start a node agent" + hint,
+            EXIT_BAD_INPUT,
+        )
+    if not args.node:
+        raise CliError(f"gangflow node {action} needs the NODE, as 'gangflow queue' shows it", EXIT_BAD_INPUT)
+    if action == "undrain" and args.reason is not None:
+        raise CliError("gangflow node undrain takes no --reason (the node is offered again)", EXIT_BAD_INPUT)
+    drained, reason = action == "drain", args.reason or ""
+    try:  # before anything is contacted: bad input changes nothing
+        drain_request({"node_id": args.node, "drained": drained, "reason": reason})
+    except ValueError as exc:
+        raise CliError(f"gangflow node {action}: {exc}", EXIT_BAD_INPUT) from None
+    client = await client_for(args)
+    try:
+        answer = await client.drain_node(args.node, reason=reason, drained=drained)
+    except (NodeNotFoundError, InputError) as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    except GangflowError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print_json(answer)
+    else:
+        show_drain(answer)
+    return EXIT_OK
+
+
 async def cmd_queue(args: argparse.Namespace) -> int:
     client = await client_for(args)
     try:
@@ -411,7 +500,7 @@ async def cmd_queues(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {
-    "node": cmd_node,
+    "node": cmd_node_command,
     "plugins": cmd_plugins,
     "codec-server": cmd_codec_server,
     "queue": cmd_queue,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "print_json",
     "print_unwrapped",
     "run_json",
+    "show_drain",
     "show_failure",
     "show_queue",
     "show_queues",
@@ -273,16 +275,70 @@ def _tenant_summary(tenants: Mapping[str, Any]) -> Table:
     return table
 
 
-def show_queue(data: dict[str, Any]) -> None:
+def show_drain(answer: Mapping[str, Any]) -> None:
+    """What ``gangflow node drain|undrain`` did: the node's new state and what happens to its gangs."""
+    node = escape(str(answer.get("node_id")))
+    if not answer.get("drained"):
+        console.print(f"node [bold]{node}[/] undrained: it takes new gangs again", soft_wrap=True)
+        return
+    reason = f" ({escape(answer['reason'])})" if answer.get("reason") else ""
+    console.print(f"node [bold]{node}[/] drained{reason}: it takes no new gangs", soft_wrap=True)
+    preempted, leaving, remaining = (list(answer.get(k) or []) for k in ("preempted", "leaving", "remaining"))
+    if preempted:
+        console.print(
+            f"preempted {len(preempted)} gang(s): each gets its notice, saves a checkpoint and is placed elsewhere: "
+            + escape(", ".join(preempted)),
+            soft_wrap=True,
+        )
+    if leaving:
+        console.print(f"already leaving (preempted earlier): {escape(', '.join(leaving))}", soft_wrap=True)
+    if remaining:
+        console.print(
+            f"still running there, not preemptible (they run to their end): {escape(', '.join(remaining))}",
+            soft_wrap=True,
+        )
+    if not (preempted or leaving or remaining):
+        console.print("no gang was running there")
+
+
+def _node_state(n: Mapping[str, Any]) -> str:
+    state = "[green]up[/]" if n.get("alive", True) else "[red]lost[/]"
+    if n.get("drained"):
+        reason = f": {escape(n['drain_reason'])}" if n.get("drain_reason") else ""
+        state = "[yellow]drained[/]" + reason + ("" if n.get("alive", True) else " [red](lost)[/]")
+    return state
+
+
+def _preempting(g: Mapping[str, Any], now: float) -> str:
+    """``preempting: reclaim by <gang> of <tenant>, 12 s of 120 s grace`` (or ``drain of node <id>``)."""
+    notice = g.get("preempted")
+    if not isinstance(notice, Mapping):
+        return "[yellow]preempting[/]"  # an older Scheduler says only that
+    cause = str(notice.get("cause") or "preemption")
+    if cause == "drain":
+        who = f"drain of node {notice.get('by')}"
+    else:
+        who = f"{cause} by {notice.get('by')}" + (f" of {notice['by_tenant']}" if notice.get("by_tenant") else "")
+    text = f"[yellow]preempting[/]: {escape(who)}"
+    since, grace = notice.get("since"), notice.get("grace_s")
+    if isinstance(since, int | float) and isinstance(grace, int | float):
+        text += f", {max(0.0, now - since):.0f} s of {grace:g} s grace"
+    return text
+
+
+def show_queue(data: dict[str, Any], now: float | None = None) -> None:
+    """``gangflow queue``: nodes (drained ones with their reason), tenants, running gangs (those being
+    preempted with why and how much of their grace is gone; ``now``: epoch seconds), the pending queue."""
+    now = time.time() if now is None else now
     nodes = Table(title="nodes", show_edge=False, header_style="bold")
     nodes.add_column("node", no_wrap=True, overflow="fold")  # ids are copied into other commands: never "…"
-    for column in ("address", "alive", "GPUs free/total", "free ids", "CPUs free/total", "gangs"):
+    for column in ("address", "state", "GPUs free/total", "free ids", "CPUs free/total", "gangs"):
         nodes.add_column(column, overflow="fold")
     for n in data.get("nodes", []):
         nodes.add_row(
             n["node_id"],
             n["address"],
-            "[green]yes[/]" if n["alive"] else "[red]lost[/]",
+            _node_state(n),
             f"{n['gpus_free']}/{n['gpus_total']}",
             ",".join(map(str, n["free_gpu_ids"])),
             f"{n['cpus_free']:g}/{n['cpus_total']:g}",
@@ -299,7 +355,7 @@ def show_queue(data: dict[str, Any]) -> None:
             running.add_column(column, overflow="fold")
         for g in data["running"]:
             where = "; ".join(f"{a['node_id']} gpus {a['gpu_ids']}" for a in g.get("nodes", []))
-            state = "[yellow]preempting[/]" if g.get("preempting") else "running"
+            state = _preempting(g, now) if g.get("preempting") else "running"
             running.add_row(
                 escape(g["gang_id"]), escape(g.get("tenant") or ""), escape(g.get("priority") or ""), state, where
             )

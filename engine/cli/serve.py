@@ -44,6 +44,7 @@ from .common import (
     stop_event,
     until_signalled,
 )
+from .demo_tenants import TenantsDemo
 from .render import console, print_unwrapped, show_failure, show_status
 
 __all__ = ["DEMO_GPUS", "DEMO_NODES", "cmd_codec_server", "cmd_demo", "cmd_dev", "cmd_node", "cmd_worker"]
@@ -209,10 +210,14 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _example(name: str) -> Path:
+    """An example file: the one under the current directory (a checkout), else the package's own."""
+    here = Path.cwd() / "examples" / name
+    return here if here.exists() else Path(__file__).resolve().parents[2] / "examples" / name
+
+
 def _default_demo_file() -> str:
-    here = Path.cwd() / "examples" / "ddp_pipeline.py"
-    repo = Path(__file__).resolve().parents[2] / "examples" / "ddp_pipeline.py"
-    return f"{here if here.exists() else repo}:pipeline"
+    return f"{_example('ddp_pipeline.py')}:pipeline"
 
 
 async def _wait_for_nodes(client: Client, count: int, timeout: float = 60.0) -> None:
@@ -227,22 +232,56 @@ async def _wait_for_nodes(client: Client, count: int, timeout: float = 60.0) -> 
         await asyncio.sleep(0.2)
 
 
+#: what a demo runs on its stack once the node agents are up: (client, Web UI address or None) -> exit code
+_Play = Callable[[Client, str | None], Awaitable[int]]
+
+
 async def cmd_demo(args: argparse.Namespace) -> int:
-    target = args.file or _default_demo_file()
+    if args.tenants and args.file:
+        raise CliError(
+            "--tenants runs its own pipelines (examples/multitenant.py as team-a and team-b): it takes no --file",
+            EXIT_BAD_INPUT,
+        )
+    if args.tenants and args.nodes != DEMO_NODES:
+        raise CliError(
+            f"--tenants needs {DEMO_NODES} node agents (the 4 GPU slots examples/queues.yaml shares): "
+            f"leave out --nodes (got {args.nodes})",
+            EXIT_BAD_INPUT,
+        )
     state = Path(tempfile.mkdtemp(prefix="gangflow-demo-"))
     try:
-        defn = load_workflow_file(target)
+        artifacts, play = _prepare_demo(args, str(state / "artifacts"))
+        return await _demo_stack(args, state, artifacts, play)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _prepare_demo(args: argparse.Namespace, artifacts: str) -> tuple[str, _Play]:
+    """Validate and pack what the demo runs, before anything starts (bad input: exit 2)."""
+    if args.tenants:
+        tenants = TenantsDemo.prepare(_example("queues.yaml"), _example("multitenant.py"), artifacts)
+        return tenants.artifacts, tenants.play
+    try:
+        defn = load_workflow_file(args.file or _default_demo_file())
         # the throwaway stack has no queue configuration: its only tenant is the default (whatever
         # GANGFLOW_TENANT says for the user's own cluster)
-        defn, envelope = prepare_run(defn, {}, artifacts=str(state / "artifacts"), tenant=DEFAULT_TENANT)
+        defn, envelope = prepare_run(defn, {}, artifacts=artifacts, tenant=DEFAULT_TENANT)
     except GangflowError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
+
+    async def play(client: Client, ui_url: str | None) -> int:
+        return await _demo_run(client, ui_url, defn, envelope)
+
+    return envelope.run.artifacts, play
+
+
+async def _demo_stack(args: argparse.Namespace, state: Path, artifacts: str, play: _Play) -> int:
     codec = CodecServer().start()
     server = DevServer(state, ui=not args.headless, codec_endpoint=codec.url).start()
     nodes = _spawn_nodes(server.address, args.nodes, DEMO_GPUS, state)
     try:
         temporal = await connect(Endpoint.resolve(server.address, "default"))
-        client = Client(temporal, envelope.run.artifacts)
+        client = Client(temporal, artifacts)
         async with build_worker(temporal):
             console.print(
                 f"[bold]gangflow demo[/]: Temporal on {server.address}, {args.nodes} node agent(s) × {DEMO_GPUS} "
@@ -250,20 +289,21 @@ async def cmd_demo(args: argparse.Namespace) -> int:
             )
             if args.nodes:
                 await _wait_for_nodes(client, args.nodes)
-            return await _demo_run(args, client, server, defn, envelope)
+            code = await play(client, None if args.headless else server.ui_url)
+            if args.keep:
+                console.print(f"stack left up: GANGFLOW_ADDRESS={server.address}; Ctrl-C to stop")
+                await until_signalled()
+            return code
     finally:
         stop_processes(nodes, _NODE_STOP_GRACE_S)
         server.stop()
         codec.stop()
-        shutil.rmtree(state, ignore_errors=True)
 
 
-async def _demo_run(
-    args: argparse.Namespace, client: Client, server: DevServer, defn: WorkflowDefinition, envelope: Envelope
-) -> int:
+async def _demo_run(client: Client, ui_url: str | None, defn: WorkflowDefinition, envelope: Envelope) -> int:
     run_id = await client.start_prepared(defn, envelope)
-    if not args.headless:
-        console.print(f"watch it: {server.ui_url}/namespaces/default/workflows/{run_id}")
+    if ui_url:
+        console.print(f"watch it: {ui_url}/namespaces/default/workflows/{run_id}")
     try:
         data = await follow(client, run_id, quiet=False)
     except WorkflowFailureError:
@@ -272,7 +312,4 @@ async def _demo_run(
         return EXIT_FAILED
     show_status(await client.status(run_id), result=False)
     console.print(defn.interface.output_from_wire(data))
-    if args.keep:
-        console.print(f"stack left up: GANGFLOW_ADDRESS={server.address}; Ctrl-C to stop")
-        await until_signalled()
     return EXIT_OK

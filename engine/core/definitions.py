@@ -43,6 +43,8 @@ DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 DEFAULT_LIGHTWEIGHT_TIMEOUT = timedelta(minutes=1)
 #: how long a gang waits for lost nodes to come back (a cluster restarting after maintenance)
 DEFAULT_LOST_NODE_WAIT = timedelta(minutes=10)
+#: a preempted gang holds GPUs that another gang waits for: a grace longer than a day is a mistake
+MAX_PREEMPTION_GRACE = timedelta(days=1)
 
 
 def _check_name(name: str, what: str) -> str:
@@ -77,6 +79,8 @@ class TaskDefinition:
     priority: str | None = None
     #: False: the task's gangs are never preempted, whatever their priority class says
     preemptible: bool = True
+    #: how long a preempted gang has between the notice and SIGKILL; None: the cluster's default (120 s)
+    preemption_grace: timedelta | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ def task(
     lost_node_wait: float | timedelta | None = None,
     priority: str | None = None,
     preemptible: bool | None = None,
+    preemption_grace: float | timedelta | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -136,6 +141,7 @@ def task(
     lost_node_wait: float | timedelta | None = None,
     priority: str | None = None,
     preemptible: bool | None = None,
+    preemption_grace: float | timedelta | None = None,
 ) -> Any:
     """Declare a typed task.
 
@@ -154,6 +160,9 @@ def task(
     ``priority`` names the priority class of its gangs (one of the cluster's ``priority_classes``; checked
     when a run starts, since the classes belong to the cluster, not to the code); it wins over the run's
     ``--priority``. ``preemptible=False`` keeps its gangs from ever being preempted, whatever their class.
+    ``preemption_grace`` (seconds) is how long a preempted gang's ranks have to checkpoint and exit after
+    the notice before they are killed (default: the cluster's ``policy.preemption_grace``, 120 s); ranks
+    that exit earlier release the GPUs at once.
     """
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -167,6 +176,7 @@ def task(
             beat = to_timedelta(heartbeat_timeout, f"{owner}: heartbeat_timeout")
             hang = to_timedelta(hang_timeout, f"{owner}: hang_timeout")
             node_wait = to_timedelta(lost_node_wait, f"{owner}: lost_node_wait")
+            grace = to_timedelta(preemption_grace, f"{owner}: preemption_grace")
         except ValueError as exc:
             raise DefinitionError(f"{owner}: {exc}") from None
         if resources is not None and not isinstance(resources, Resources):
@@ -183,6 +193,10 @@ def task(
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
             raise DefinitionError(f"{owner}: max_restarts must be a non-negative int, got {max_restarts!r}")
         _check_scheduling(owner, shape, priority, preemptible)
+        if shape is None and grace is not None:
+            raise DefinitionError(f"{owner}: preemption_grace applies to distributed tasks (plugin=...) only")
+        if grace is not None and grace > MAX_PREEMPTION_GRACE:
+            raise DefinitionError(f"{owner}: preemption_grace must be at most {MAX_PREEMPTION_GRACE}, got {grace}")
         defn = TaskDefinition(
             name=task_name,
             fn=func,
@@ -203,6 +217,7 @@ def task(
             is_async=inspect.iscoroutinefunction(func),
             priority=priority,
             preemptible=preemptible is not False,
+            preemption_grace=grace,
         )
 
         @functools.wraps(func)

@@ -21,6 +21,7 @@ from engine.core.resources import Resources
 from engine.errors import DefinitionError
 
 __all__ = [
+    "NOTICE_SIGNALS",
     "GangPlugin",
     "GangShape",
     "NodeLaunch",
@@ -154,6 +155,9 @@ class GangPlugin:
 
     nnodes: int
     nproc_per_node: int
+    #: the signal that carries a preemption notice to the ranks (with the notice file, ``engine.preemption()``);
+    #: a plugin whose framework traps SIGTERM itself picks another one (Jax)
+    notice_signal: str = "SIGTERM"
 
     def rank_env(self, rank: RankContext) -> dict[str, str]:
         return {}
@@ -183,12 +187,21 @@ class GangPlugin:
         return None
 
 
+#: signals that may carry a preemption notice: each stops a rank that does not handle it, as SIGTERM does
+NOTICE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP")
+
+
 def gang_shape(plugin: Any, resources: Resources, owner: str) -> GangShape:
     """Validate a plugin's layout against the task's resources (at decoration time)."""
     if not isinstance(plugin, Plugin):
         raise DefinitionError(
             f"{owner}: plugin {plugin!r} is not a gangflow plugin (it needs nnodes, nproc_per_node, "
             "rank_env, command, setup and teardown)"
+        )
+    notice = getattr(plugin, "notice_signal", "SIGTERM")
+    if notice not in NOTICE_SIGNALS:
+        raise DefinitionError(
+            f"{owner}: the plugin's notice_signal must be one of {', '.join(NOTICE_SIGNALS)}, got {notice!r}"
         )
     nnodes, nproc = plugin.nnodes, plugin.nproc_per_node
     if not (isinstance(nnodes, int) and nnodes >= 1 and isinstance(nproc, int) and nproc >= 1):

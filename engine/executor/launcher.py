@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.core.gang import RankContext
-from engine.executor.process import spawn, stop_processes
+from engine.executor.process import signal_group, spawn, stop_processes
 from engine.executor.standby import RUNNER, StandbyPool
 
 __all__ = ["NodeGang", "ProcessLaunch", "RankFailure", "runner_command"]
@@ -248,6 +248,19 @@ class NodeGang:
     def terminate(self, grace: float = 5.0) -> None:
         """SIGTERM every rank's process group, wait up to ``grace`` seconds, then SIGKILL what is left."""
         stop_processes(self.procs, grace, group=True)
+
+    def notify(self, sig: int) -> None:
+        """Send ``sig`` (a preemption notice) to the process group of every process still running; nothing
+        waits for it: the caller watches ``exited()`` up to its own deadline."""
+        self.awaiting = 0  # a helper that has not come yet never will: the launcher is stopping
+        for proc in self.procs:
+            if proc.poll() is None:
+                signal_group(proc, sig)
+
+    def exited(self) -> bool:
+        """Whether every process that must finish has ended (in any way): a stopped gang's GPUs are free."""
+        pairs = zip(self.ranks, self.procs, strict=True)
+        return all(proc.poll() is not None for launch, proc in pairs if launch.must_finish)
 
 
 def runner_command(spec_path: str | None) -> list[str]:

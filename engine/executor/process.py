@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
 
-__all__ = ["set_parent_death_signal", "spawn", "stop_processes"]
+__all__ = ["set_parent_death_signal", "signal_group", "spawn", "stop_processes"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -83,6 +83,13 @@ def _send(proc: subprocess.Popen[Any], sig: int, group: bool) -> None:
             os.killpg(proc.pid, sig)
         else:
             proc.send_signal(sig)
+
+
+def signal_group(proc: subprocess.Popen[Any], sig: int) -> None:
+    """Send ``sig`` to the process group of ``proc`` (spawned with ``new_session``), and SIGCONT after it
+    (a stopped process handles a signal only once resumed); a group already gone is not an error."""
+    _send(proc, sig, True)
+    _send(proc, signal.SIGCONT, True)
 
 
 def stop_processes(

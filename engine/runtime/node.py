@@ -4,16 +4,25 @@ It registers the machine's capacity with the Scheduler (and re-registers periodi
 liveness signal), polls its own task queue ``node/<id>``, and runs the ranks GangRun places on it:
 one process per rank with the plugin's environment and command, pinned GPUs, one log per rank in the
 artifact store, heartbeats while they run, and SIGTERM → grace → SIGKILL of the whole gang on cancel.
+
+A *preemption notice* (the activity ``gangflow.notice``, sent by GangRun when the Scheduler preempts the
+gang) is different from a cancel: the agent writes the notice file every rank can read
+(``engine.preemption()``), sends the plugin's notice signal, and waits until the ranks have exited (they
+checkpoint and return: the GPUs are free at once) or the grace deadline passes (then they are killed). The
+attempt then ends as ``RankPreempted``, whatever the ranks' exit codes: GangRun queues the gang again
+without spending a restart. Ranks that had all finished before the notice came return their result.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import queue
 import re
 import shutil
+import signal
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -29,6 +38,8 @@ from temporalio.worker import Worker
 
 from engine.artifacts.loader import LOADER
 from engine.artifacts.store import cache_dir
+from engine.atomic import write_atomic
+from engine.checkpoint import NOTICE_FILE_ENV, NOTICE_SIGNAL_ENV
 from engine.core.definitions import TaskDefinition
 from engine.core.gang import NodeLaunch, base_rank_env
 from engine.core.wire import Envelope
@@ -38,7 +49,7 @@ from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
 from engine.runtime.connection import TASK_QUEUE
 from engine.types.codec import pack
-from workflows.gang import PING, REMOTE_COMMAND, RESERVE_PORT, RUN_RANKS, node_queue
+from workflows.gang import NOTICE, PING, REMOTE_COMMAND, RESERVE_PORT, RUN_RANKS, node_queue
 from workflows.scheduler import SCHEDULER_ID, SCHEDULER_TYPE
 
 __all__ = ["NodeActivities", "NodeConfig", "register", "run_node"]
@@ -50,6 +61,10 @@ REGISTER_EVERY = timedelta(seconds=5)
 STOP_GRACE_S = 5.0
 #: how a rank failure is reported to GangRun: a user error, or a system failure that spends restarts
 FAILURE_TYPES = {"user": "RankFailed", "killed": "RankKilled", "hung": "RankHung"}
+#: an attempt stopped by a preemption notice (GangRun requeues it; no restart is spent)
+PREEMPTED_TYPE = "RankPreempted"
+#: a notice for an attempt this agent never ran (it ended, or never came) is forgotten after this long
+NOTICE_TTL_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,21 @@ class NodeActivities:
         self.config = config
         self.workdir = cache_dir() / "nodes" / _safe(config.node_id)
         self.standby = StandbyPool(config.standby, config.warm) if config.standby else None
+        #: preemption notices by (gang id, attempt), with when they came; a notice can arrive before the
+        #: attempt's ranks start here (it is then never started)
+        self.notices: dict[tuple[str, int], tuple[dict[str, Any], float]] = {}
+        self.running: set[tuple[str, int]] = set()
+
+    @activity.defn(name=NOTICE)
+    async def notice(self, gang_id: str, attempt: int, notice: dict[str, Any]) -> bool:
+        """A preemption notice for one attempt of a gang (see the module docstring). True when its ranks run
+        here now; the notice is kept either way, for ranks still to start."""
+        now = time.time()
+        for key, (_, at) in list(self.notices.items()):
+            if key not in self.running and now - at > NOTICE_TTL_S:
+                del self.notices[key]
+        self.notices[(gang_id, attempt)] = (dict(notice), now)
+        return (gang_id, attempt) in self.running
 
     @activity.defn(name=PING)
     async def ping(self) -> str:
@@ -124,16 +154,38 @@ class NodeActivities:
             hang_timeout=launch.hang_timeout_s,
             standby=self.standby,
         )
-        gang.start()  # on the event loop thread: the parent-death signal follows the spawning thread
-        relay = _LauncherRelay(plan, gang) if plan.launcher_mode else None
-        if relay is not None and launch.node_rank:
-            gang.awaiting = 1  # this node's helper comes once node rank 0's launcher asks for it
+        key = (launch.gang_id, launch.attempt)
+        relay: _LauncherRelay | None = None
+        noticed: _Noticed | None = None
+        self.running.add(key)
         try:
-            while (state := gang.poll()) is False:
-                if relay is not None:
-                    await relay.step()
+            if key in self.notices:  # preempted before its ranks started here: start none
+                raise _Noticed(self.notices[key][0], plan, gang).outcome(self.config.node_id, killed=False)
+            gang.start()  # on the event loop thread: the parent-death signal follows the spawning thread
+            relay = _LauncherRelay(plan, gang) if plan.launcher_mode else None
+            if relay is not None and launch.node_rank:
+                gang.awaiting = 1  # this node's helper comes once node rank 0's launcher asks for it
+            while True:
+                if noticed is None:
+                    state = gang.poll()
+                    if state is not False:
+                        break
+                    if key in self.notices:  # still running: from now on the attempt ends as a preemption
+                        noticed = _Noticed(self.notices[key][0], plan, gang)
+                        continue
+                    if relay is not None:
+                        await relay.step()
+                elif gang.exited():
+                    await asyncio.to_thread(gang.terminate, STOP_GRACE_S)  # a coordinator may still be up
+                    raise noticed.outcome(self.config.node_id, killed=False)
+                elif time.time() >= noticed.deadline:
+                    await asyncio.to_thread(gang.terminate, 0.0)  # the grace is over: SIGKILL what is left
+                    raise noticed.outcome(self.config.node_id, killed=True)
                 # heartbeat details: what the Web UI and `gangflow status` show about the ranks
-                activity.heartbeat({"node": self.config.node_id, "pids": gang.pids, "progress": gang.progress()})
+                details: dict[str, Any] = {"node": self.config.node_id, "pids": gang.pids, "progress": gang.progress()}
+                if noticed is not None:
+                    details["preempted_for_s"] = round(time.time() - noticed.at, 1)
+                activity.heartbeat(details)
                 await asyncio.sleep(0.2)
             if isinstance(state, RankFailure):
                 await asyncio.to_thread(gang.terminate, STOP_GRACE_S)
@@ -160,6 +212,8 @@ class NodeActivities:
                 ) from None
             raise
         finally:
+            self.running.discard(key)
+            self.notices.pop(key, None)
             if relay is not None:
                 relay.close()
             if local_logs:
@@ -181,6 +235,9 @@ class _Plan:
         self.rank0 = contexts[0]
         cpus = launch.cpus_per_node / launch.nproc_per_node
         progress_dir = workdir / "progress"
+        self.notice_path = workdir / "notice.json"
+        self.notice_signal = getattr(plugin, "notice_signal", "SIGTERM")
+        notice_env = {NOTICE_FILE_ENV: str(self.notice_path), NOTICE_SIGNAL_ENV: self.notice_signal}
         hosts = [(_safe(h), launch.nproc_per_node) for h in launch.hosts]
         launcher = getattr(plugin, "launcher", None)
         spec = launcher(self.rank0, hosts, runner_command(None)) if launcher is not None else None
@@ -198,6 +255,7 @@ class _Plan:
                 "GANGFLOW_RANK_SPEC": str(spec_path),
                 "GANGFLOW_PROGRESS_FILE": str(progress_dir / "rank{rank}.json"),
                 "GANGFLOW_RANK_LOG": log_path("rank{rank}"),
+                **notice_env,
             }
             if launch.node_rank == 0:
                 self.processes.append(replace(self.helper(spec.name, spec.command, spec.env), pipe_output=True))
@@ -205,7 +263,7 @@ class _Plan:
         for ctx in contexts:
             own = plugin.command(ctx)
             progress = str(progress_dir / f"rank{ctx.rank}.json")
-            env = {**os.environ, **base_rank_env(ctx, cpus_per_rank=cpus), **plugin.rank_env(ctx)}
+            env = {**os.environ, **base_rank_env(ctx, cpus_per_rank=cpus), **plugin.rank_env(ctx), **notice_env}
             self.processes.append(
                 ProcessLaunch(
                     context=ctx,
@@ -243,6 +301,35 @@ class _Plan:
             runner=False,
             role=f"{name} on node rank {self.launch.node_rank}",
         )
+
+
+class _Noticed:
+    """A preemption notice delivered to this node's ranks: the notice file written, the notice signal sent,
+    and the grace deadline (by this machine's clock, from when the notice came)."""
+
+    def __init__(self, notice: dict[str, Any], plan: _Plan, gang: NodeGang) -> None:
+        self.at = time.time()
+        try:
+            self.grace = max(0.0, float(notice.get("grace_s") or 0.0))
+        except (TypeError, ValueError):
+            self.grace = 0.0
+        self.deadline = self.at + self.grace
+        fields = {k: str(notice.get(k) or "") for k in ("reason", "cause", "by", "by_tenant")}
+        data = {**fields, "deadline": self.deadline, "grace_s": self.grace}
+        # the file first: a rank woken by the signal finds it (engine.preemption())
+        write_atomic(plan.notice_path, json.dumps(data).encode(), durable=False)
+        gang.notify(getattr(signal, plan.notice_signal, signal.SIGTERM))
+
+    def outcome(self, node_id: str, *, killed: bool) -> ApplicationError:
+        """What the attempt on this node reports: always a preemption (GangRun requeues it), saying whether
+        the ranks left in time."""
+        seconds = time.time() - self.at
+        if killed:
+            message = f"node {node_id}: the ranks had not exited when the {self.grace:.0f} s grace ended: killed"
+        else:
+            message = f"node {node_id}: the ranks exited {seconds:.1f} s after the preemption notice"
+        details = {"node": node_id, "killed": killed, "seconds": round(seconds, 3)}
+        return ApplicationError(message, details, type=PREEMPTED_TYPE, non_retryable=True)
 
 
 class _LauncherRelay:
@@ -341,7 +428,7 @@ async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> N
     worker = Worker(
         client,
         task_queue=node_queue(config.node_id),
-        activities=[activities.ping, activities.reserve_port, activities.run_ranks],
+        activities=[activities.ping, activities.reserve_port, activities.run_ranks, activities.notice],
         max_concurrent_activities=64,
         # heartbeats carry cancellation: keep them frequent so a cancel kills the ranks within ~1 s
         max_heartbeat_throttle_interval=timedelta(seconds=1),

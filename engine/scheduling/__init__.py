@@ -25,12 +25,14 @@ from engine.scheduling.events import (
     Event,
     GangReleased,
     GangSubmitted,
+    NodeDrained,
     NodeLost,
     NodeRegistered,
     Pending,
     Preempted,
     Rejected,
     Tick,
+    drain_request,
 )
 from engine.scheduling.model import (
     DEFAULT_LOST_NODE_WAIT_S,
@@ -57,6 +59,7 @@ __all__ = [
     "GangRequest",
     "GangSubmitted",
     "NodeAssignment",
+    "NodeDrained",
     "NodeLost",
     "NodeRegistered",
     "NodeSpec",
@@ -72,6 +75,7 @@ __all__ = [
     "ResourceAmounts",
     "TenantConfig",
     "Tick",
+    "drain_request",
     "dump_queue_config",
     "load_queue_config",
 ]

@@ -58,7 +58,8 @@ def queues(policy: Policy) -> dict[str, Any]:
 
 
 def describe(policy: Policy) -> dict[str, Any]:
-    """Nodes (sorted by id) with capacity and the gangs on them, running gangs, and the queue in order."""
+    """Nodes (sorted by id) with capacity, whether they are drained and the gangs on them, running gangs
+    (with the preemption in progress, if any), and the queue in order."""
     default_class = policy.config.priority(None).name
     nodes: list[dict[str, Any]] = []
     for node_id, node in sorted(policy.inventory.nodes.items()):
@@ -71,6 +72,7 @@ def describe(policy: Policy) -> dict[str, Any]:
                 "address": spec.address,
                 "alive": node.alive,
                 "drained": node.drained,
+                "drain_reason": node.drain_reason,
                 "gpus_total": spec.gpus,
                 "gpus_free": len(node.free_gpus) if offered else 0,
                 "free_gpu_ids": list(node.free_gpus) if offered else [],
@@ -85,6 +87,7 @@ def describe(policy: Policy) -> dict[str, Any]:
     running = []
     for gang_id, entry in sorted(policy.running.items()):
         request = entry.request
+        notice = entry.preemption
         running.append(
             {
                 "gang_id": gang_id,
@@ -92,8 +95,19 @@ def describe(policy: Policy) -> dict[str, Any]:
                 "priority": request.priority or default_class,
                 "preemptible": entry.preemptible,
                 "backfill": entry.backfill,
-                "preempting": entry.preempted_for is not None,
+                "preempting": notice is not None,
                 "preempted_for": entry.preempted_for,
+                # a preemption decided and not released yet: for whom (a gang of a tenant, or a node being
+                # drained), since when (the Scheduler's clock, epoch s) and with how much grace
+                "preempted": None
+                if notice is None
+                else {
+                    "by": notice.by,
+                    "by_tenant": notice.by_tenant,
+                    "cause": notice.cause,
+                    "since": notice.since,
+                    "grace_s": notice.grace_s,
+                },
                 "admitted_at": entry.admitted_at,
                 "nnodes": request.nnodes,
                 "gpus_per_node": request.gpus_per_node,

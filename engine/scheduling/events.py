@@ -7,7 +7,8 @@ them back into the right class.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeAlias
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import Field
 
@@ -15,19 +16,25 @@ from engine.scheduling.config import QueueConfig
 from engine.scheduling.model import Frozen, GangRequest, NodeSpec, Placement
 
 __all__ = [
+    "DRAIN_REASON_MAX",
     "Admitted",
     "ConfigApplied",
     "Decision",
     "Event",
     "GangReleased",
     "GangSubmitted",
+    "NodeDrained",
     "NodeLost",
     "NodeRegistered",
     "Pending",
     "Preempted",
     "Rejected",
     "Tick",
+    "drain_request",
 ]
+
+#: the longest drain reason taken: it is shown in one-line pending reasons and attempt lists
+DRAIN_REASON_MAX = 200
 
 
 class NodeRegistered(Frozen):
@@ -49,6 +56,45 @@ class NodeLost(Frozen):
 
     kind: Literal["node_lost"] = "node_lost"
     node_id: str
+
+
+class NodeDrained(Frozen):
+    """An operator drains a node (``drained``: it takes no new gangs; its preemptible gangs are preempted,
+    its others run to their end) or brings it back (``drained=False``). ``reason`` is the operator's words,
+    shown with the node and in the reasons of the gangs it affects. Unknown ids are a no-op.
+
+    The flag outlives the node's re-registrations and losses: only another ``NodeDrained`` changes it."""
+
+    kind: Literal["node_drained"] = "node_drained"
+    node_id: str
+    drained: bool
+    reason: str = ""
+
+
+def drain_request(payload: Any) -> NodeDrained:
+    """The Scheduler's ``drain_node`` payload, ``{"node_id": str, "drained": bool, "reason": str}``
+    (``reason`` optional), as an event; ValueError naming what is wrong. Checked on both sides: by the
+    client before it asks, and by the Scheduler's validator before the update enters history."""
+    if not isinstance(payload, Mapping):
+        raise ValueError(f"a drain request is an object with node_id, drained and reason, got {payload!r}")
+    unknown = sorted(str(k) for k in payload if k not in ("node_id", "drained", "reason"))
+    if unknown:
+        raise ValueError(f"a drain request has no field {', '.join(unknown)} (fields: node_id, drained, reason)")
+    node_id, drained, reason = payload.get("node_id"), payload.get("drained"), payload.get("reason", "")
+    if not isinstance(node_id, str) or not node_id.strip():
+        raise ValueError(f"node_id must be a node's id (a non-empty string), got {node_id!r}")
+    if not isinstance(drained, bool):
+        raise ValueError(f"drained must be true or false, got {drained!r}")
+    if not isinstance(reason, str):
+        raise ValueError(f"reason must be a string, got {reason!r}")
+    reason = reason.strip()
+    if "\n" in reason or "\r" in reason:
+        raise ValueError(f"reason must be one line, got {reason!r}")
+    if len(reason) > DRAIN_REASON_MAX:
+        raise ValueError(f"reason must be at most {DRAIN_REASON_MAX} characters, got {len(reason)}")
+    if reason and not drained:
+        raise ValueError("an undrain takes no reason (the node is offered again)")
+    return NodeDrained(node_id=node_id, drained=drained, reason=reason)
 
 
 class GangSubmitted(Frozen):
@@ -83,7 +129,8 @@ class ConfigApplied(Frozen):
 
 
 Event: TypeAlias = Annotated[
-    NodeRegistered | NodeLost | GangSubmitted | GangReleased | Tick | ConfigApplied, Field(discriminator="kind")
+    NodeRegistered | NodeLost | NodeDrained | GangSubmitted | GangReleased | Tick | ConfigApplied,
+    Field(discriminator="kind"),
 ]
 
 
@@ -116,7 +163,8 @@ class Pending(Frozen):
 
 class Preempted(Frozen):
     """A running gang must make room: its GangRun stops it (with ``grace_s`` to checkpoint), releases its
-    placement and queues again at its own priority. ``by`` is the gang it makes room for."""
+    placement and queues again at its own priority. ``by`` is the gang it makes room for (of ``by_tenant``),
+    or for ``cause="drain"`` the node being drained (``by_tenant`` empty)."""
 
     kind: Literal["preempted"] = "preempted"
     gang_id: str

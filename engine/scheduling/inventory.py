@@ -46,6 +46,7 @@ class Node:
     alive: bool = True
     last_seen: float = 0.0
     drained: bool = False
+    drain_reason: str = ""  # the operator's words, while drained
     held: dict[str, Hold] = field(default_factory=dict)
     free_gpus: list[int] = field(default_factory=list)
     free_mc: int = 0
@@ -90,6 +91,9 @@ class Inventory:
         #: totals of the offered nodes (gpu, millicores, bytes): the denominators of fair share
         self.capacity = [0, 0, 0]
         self.free_gpus = 0  # free GPUs on the offered nodes
+        self.drained: set[str] = set()  # ids of the drained nodes
+        #: bumps whenever a node is drained or undrained or its drain reason changes (reasons quote them)
+        self.drain_changes = 0
 
     # -- the index -------------------------------------------------------------------------------
     def _unindex(self, node: Node) -> None:
@@ -128,17 +132,24 @@ class Inventory:
         self.topology += 1
         return True
 
-    def set_offered(self, node_id: str, *, alive: bool | None = None, drained: bool | None = None) -> bool:
-        """Mark a node lost / revived or drained / undrained; True when that changed anything."""
+    def set_offered(
+        self, node_id: str, *, alive: bool | None = None, drained: bool | None = None, reason: str | None = None
+    ) -> bool:
+        """Mark a node lost / revived or drained / undrained (``reason``: why it is drained; an undrained node
+        has none); True when that changed anything, the drain reason included (reasons quote it)."""
         node = self.nodes.get(node_id)
         if node is None:
             return False
         new_alive = node.alive if alive is None else alive
         new_drained = node.drained if drained is None else drained
-        if (new_alive, new_drained) == (node.alive, node.drained):
+        new_reason = "" if not new_drained else node.drain_reason if reason is None else reason
+        if (new_alive, new_drained, new_reason) == (node.alive, node.drained, node.drain_reason):
             return False
+        if (new_drained, new_reason) != (node.drained, node.drain_reason):
+            self.drain_changes += 1
+            (self.drained.add if new_drained else self.drained.discard)(node_id)
         self._unindex(node)
-        node.alive, node.drained = new_alive, new_drained
+        node.alive, node.drained, node.drain_reason = new_alive, new_drained, new_reason
         self._index(node)
         self.topology += 1
         return True
@@ -218,16 +229,31 @@ class Inventory:
     def offered_nodes(self) -> Iterator[Node]:
         return (node for node in self.nodes.values() if node.offered)
 
-    def count_fitting_idle(self, request: GangRequest, *, count_lost: bool) -> int:
-        """How many nodes (offered ones; with ``count_lost`` lost ones too) could hold one node's share
-        of the request when idle. Drained nodes never count: they are out until an operator says so."""
+    def count_fitting_idle(self, request: GangRequest, *, count_lost: bool, count_drained: bool = False) -> int:
+        """How many nodes could hold one node's share of the request when idle: the offered ones, with
+        ``count_lost`` the lost ones too, with ``count_drained`` the drained ones too (out until an operator
+        undrains them, but not gone)."""
         mc = millicores(request.cpus_per_node)
         return sum(
             1
             for node in self.nodes.values()
-            if (node.offered or (count_lost and not node.alive and not node.drained))
+            if (node.alive or count_lost)
+            and (count_drained or not node.drained)
             and node.fits_idle(request.gpus_per_node, mc, request.mem_per_node)
         )
+
+    def fit_counts(self, request: GangRequest) -> tuple[int, int, int, int]:
+        """``count_fitting_idle`` four ways in one pass over the nodes: (offered, alive with the drained ones,
+        not drained with the lost ones, every registered node)."""
+        mc = millicores(request.cpus_per_node)
+        counts = [0, 0, 0, 0]
+        for node in self.nodes.values():
+            if node.fits_idle(request.gpus_per_node, mc, request.mem_per_node):
+                counts[3] += 1
+                counts[0] += node.alive and not node.drained
+                counts[1] += node.alive
+                counts[2] += not node.drained
+        return counts[0], counts[1], counts[2], counts[3]
 
 
 def _placement(gang_id: str, chosen: list[Node], gpus: int) -> Placement:

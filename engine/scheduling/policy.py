@@ -31,7 +31,8 @@ borrowers of its cohort; ``policy.reclaim_within_cohort``), *priority* (within a
 at least ``policy.min_runtime`` ago, chosen by ``engine.scheduling.preemption`` (fewest; borrowers, then
 the lowest priority, then the most recently admitted). A gang is never preempted for a gang that it was
 itself preempted for earlier: no preemption cycles. A preempted gang keeps its place in the order when
-it comes back. An event runs at most one victim search (a Tick, four): a search put off comes back on a
+it comes back; a gang being preempted is never chosen again, whatever else happens to it (a drain of its
+node included). An event runs at most one victim search (a Tick, four): a search put off comes back on a
 Tick within ``SEARCH_PUT_OFF_S``.
 
 **Nodes.** A node that has not re-registered for ``node_ttl_s`` is lost; its allocations stay until
@@ -39,6 +40,14 @@ their gangs release them. A gang that only lost nodes could hold waits for them 
 queue and is rejected after ``request.lost_node_wait_s``. A request that can never fit (too big for
 every registered node, more than its tenant may ever hold, unknown tenant or priority class, malformed,
 duplicate) is rejected at once.
+
+**Drain.** An operator drains a node (``NodeDrained``): it takes no new gangs, and every preemptible gang
+on it is preempted at once (cause ``drain``, ``by`` the node; whatever its age: ``min_runtime`` and the
+no-cycle rule are about gangs taking each other's place) and comes back at its place in the order, to be
+placed elsewhere. A gang that is not preemptible runs there to its end. A drained node is "not usable now
+but not gone": a gang that only it could hold waits for an undrain, with a reason naming it, without a
+deadline and without holding up the queue; it is never rejected for it. The flag and its reason survive
+the node's re-registrations, its loss and ``snapshot``.
 
 **Decisions**, in order: what the event itself caused (``Rejected``), then ``Admitted`` / ``Preempted``
 as the order is walked, and ``Pending`` for a gang whose reason changed (a new gang always gets one).
@@ -64,6 +73,7 @@ from engine.scheduling.events import (
     Event,
     GangReleased,
     GangSubmitted,
+    NodeDrained,
     NodeLost,
     NodeRegistered,
     Pending,
@@ -77,6 +87,8 @@ from engine.scheduling.preemption import Victim, choose_victims
 from engine.scheduling.reasons import (
     behind_reason,
     capacity_reason,
+    drained_wait_reason,
+    draining_reason,
     lost_wait_expired_reason,
     lost_wait_reason,
     malformed_reason,
@@ -93,6 +105,10 @@ __all__ = ["Policy"]
 Shape = tuple[int, int, int, int | None]  # nnodes, GPUs, millicores and bytes per node
 QueueKey = tuple[int, Shape]  # (-priority value, shape)
 Cause = Literal["reclaim", "priority", "backfill", "defrag"]
+#: whether a shape fits the offered nodes when idle ("now"), else what it waits for: lost nodes to come back
+#: ("lost", up to the gang's ``lost_node_wait_s``) or drained nodes to be undrained ("drained": an operator's
+#: decision, no deadline); "never": not even every registered node could hold it
+Fit = Literal["now", "lost", "drained", "never"]
 _SNAPSHOT_VERSION = 1
 #: how soon a gang whose victim search was put off (one search per event) searches again, policy seconds
 SEARCH_PUT_OFF_S = 5.0
@@ -120,6 +136,20 @@ class _Queued:
         return (-self.prio, self.shape)
 
 
+@dataclass(frozen=True, slots=True)
+class _Notice:
+    """A preemption decided for a running gang that has not released yet (``describe`` shows it)."""
+
+    cause: str
+    by: str  # the gang it makes room for, or the node being drained
+    by_tenant: str
+    since: float
+    grace_s: float
+
+    def row(self) -> list[Any]:
+        return [self.cause, self.by, self.by_tenant, self.since, self.grace_s]
+
+
 @dataclass(slots=True)
 class _Running:
     request: GangRequest
@@ -131,7 +161,10 @@ class _Running:
     preemptible: bool
     vec: Vec
     backfill: bool
-    preempted_for: str | None = None
+    preempted_for: str | None = None  # the pending gang it makes room for (a drain names no gang)
+    #: set once the gang is preempted (for a gang or a drain): it is never chosen again, and it comes back
+    #: at its place in the order when it releases
+    preemption: _Notice | None = None
 
 
 def _failed(search: tuple[int, float] | None) -> list[Any] | None:
@@ -168,11 +201,11 @@ class Policy:
         self._reserved: dict[str, frozenset[str]] = {}
         self._lost_waiters: set[str] = set()
         self._retry: dict[str, float] = {}  # blocked gangs whose victim search waits for a gang to come of age
-        self._fits: dict[Shape, tuple[int, bool, bool]] = {}
+        self._fits: dict[Shape, tuple[int, Fit]] = {}  # shape -> (topology then, fit)
         self._topology_seen = 0
         self._texts: dict[tuple[Any, ...], str] = {}
         self._tier_cache: dict[str, tuple[Any, dict[int, tuple[bool, float]]]] = {}
-        self._searches_left = 1  # shape -> (topology, fits alive, fits with lost)
+        self._searches_left = 1
 
     # -- events ------------------------------------------------------------------------------------
     def step(self, event: Event, now: float | None = None) -> list[Decision]:
@@ -189,6 +222,8 @@ class Policy:
             changed = self.inventory.register(event.spec, self._now)
         elif isinstance(event, NodeLost):
             changed = self.inventory.set_offered(event.node_id, alive=False)
+        elif isinstance(event, NodeDrained):
+            changed = self._drain(event, decisions)
         elif isinstance(event, GangSubmitted):
             changed = self._submit(event.request, decisions)
         elif isinstance(event, GangReleased):
@@ -243,7 +278,7 @@ class Policy:
             self.config.priority(request.priority)
         except KeyError as exc:
             return f"rejected: {exc.args[0]}"
-        if not self._fit(request)[1]:
+        if self._fit(request) == "never":
             return never_fits_reason(request, self.inventory, count_lost=True)
         vec = demand(request)
         blocked = self.tenancy.blocked(request.tenant, vec)
@@ -262,7 +297,7 @@ class Policy:
             preemptor = self.pending.get(running.preempted_for or "")
             if preemptor is not None:
                 preemptor.victims.discard(gang_id)
-            if running.preempted_for is not None:
+            if running.preemption is not None:
                 self._requeue[gang_id] = running.seq  # it comes back at its place in the order
             else:
                 self._evicted_for.pop(gang_id, None)  # done: its history no longer matters
@@ -321,16 +356,26 @@ class Policy:
             heapq.heappop(heap)  # withdrawn, admitted or re-queued: a stale entry
         return None
 
-    def _fit(self, request: GangRequest, shape: Shape | None = None) -> tuple[bool, bool]:
-        """(fits the offered nodes when idle, fits them counting lost nodes too), cached per shape."""
+    def _fit(self, request: GangRequest, shape: Shape | None = None) -> Fit:
+        """Whether the request fits the offered nodes when idle, else what it waits for (``Fit``), cached per
+        shape until the nodes change. Drained nodes are "not usable now but not gone": a gang that only
+        they could hold waits for an operator, however long, and never for a lost node's deadline."""
         shape = shape or _shape(request)
         cached = self._fits.get(shape)
         if cached is None or cached[0] != self.inventory.topology:
             n = request.nnodes
-            alive = self.inventory.count_fitting_idle(request, count_lost=False) >= n
-            anyway = alive or self.inventory.count_fitting_idle(request, count_lost=True) >= n
-            cached = self._fits[shape] = (self.inventory.topology, alive, anyway)
-        return cached[1], cached[2]
+            offered, alive, undrained, every = self.inventory.fit_counts(request)
+            fit: Fit
+            if offered >= n:
+                fit = "now"
+            elif every < n:
+                fit = "never"
+            elif undrained >= n and alive < n:
+                fit = "lost"  # lost nodes would do, and undraining would not be enough
+            else:
+                fit = "drained"
+            cached = self._fits[shape] = (self.inventory.topology, fit)
+        return cached[1]
 
     def _cycle(self, decisions: list[Decision], *, timed: bool, searches: int) -> None:
         self._revive_lost_waiters()
@@ -378,8 +423,11 @@ class Policy:
             queued = self.pending[gang_id]
             request = queued.request
             heap = self._queues[tenant][key]
-            alive_fit, _ = self._fit(request, queued.shape)
-            if not alive_fit:
+            fit = self._fit(request, queued.shape)
+            if fit == "drained":
+                self._wait_for_drain(queued, decisions)
+                continue
+            if fit != "now":
                 self._wait_for_lost(heap, decisions, timed=timed)
                 continue
             if (
@@ -432,8 +480,9 @@ class Policy:
                     self._say(queued, nominated_reason(request, sorted(queued.victims), queued.cause), decisions)
                     why = "waits for the gangs it preempted to release"
                 else:
-                    tkey = ("capacity", shape, policy.backfill)
-                    self._say(queued, self._text(tkey, capacity_reason, request, policy.backfill), decisions)
+                    tkey = ("capacity", shape, policy.backfill, self.inventory.drain_changes)
+                    text = self._text(tkey, capacity_reason, request, policy.backfill, self.inventory)
+                    self._say(queued, text, decisions)
                     why = "waits for capacity"
                 if waiting_first:
                     blocker, blocker_why = queued, why
@@ -557,9 +606,54 @@ class Policy:
             queued = self.pending.get(gang_id)
             if queued is None:
                 self._lost_waiters.discard(gang_id)
-            elif self._fit(queued.request)[0]:
+            elif self._fit(queued.request) in ("now", "drained"):  # no deadline while an operator decides
                 queued.lost_wait_since = None
                 self._lost_waiters.discard(gang_id)
+
+    # -- drained nodes ---------------------------------------------------------------------------------
+    def _drain(self, event: NodeDrained, decisions: list[Decision]) -> bool:
+        """Drain or undrain a node; True when what it offers changed. A drain preempts every preemptible
+        gang on the node whatever its age (the operator needs the node; ``min_runtime`` and the no-cycle
+        rule are about gangs taking each other's place), once: a gang already leaving keeps its notice.
+        Gangs that are not preemptible run there to their end."""
+        node = self.inventory.nodes.get(event.node_id)
+        if node is None:
+            return False
+        changed = self.inventory.set_offered(event.node_id, drained=event.drained, reason=event.reason)
+        if not event.drained:
+            return changed
+        grace = self.config.policy.preemption_grace
+        reason = draining_reason(event.node_id, node.drain_reason)
+        for gang_id in sorted(node.held):
+            running = self.running.get(gang_id)
+            if running is None or not running.preemptible or running.preemption is not None:
+                continue
+            running.preemption = _Notice("drain", event.node_id, "", self._now, grace)
+            decisions.append(
+                Preempted(gang_id=gang_id, by=event.node_id, by_tenant="", cause="drain", reason=reason, grace_s=grace)
+            )
+        return changed
+
+    def _wait_for_drain(self, queued: _Queued, decisions: list[Decision]) -> None:
+        """The head of a queue (one shape) that only drained nodes could hold: it waits for an operator to
+        undrain them, without a deadline and without holding up anyone else; the gangs behind it in its
+        queue say they are queued behind it."""
+        self._reserved.pop(queued.request.gang_id, None)  # nothing to keep free for it while it cannot fit
+        key = ("drained", queued.shape, self.inventory.topology)
+        self._say(queued, self._text(key, drained_wait_reason, queued.request, self.inventory), decisions)
+
+    def drain_report(self, node_id: str) -> dict[str, list[str]]:
+        """The running gangs on a node by what a drain does to them: ``leaving`` (preempted, not released
+        yet) and ``remaining`` (not preemptible: they run there to their end). O(gangs on the node)."""
+        node = self.inventory.nodes.get(node_id)
+        report: dict[str, list[str]] = {"leaving": [], "remaining": []}
+        for gang_id in sorted(node.held if node is not None else ()):
+            running = self.running.get(gang_id)
+            if running is not None and running.preemption is not None:
+                report["leaving"].append(gang_id)
+            elif running is not None and not running.preemptible:
+                report["remaining"].append(gang_id)
+        return report
 
     # -- preemption ------------------------------------------------------------------------------------
     def _preempt_for(self, queued: _Queued, decisions: list[Decision], *, timed: bool, defrag: bool = False) -> bool:
@@ -601,6 +695,7 @@ class Policy:
             cause = routes[running.request.gang_id]
             causes.append(cause)
             running.preempted_for = gang_id
+            running.preemption = _Notice(cause, gang_id, tenant, self._now, grace)
             self._evicted_for.setdefault(running.request.gang_id, set()).add(gang_id)
             reason = (
                 f"preempted ({cause}) to make room for gang {gang_id!r} of {tenant}, which needs "
@@ -690,7 +785,7 @@ class Policy:
 
         def rank(gang_id: str) -> tuple[bool, int, int] | None:
             r = self.running[gang_id]
-            if not r.preemptible or r.preempted_for is not None or gang_id in forbidden:
+            if not r.preemptible or r.preemption is not None or gang_id in forbidden:
                 return None
             cause = route(r)
             if cause is None:
@@ -766,7 +861,17 @@ class Policy:
             "seq": self._seq,
             "config": dump_queue_config(self.config),
             "nodes": [
-                [n.spec.node_id, n.spec.address, n.spec.gpus, n.spec.cpus, n.spec.mem, n.alive, n.last_seen, n.drained]
+                [
+                    n.spec.node_id,
+                    n.spec.address,
+                    n.spec.gpus,
+                    n.spec.cpus,
+                    n.spec.mem,
+                    n.alive,
+                    n.last_seen,
+                    n.drained,
+                    sid(n.drain_reason),
+                ]
                 for n in self.inventory.nodes.values()
             ],
             "running": [
@@ -780,6 +885,7 @@ class Policy:
                     r.preemptible,
                     r.backfill,
                     r.preempted_for,
+                    None if r.preemption is None else r.preemption.row(),
                 ]
                 for r in self.running.values()
             ],
@@ -832,12 +938,17 @@ class Policy:
         policy = cls(load_queue_config(data["config"]), node_ttl_s=data["ttl"])
         policy._now, policy._seq = data["now"], data["seq"]
         inventory = policy.inventory
-        for node_id, address, gpus, cpus, mem, alive, last_seen, drained in data["nodes"]:
+        # Rows grew at their end over time (the drain reason, the preemption notice): a snapshot from before
+        # a field was added still restores (runs in flight carry one across an upgrade).
+        for node_id, address, gpus, cpus, mem, alive, last_seen, drained, *more in data["nodes"]:
             spec = NodeSpec(node_id=node_id, address=address, gpus=gpus, cpus=cpus, mem=mem)
             inventory.register(spec, last_seen)
-            inventory.set_offered(node_id, alive=alive, drained=drained)
-        for r, nodes, seq, admit_seq, admitted_at, prio, preemptible, backfill, preempted_for in data["running"]:
+            reason = strings[more[0]] if more else ""
+            inventory.set_offered(node_id, alive=alive, drained=drained, reason=reason)
+        notices: dict[str, list[Any] | None] = {}
+        for r, nodes, seq, admit_seq, admitted_at, prio, preemptible, backfill, preempted_for, *more in data["running"]:
             request = req(r)
+            notices[request.gang_id] = more[0] if more else None
             placement = Placement(
                 gang_id=request.gang_id,
                 nodes=tuple(
@@ -879,4 +990,14 @@ class Policy:
         policy._topology_seen = inventory.topology  # the count restarts with the restored nodes
         policy._retry = dict(data["retry"])
         policy._evicted_for = {k: set(v) for k, v in data["evicted_for"].items()}
+        for gang_id, running in policy.running.items():
+            notice = notices[gang_id]
+            if notice is not None:
+                running.preemption = _Notice(*notice)
+            elif running.preempted_for is not None:  # an older snapshot: what it knew of the preemption
+                preemptor = policy.pending.get(running.preempted_for)
+                cause = preemptor.cause if preemptor is not None and "," not in preemptor.cause else ""
+                tenant = preemptor.request.tenant if preemptor is not None else ""
+                grace = policy.config.policy.preemption_grace
+                running.preemption = _Notice(cause, running.preempted_for, tenant, policy._now, grace)
         return policy

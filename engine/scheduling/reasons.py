@@ -20,6 +20,9 @@ __all__ = [
     "amount",
     "behind_reason",
     "capacity_reason",
+    "drained_wait_reason",
+    "draining",
+    "draining_reason",
     "lost_wait_expired_reason",
     "lost_wait_reason",
     "malformed_reason",
@@ -102,10 +105,6 @@ def _lost(inventory: Inventory) -> list[str]:
     return sorted(node_id for node_id, node in inventory.nodes.items() if not node.alive)
 
 
-def _drained(inventory: Inventory) -> list[str]:
-    return sorted(node_id for node_id, node in inventory.nodes.items() if node.drained)
-
-
 def _big_enough(request: GangRequest, inventory: Inventory, *, lost: bool) -> list[str]:
     """Ids of the offered nodes (``lost``: of the lost ones) that could hold one node's share when idle."""
     mc = millicores(request.cpus_per_node)
@@ -118,21 +117,22 @@ def _big_enough(request: GangRequest, inventory: Inventory, *, lost: bool) -> li
 
 
 def never_fits_reason(request: GangRequest, inventory: Inventory, count_lost: bool = False) -> str | None:
-    """Why the request cannot fit the offered nodes (with ``count_lost``: lost ones too) even with nothing
-    running, or None if it could."""
-    if inventory.count_fitting_idle(request, count_lost=count_lost) >= request.nnodes:
+    """Why the request cannot fit the offered nodes (with ``count_lost``: every registered node, the lost
+    and the drained ones too) even with nothing running, or None if it could."""
+    big = inventory.count_fitting_idle(request, count_lost=count_lost, count_drained=count_lost)
+    if big >= request.nnodes:
         return None
-    counted = [n.spec for _, n in sorted(inventory.nodes.items()) if n.offered or (count_lost and not n.alive)]
-    big = inventory.count_fitting_idle(request, count_lost=count_lost)
+    counted = [n.spec for _, n in sorted(inventory.nodes.items()) if n.offered or count_lost]
     lost = _lost(inventory)
-    drained = _drained(inventory)
-    if count_lost and lost:
-        of, tail = f"{_count(len(counted), 'registered node')} ({len(lost)} of them lost)", ""
+    drained = sorted(node_id for node_id, node in inventory.nodes.items() if node.drained)
+    if count_lost and (lost or drained):
+        out = [f"{len(lost)} of them lost"] if lost else []
+        out += [f"{len(drained)} drained"] if drained else []
+        of, tail = f"{_count(len(counted), 'registered node')} ({', '.join(out)})", ""
     else:
         of = _count(len(counted), "alive node")
         tail = f"; {_count(len(lost), 'lost node')} not counted: {_ids(lost)}" if lost else ""
-    if drained:
-        tail += f"; {_count(len(drained), 'drained node')} not counted: {_ids(drained)}"
+        tail += f"; {_count(len(drained), 'drained node')} not counted: {_ids(drained)}" if drained else ""
     if not counted:
         return f"rejected: needs {needs(request)}; no alive node is registered{tail}"
     largest = [_count(max(s.gpus for s in counted), "GPU"), _count(max(s.cpus for s in counted), "CPU")]
@@ -154,6 +154,44 @@ def lost_wait_reason(request: GangRequest, inventory: Inventory) -> str:
         f"even when idle: waiting for lost {'node' if len(lost) == 1 else 'nodes'} {_ids(lost)} to come back "
         f"(up to {_num(request.lost_node_wait_s)} s; gangs behind it may start meanwhile)"
     )
+
+
+def draining(node_id: str, reason: str) -> str:
+    """``"node-1 is drained (maintenance)"``, or without the parenthesis when the operator gave no reason."""
+    return f"{node_id} is drained ({reason})" if reason else f"{node_id} is drained"
+
+
+def draining_reason(node_id: str, reason: str) -> str:
+    """Why a gang on a node being drained is preempted: ``"node node-1 is draining (maintenance)"``."""
+    return f"node {node_id} is draining ({reason})" if reason else f"node {node_id} is draining"
+
+
+def drained_wait_reason(request: GangRequest, inventory: Inventory) -> str:
+    """Why a gang that only drained nodes could hold waits: for an operator to undrain them (no deadline;
+    it does not hold up the queue meanwhile). Names the drained nodes big enough and the operator's reasons."""
+    mc = millicores(request.cpus_per_node)
+    big = [
+        (node_id, node)
+        for node_id, node in sorted(inventory.nodes.items())
+        if node.fits_idle(request.gpus_per_node, mc, request.mem_per_node)
+    ]
+    offered = sum(1 for _, node in big if node.offered)
+    drained = [
+        draining(node_id, node.drain_reason) + ("" if node.alive else " and lost")
+        for node_id, node in big
+        if node.drained
+    ]
+    alive = sum(1 for _, node in big if node.alive)
+    them = "it" if len(drained) == 1 else "them"
+    text = (
+        f"pending: needs {needs(request)}; only {offered} offered {'node is' if offered == 1 else 'nodes are'} big "
+        f"enough even when idle, and {_ids(drained)}: waiting for an operator to undrain {them}"
+    )
+    if alive < request.nnodes:  # lost nodes are needed too
+        lost = [node_id for node_id, node in big if not node.alive and not node.drained]
+        if lost:
+            text += f" and for lost {'node' if len(lost) == 1 else 'nodes'} {_ids(lost)} to come back"
+    return text + " (gangs behind it may start meanwhile)"
 
 
 def lost_wait_expired_reason(request: GangRequest, inventory: Inventory) -> str:
@@ -189,12 +227,23 @@ def quota_reason(tenant: str, blocked: Blocked, cohort: str | None, request: Gan
     return f"pending: {tenant} is at its quota of {quota} and cannot borrow: cohort {cohort} has {idle} idle{tail}"
 
 
-def capacity_reason(request: GangRequest, backfill: bool) -> str:
-    """Why a gang the tenant's quota allows does not fit the nodes now."""
+def capacity_reason(request: GangRequest, backfill: bool, inventory: Inventory | None = None) -> str:
+    """Why a gang the tenant's quota allows does not fit the nodes now; names the drained nodes that could
+    hold it (an operator may want to know what a drain costs). O(drained nodes)."""
     where = "no node has" if request.nnodes == 1 else f"fewer than {request.nnodes} nodes have"
     reason = f"pending: waiting for capacity: needs {needs(request)}; {where} {per_node(request)} free"
     if backfill and request.gpus_per_node:
         reason += " (smaller gangs may use the idle GPUs meanwhile, preemptibly, until this gang fits)"
+    if inventory is not None and inventory.drained:
+        mc = millicores(request.cpus_per_node)
+        nodes = [(node_id, inventory.nodes[node_id]) for node_id in sorted(inventory.drained)]
+        big = [
+            draining(i, n.drain_reason)
+            for i, n in nodes
+            if n.fits_idle(request.gpus_per_node, mc, request.mem_per_node)
+        ]
+        if big:
+            reason += f"; {_ids(big)}"
     return reason
 
 

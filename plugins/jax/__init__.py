@@ -8,6 +8,7 @@ Each process gets Kubeflow Trainer's names (``JAX_COORDINATOR_ADDRESS``, ``JAX_N
 ``jax.distributed.initialize`` is called with those values (JAX reads only the address from the
 environment) and a bounded heartbeat: JAX's default of 100 s keeps a survivor alive long after its
 peer died. gangflow stops the gang itself as soon as any process dies, whatever JAX's timeouts say.
+A preemption notice comes as SIGUSR1, since JAX traps SIGTERM (``notice_signal``).
 jax is imported only inside a rank.
 """
 
@@ -30,6 +31,12 @@ class Jax(GangPlugin):
     heartbeat_timeout: int = 10
     #: seconds to wait for every process to join
     init_timeout: int = 120
+    #: the preemption notice: JAX's own preemption notifier traps SIGTERM after ``jax.distributed.initialize``
+    #: (the process neither stops nor lets ``engine.checkpoint.stop_requested()`` see it), so the notice comes
+    #: as SIGUSR1. ``notice_signal="SIGTERM"`` hands it to JAX instead, for
+    #: ``jax.experimental.multihost_utils.reached_preemption_sync_point`` (Orbax); ``engine.preemption()``
+    #: still reads the notice file then.
+    notice_signal: str = "SIGUSR1"
 
     def __post_init__(self) -> None:
         if self.heartbeat_timeout <= 0 or self.init_timeout <= 0:

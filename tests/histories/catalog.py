@@ -59,6 +59,7 @@ SCENARIOS: dict[str, str] = {
     "task_retries": "a plain task that fails twice, then succeeds under its retry policy",
     "worker_lost": "the worker SIGKILLed mid-task: the task is started again (worker lost, not a retry)",
     "reclaim": "two tenants: team-a borrows, team-b reclaims (a gang preempted, resumed from its checkpoint)",
+    "drain": "a node drained under a gang: preemption notice, checkpoint at the notice, resumed on the other node",
     "scheduler_continue_as_new": "two gangs while the Scheduler continues as new every few events",
 }
 

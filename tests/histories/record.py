@@ -364,6 +364,18 @@ async def _reclaim(ctx: Context) -> None:
     _check(kinds == ["preempted"], f"reclaim: one team-a gang should have been preempted once, got {kinds}")
 
 
+@scenario("drain", nodes=2)  # the gang's node is drained under it: notice, checkpoint, moved to the other node
+async def _drain(ctx: Context) -> None:
+    inputs = {"steps": 80, "checkpoint_every": 1000, "step_seconds": 0.1}  # no periodic checkpoint: only the notice's
+    run_id = await ctx.client.start(multitenant.pipeline, inputs, run_id="drained")
+    gang = await _gang_running(ctx.client, f"{run_id}.train-1", ranks=2, min_step=10)
+    await ctx.client.drain_node(gang["nodes"][0]["node"], reason="maintenance")
+    result = await ctx.client.result(run_id, multitenant.pipeline)
+    _check(result.attempt == 1 and result.first_step > 0, f"drain: did not resume: {result}")
+    kinds = [a["kind"] for a in (await ctx.client.gang(f"{run_id}.train-1"))["failed_attempts"]]
+    _check(kinds == ["preempted"], f"drain: the gang should have been preempted once, got {kinds}")
+
+
 # -- export -------------------------------------------------------------------------------------------
 async def _settle(ctx: Context) -> None:
     """Wait until every execution but the Scheduler has closed and the Scheduler has handled its last

@@ -89,3 +89,64 @@ def test_sigterm_waits_only_for_a_rank_that_checks(tmp_path, watching):
         assert proc.returncode == 0 and "saved" in out
     else:
         assert proc.returncode == -signal.SIGTERM  # SIGTERM's default: gone at once
+
+
+NOTICE = {
+    "deadline": 2_000_000_000.0,
+    "grace_s": 120.0,
+    "reason": "node n1 is draining (maintenance)",
+    "cause": "drain",
+    "by": "n1",
+    "by_tenant": "",
+}
+
+
+def test_preemption_reads_the_notice_file(tmp_path, monkeypatch):
+    notice = tmp_path / "notice.json"
+    monkeypatch.setenv(checkpoint.NOTICE_FILE_ENV, str(notice))
+    assert checkpoint.preemption() is None  # no notice yet
+    notice.write_text("{not json")  # torn or foreign: not a notice
+    assert checkpoint.preemption() is None
+    notice.write_text(json.dumps(NOTICE))
+    got = checkpoint.preemption()
+    assert got is not None and (got.cause, got.by, got.grace_s) == ("drain", "n1", 120.0)
+    assert got.reason == "node n1 is draining (maintenance)" and got.seconds_left() > 0
+    monkeypatch.delenv(checkpoint.NOTICE_FILE_ENV)
+    assert checkpoint.preemption() is None  # not a rank
+
+
+@pytest.mark.parametrize("notice_signal", ["SIGTERM", "SIGUSR1"])
+def test_the_notice_signal_and_file_reach_a_rank_that_checks(tmp_path, notice_signal):
+    """A rank that checks stop_requested() sees the notice whatever signal the plugin chose, and reads the
+    deadline and reason with engine.preemption(); a rank that does not check stops at once."""
+    notice = tmp_path / "notice.json"
+    code = (
+        "import sys, time\n"
+        "import engine\n"
+        "from engine.checkpoint import stop_requested\n"
+        "stop_requested()\n"
+        "print('ready', flush=True)\n"
+        "for _ in range(200):\n"
+        "    time.sleep(0.05)\n"
+        "    if stop_requested():\n"
+        "        print('saved', engine.preemption().reason, flush=True); sys.exit(0)\n"
+        "sys.exit(3)\n"
+    )
+    env = {**os.environ, checkpoint.NOTICE_FILE_ENV: str(notice), checkpoint.NOTICE_SIGNAL_ENV: notice_signal}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "ready"
+    notice.write_text(json.dumps(NOTICE))  # the node agent writes the file first, then signals
+    proc.send_signal(getattr(signal, notice_signal))
+    out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and "saved node n1 is draining (maintenance)" in out, out
+
+
+def test_a_notice_file_alone_is_seen(tmp_path, monkeypatch):
+    """Where the signal cannot reach the handler (a framework took the signal over), the file still tells."""
+    notice = tmp_path / "notice.json"
+    monkeypatch.setenv(checkpoint.NOTICE_FILE_ENV, str(notice))
+    monkeypatch.setattr(checkpoint, "_stop", False)
+    monkeypatch.setattr(checkpoint, "_watching", True)  # no handler in the test process itself
+    assert not checkpoint.stop_requested()
+    notice.write_text(json.dumps(NOTICE))
+    assert checkpoint.stop_requested()

@@ -311,3 +311,40 @@ def test_cli_run_refuses_an_oversized_bundle_with_exit_2_before_connecting(tmp_p
     error = " ".join(done.stderr.split())
     assert "weights.bin (25.0 MB)" in error and ".gangflowignore" in error
     assert "Traceback" not in error
+
+
+def test_two_projects_with_the_same_module_names_load_their_own_code(tmp_path: Path) -> None:
+    """One process (a notebook, a test session) loads two projects, each with its own flows.py and tasks.py:
+    the second load gets the second project's workflow and tasks, and its run ships the second project's
+    code, not the first one's again."""
+    code = (
+        "import sys\n"
+        "from engine.client import load_workflow_file, prepare_run\n"
+        "from engine.core import definition_of\n"
+        "for folder in sys.argv[1:]:\n"
+        "    wf = load_workflow_file(folder + '/flows.py:wf')\n"
+        "    _, envelope = prepare_run(wf, {'n': 1}, artifacts=folder + '/artifacts')\n"
+        "    add = definition_of(sys.modules['tasks'].add)\n"
+        "    print(sys.modules['tasks'].__file__, [p.name for p in add.interface.params], envelope.code.bundle_sha[:12])\n"
+    )
+    for name, params in (("a", "n: int"), ("b", "n: int, x: int = 5")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "flows.py").write_text(
+            "from engine import workflow\nfrom tasks import add\n\n\n@workflow\nasync def wf(n: int) -> int:\n"
+            "    return await add(n=n)\n"
+        )
+        tasks = f"from engine import task\n\n\n@task\ndef add({params}) -> int:\n    return 0\n"
+        (folder / "tasks.py").write_text(tasks)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "a"), str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first.startswith(f"{tmp_path / 'a' / 'tasks.py'} ['n'] ")
+    assert second.startswith(f"{tmp_path / 'b' / 'tasks.py'} ['n', 'x'] ")
+    shas = {first.split()[-1], second.split()[-1]}
+    assert len(shas) == 2  # each run is pinned to its own project's bundle

@@ -551,6 +551,7 @@ def test_describe_summarizes_nodes_running_and_pending() -> None:
         "backfill": False,
         "preempting": False,
         "preempted_for": None,
+        "preempted": None,
         "admitted_at": 0.0,
         "nnodes": 1,
         "gpus_per_node": 1,

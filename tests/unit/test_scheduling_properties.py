@@ -1,11 +1,13 @@
 """Property tests of the scheduling policy: random streams of submits (random tenants, priority classes and
 shapes), releases (of running, pending and preempted gangs, which then come back), node losses and returns,
-ticks with an advancing clock, and configuration changes.
+drains and undrains, ticks with an advancing clock, and configuration changes.
 
 After every step the test checks the decisions against its *own* bookkeeping, recomputed from the
 decisions alone (not from the policy's state): no GPU held twice, every admission within its tenant's
 quota, borrowing limit and cohort pool, every victim a whole running preemptible gang old enough to
-preempt and preempted once, no preemption cycle, reasons sent only when they change. It also checks that a
+preempt and preempted once, no preemption cycle, reasons sent only when they change; a drain preempts
+every preemptible gang on its node and nothing more, nothing is placed on a drained node, and no gang is
+rejected for a drain. It also checks that a
 policy restored from a snapshot, and the same stream replayed on a fresh policy, decide exactly alike.
 """
 
@@ -26,6 +28,7 @@ from engine.scheduling import (
     GangReleased,
     GangRequest,
     GangSubmitted,
+    NodeDrained,
     NodeLost,
     NodeRegistered,
     NodeSpec,
@@ -118,9 +121,10 @@ class World:
     config: QueueConfig
     specs: dict[str, NodeSpec] = field(default_factory=dict)
     alive: set[str] = field(default_factory=set)
+    drained: set[str] = field(default_factory=set)
     running: dict[str, Held] = field(default_factory=dict)
     pending: dict[str, GangRequest] = field(default_factory=dict)
-    preempting: dict[str, str] = field(default_factory=dict)  # victim -> the gang it makes room for
+    preempting: dict[str, str] = field(default_factory=dict)  # victim -> the gang (or drained node) it leaves for
     first_submitted: dict[str, int] = field(default_factory=dict)
     pairs: set[tuple[str, str]] = field(default_factory=set)  # (preemptor, victim), ever
     reasons: dict[str, str] = field(default_factory=dict)
@@ -130,6 +134,11 @@ class World:
     def tick(self) -> int:
         self.counter += 1
         return self.counter
+
+    def fitting_idle(self, request: GangRequest) -> int:
+        """How many registered nodes (lost and drained ones too) could hold one node's share when idle."""
+        mc = round(request.cpus_per_node * 1000)
+        return sum(1 for s in self.specs.values() if s.gpus >= request.gpus_per_node and round(s.cpus * 1000) >= mc)
 
     def used(self, tenant: str) -> list[int]:
         total = [0, 0, 0]
@@ -204,6 +213,7 @@ def check_step(world: World, event: Event, decisions: list[Decision]) -> None:
             assert [a.node_rank for a in nodes] == list(range(request.nnodes))
             for a in nodes:
                 assert a.node_id in world.alive, f"{gang_id} placed on lost node {a.node_id}"
+                assert a.node_id not in world.drained, f"{gang_id} placed on drained node {a.node_id}"
                 ids = set(a.gpu_ids)
                 assert len(ids) == len(a.gpu_ids) == request.gpus_per_node
                 assert ids <= set(range(world.specs[a.node_id].gpus))
@@ -228,6 +238,13 @@ def check_step(world: World, event: Event, decisions: list[Decision]) -> None:
             held = victim_held
             assert victim not in world.preempting, f"{victim} preempted again while it makes room for {by}"
             assert held.preemptible, f"{victim} is not preemptible"
+            assert d.grace_s == policy_cfg.preemption_grace
+            if d.cause == "drain":
+                # whatever its age, for the node being drained, which it holds a share of
+                assert isinstance(event, NodeDrained) and event.drained and by == event.node_id, (event, d)
+                assert by in held.gpus and d.by_tenant == "" and d.reason.startswith(f"node {by} is draining")
+                world.preempting[victim] = by
+                continue
             assert world.now - held.admitted_at >= policy_cfg.min_runtime, f"{victim} preempted too young"
             assert by in world.pending, f"{victim} preempted for {by}, which is not waiting"
             assert (victim, by) not in world.pairs, f"preemption cycle: {by} preempts {victim}, which preempted it"
@@ -250,7 +267,6 @@ def check_step(world: World, event: Event, decisions: list[Decision]) -> None:
                 # defrag: a smaller gang of no higher priority moves to idle GPUs elsewhere to make room
                 assert d.cause == "defrag", d.cause
                 assert held.prio <= prio and demand(held.request)[0] < demand(preemptor)[0]
-            assert d.grace_s == policy_cfg.preemption_grace
             assert by in d.reason and d.cause in d.reason
             world.preempting[victim] = by
             world.pairs.add((by, victim))
@@ -259,6 +275,8 @@ def check_step(world: World, event: Event, decisions: list[Decision]) -> None:
             world.reasons.pop(d.gang_id, None)
             if submitted is not None and d.gang_id == submitted.gang_id:
                 assert d.reason.startswith("rejected: ")  # refused at once, as it arrives
+                if "even when idle" in d.reason:  # too big: for every node, drained (and lost) ones included
+                    assert world.fitting_idle(submitted) < submitted.nnodes, d.reason
             elif not (isinstance(event, ConfigApplied) and d.reason.startswith("rejected: ")):
                 # a queued gang is dropped only when its tenant or class is gone or it no longer fits the
                 # new configuration, or when its wait for lost nodes ran out
@@ -288,8 +306,26 @@ def apply_event(world: World, event: Event) -> None:
     elif isinstance(event, NodeRegistered):
         world.specs[event.spec.node_id] = event.spec
         world.alive.add(event.spec.node_id)
+    elif isinstance(event, NodeDrained):
+        if event.drained:
+            world.drained.add(event.node_id)
+        else:
+            world.drained.discard(event.node_id)
     elif isinstance(event, ConfigApplied):
         world.config = event.config
+
+
+def check_drain(world: World, event: Event, decisions: list[Decision], leaving: set[str]) -> None:
+    """A drain preempted exactly the preemptible gangs on its node that were not leaving already."""
+    if not (isinstance(event, NodeDrained) and event.drained):
+        return
+    expected = {
+        g for g, held in world.running.items() if event.node_id in held.gpus and held.preemptible and g not in leaving
+    }
+    # (the same step may admit or preempt for other gangs: one that only the drained node could hold no
+    # longer holds up the queue)
+    got = {d.gang_id for d in decisions if isinstance(d, Preempted) and d.cause == "drain"}
+    assert got == expected, f"drain of {event.node_id} preempted {sorted(got)}, expected {sorted(expected)}"
 
 
 # ---------------------------------------------------------------- the stream
@@ -298,7 +334,8 @@ def apply_event(world: World, event: Event) -> None:
 @st.composite
 def next_events(draw: st.DrawFn, world: World, gangs: dict[str, GangRequest]) -> list[Event]:
     """One operation (one or two events), chosen from what the test's model says exists."""
-    ops = ["submit"] * 6 + ["finish"] * 3 + ["come-back"] * 2 + ["withdraw", "lose", "return", "tick", "config"]
+    ops = ["submit"] * 6 + ["finish"] * 3 + ["come-back"] * 2
+    ops += ["withdraw", "lose", "return", "tick", "config", "drain", "undrain"]
     op = draw(st.sampled_from(ops))
     finishing = sorted(g for g in world.running if g not in world.preempting)
     if op == "finish" and finishing:
@@ -313,6 +350,11 @@ def next_events(draw: st.DrawFn, world: World, gangs: dict[str, GangRequest]) ->
         return [NodeLost(node_id=draw(st.sampled_from(sorted(world.alive))))]
     if op == "return" and set(world.specs) - world.alive:
         return [NodeRegistered(spec=world.specs[draw(st.sampled_from(sorted(set(world.specs) - world.alive)))])]
+    if op == "drain" and world.specs:
+        node_id = draw(st.sampled_from(sorted(world.specs)))
+        return [NodeDrained(node_id=node_id, drained=True, reason=draw(st.sampled_from(["", "maintenance"])))]
+    if op == "undrain" and world.drained:
+        return [NodeDrained(node_id=draw(st.sampled_from(sorted(world.drained))), drained=False)]
     if op == "tick":
         return [Tick()]
     if op == "config":
@@ -352,8 +394,10 @@ def drive(data: st.DataObject, extra: StepCheck | None = None) -> tuple[QueueCon
         if twin is None and len(log) >= restore_at:
             # a continue-as-new at this point: the restored policy must decide exactly as the original
             twin = Policy.restore(json.loads(json.dumps(policy.snapshot())))
+        leaving = set(world.preempting)
         apply_event(world, event)
         decisions = policy.step(event, world.now)
+        check_drain(world, event, decisions, leaving)
         check_step(world, event, decisions)
         if twin is not None:
             assert twin.step(event, world.now) == decisions, f"the restored policy decided otherwise on {event}"

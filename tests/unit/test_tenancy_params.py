@@ -36,6 +36,12 @@ class Gang(GangPlugin):
     def __init__(self, nnodes: int = 2, nproc_per_node: int = 1) -> None:
         self.nnodes, self.nproc_per_node = nnodes, nproc_per_node
 
+    @classmethod
+    def notice(cls, signal_name: str) -> Gang:
+        gang = cls()
+        gang.notice_signal = signal_name
+        return gang
+
 
 @task(plugin=Gang(), resources=Resources(gpu=1), priority="high", preemptible=False)
 def train(n: int) -> int:
@@ -111,6 +117,7 @@ def test_a_distributed_task_carries_its_priority_and_preemptibility():
         ({"priority": "high"}, "priority applies to distributed tasks (plugin=...) only"),
         ({"preemptible": False}, "preemptible applies to distributed tasks (plugin=...) only"),
         ({"preemptible": True}, "preemptible applies to distributed tasks (plugin=...) only"),
+        ({"preemption_grace": 30}, "preemption_grace applies to distributed tasks (plugin=...) only"),
     ],
 )
 def test_priority_and_preemptible_are_for_distributed_tasks_only(options: dict[str, Any], message: str):
@@ -129,16 +136,35 @@ def test_priority_and_preemptible_are_for_distributed_tasks_only(options: dict[s
         ({"priority": 100}, "got 100"),
         ({"preemptible": 0}, "preemptible must be True or False, got 0"),
         ({"preemptible": "no"}, "preemptible must be True or False, got 'no'"),
+        ({"preemption_grace": 0}, "preemption_grace must be positive, got 0"),
+        ({"preemption_grace": -5}, "preemption_grace must be positive, got -5"),
+        ({"preemption_grace": 2 * 86400}, "preemption_grace must be at most 1 day, 0:00:00, got 2 days"),
+        ({"plugin": Gang.notice("SIGKILL")}, "notice_signal must be one of SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP"),
     ],
 )
 def test_bad_priority_or_preemptible_fail_at_decoration(options: dict[str, Any], message: str):
     with pytest.raises(DefinitionError) as caught:
 
-        @task(plugin=Gang(), **options)
+        @task(**{"plugin": Gang(), **options})
         def gang(n: int) -> int:
             return n
 
     assert str(caught.value).startswith("task 'gang': ") and message in str(caught.value)
+
+
+def test_a_distributed_task_carries_its_preemption_grace_and_its_plugins_notice_signal():
+    from datetime import timedelta
+
+    from plugins.jax import Jax
+
+    @task(plugin=Jax(), preemption_grace=timedelta(minutes=5))
+    def jax_train(n: int) -> int:
+        return n
+
+    defn = definition_of(jax_train)
+    assert defn.preemption_grace == timedelta(minutes=5) and defn.plugin.notice_signal == "SIGUSR1"
+    assert definition_of(train).preemption_grace is None  # the cluster's default applies
+    assert Jax(notice_signal="SIGTERM").notice_signal == "SIGTERM"  # hand the notice to JAX's own notifier
 
 
 @pytest.mark.parametrize(

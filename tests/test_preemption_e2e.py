@@ -1,0 +1,504 @@
+"""Checkpoint-aware preemption end to end, on real node agents (a stack of its own: dev server, worker and two
+node agents with two GPU slots each; tenants team-a and team-b of 2 GPUs each in one cohort).
+
+- reclaim: team-a borrows the whole cluster, team-b submits; the notice reaches team-a's ranks, they save a
+  checkpoint *at the step they reached* (the task saves no periodic checkpoint) and exit, the GPUs go to
+  team-b within seconds, and team-a's gang resumes from that step and completes with every step applied once
+  and no restart spent. The Scheduler continues as new every few events meanwhile.
+- a rank that ignores the notice is killed when its task's ``preemption_grace`` ends; while it runs out, the
+  gang's status and the Temporal UI's current-details line say so, and the gang resumes from its last
+  periodic checkpoint.
+- a ``preemptible=False`` gang is never chosen: the preemptor waits, saying why.
+- a node lost *during* the grace period does not hold up the release: the preemption stays a preemption (no
+  restart spent), the node is reported lost, and everything completes once the node is back.
+- a rank whose save fails after the notice is still preempted, not failed; a JAX gang (which traps SIGTERM)
+  gets its notice as SIGUSR1 and leaves in time.
+- ``gangflow node drain`` moves a running gang to the other node through a checkpoint; a gang whose only
+  usable node is drained waits, saying so, and starts after ``gangflow node undrain``.
+
+The ranks are a small two-module project whose "training" is a counter checkpointed with
+``engine.checkpoint`` (no torch: cheap on a 2-core machine); examples/multitenant.py (torch DDP) is run by
+tests/test_tenancy_e2e.py and the benchmark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from conftest import Stack, gangflow_cli, run
+from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.service import RPCError
+
+from engine.client import Client, load_workflow_file
+from workflows.scheduler import SCHEDULER_ID
+
+pytestmark = pytest.mark.slow
+
+T = TypeVar("T")
+BOUND = 90.0  # how long a gang may take to start, stop or finish on a busy 2-core machine
+GRACE = 30  # the cluster's preemption grace in this file (a task may set its own)
+
+CONFIG: dict[str, Any] = {
+    "cohorts": [{"name": "research"}],
+    "tenants": [
+        {"name": "team-a", "cohort": "research", "quota": {"gpu": 2}},
+        {"name": "team-b", "cohort": "research", "quota": {"gpu": 2}},
+    ],
+    "priority_classes": [{"name": "low", "value": 10}, {"name": "high", "value": 100, "preemptible": False}],
+    "policy": {"min_runtime": "1s", "preemption_grace": f"{GRACE}s"},
+}
+
+TASKS = """
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from engine import GangPlugin, Resources, checkpoint, report, task
+from plugins.jax import Jax
+
+
+@dataclass(frozen=True)
+class Gang(GangPlugin):
+    nnodes: int = 1
+    nproc_per_node: int = 1
+
+
+def _train(steps: int, every: int, save_s: float, cooperate: bool, fail_save: bool = False) -> dict:
+    latest = checkpoint.load_latest()
+    start, applied = latest if latest is not None else (0, 0)
+    rank = int(os.environ["RANK"])
+    for step in range(start, steps):
+        if cooperate and checkpoint.stop_requested():
+            notice = checkpoint.preemption()
+            time.sleep(save_s)  # a big model takes a while to save
+            if fail_save:
+                raise OSError("could not save the checkpoint: disk full")
+            checkpoint.save(applied, step=step)
+            print(f"rank {rank}: {notice.reason if notice else 'stop'}: saved step {step}", flush=True)
+            return {}
+        applied += 1
+        report(step=step + 1)
+        time.sleep(0.1)
+        if (step + 1) % every == 0:
+            checkpoint.save(applied, step=step + 1)
+    return {"first": start, "applied": applied, "attempt": int(os.environ["GANGFLOW_ATTEMPT"]), "rank": rank}
+
+
+@task(plugin=Gang(), resources=Resources(gpu=2))
+def train(steps: int, every: int = 1000, save_s: float = 0.0) -> dict:
+    return _train(steps, every, save_s, True)
+
+
+@task(plugin=Gang(), resources=Resources(gpu=2), preemption_grace=4)
+def stubborn(steps: int, every: int) -> dict:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the notice is ignored: killed when the grace ends
+    return _train(steps, every, 0.0, False)
+
+
+@task(plugin=Gang(), resources=Resources(gpu=2), preemptible=False)
+def steady(steps: int) -> dict:
+    return _train(steps, 1000, 0.0, True)
+
+
+@task(plugin=Gang(), resources=Resources(gpu=2))
+def fragile(steps: int) -> dict:
+    return _train(steps, 10, 0.0, True, fail_save=True)
+
+
+@task(plugin=Jax(nnodes=1, nproc_per_node=2), resources=Resources(gpu=2))
+def jax_train(steps: int) -> dict:
+    import jax.numpy as jnp  # JAX traps SIGTERM once initialised: the notice comes as SIGUSR1
+
+    total = jnp.zeros(())
+    out = _train(steps, 1000, 0.0, True)
+    return {**out, "total": float(total)}
+
+
+@task(plugin=Gang(nnodes=2), resources=Resources(gpu=1))
+def wide(steps: int, save_s: float = 0.0) -> dict:
+    return _train(steps, 1000, save_s, True)
+"""
+
+FLOWS = """
+from engine import workflow
+
+from lab_tasks import fragile, jax_train, steady, stubborn, train, wide
+
+
+@workflow
+async def fragile_run(steps: int) -> dict:
+    return await fragile(steps=steps)
+
+
+@workflow
+async def jax_run(steps: int) -> dict:
+    return await jax_train(steps=steps)
+
+
+@workflow
+async def trained(steps: int, every: int = 1000, save_s: float = 0.0) -> dict:
+    return await train(steps=steps, every=every, save_s=save_s)
+
+
+@workflow
+async def stubborn_run(steps: int, every: int) -> dict:
+    return await stubborn(steps=steps, every=every)
+
+
+@workflow
+async def steady_run(steps: int) -> dict:
+    return await steady(steps=steps)
+
+
+@workflow
+async def wide_run(steps: int, save_s: float = 0.0) -> dict:
+    return await wide(steps=steps, save_s=save_s)
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    # the Scheduler continues as new every few events: preemptions cross continue-as-new all the time
+    os.environ["GANGFLOW_SCHEDULER_EVENTS_PER_RUN"] = "3"
+    try:
+        built = Stack(tmp_path_factory.mktemp("preemption"), "p", count=2, gpus=2)
+    finally:
+        del os.environ["GANGFLOW_SCHEDULER_EVENTS_PER_RUN"]
+    try:
+        run(built.wait_nodes())
+        yield built
+    finally:
+        built.close()
+
+
+@pytest.fixture(scope="module")
+def flows(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("preemption-project")
+    (folder / "lab_tasks.py").write_text(TASKS)
+    (folder / "lab_flows.py").write_text(FLOWS)
+    return folder / "lab_flows.py"
+
+
+async def until(what: str, probe: Callable[[], Awaitable[T | None]], timeout: float = BOUND) -> T:
+    """Poll ``probe`` until it returns something other than None (or False); returns that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = await probe()
+        except RPCError:  # a workflow not started yet
+            value = None
+        if value is not None and value is not False:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        await asyncio.sleep(0.2)
+
+
+def gang_of(run_id: str, task: str) -> str:
+    return f"{run_id}.{task}-1"
+
+
+async def step_of(client: Client, gang_id: str) -> int:
+    """The lowest step the gang's ranks reported (-1 before every rank reported)."""
+    gang = await client.gang(gang_id)
+    steps = [p.get("step", -1) for node in gang["nodes"] for p in node.get("progress", {}).values()]
+    return min(steps) if steps else -1
+
+
+async def details(client: Client, workflow_id: str) -> str:
+    """What the Temporal UI shows as the workflow's current details."""
+    metadata = await client.temporal.get_workflow_handle(workflow_id).query(
+        "__temporal_workflow_metadata", result_type=WorkflowMetadata
+    )
+    return str(metadata.current_details)
+
+
+async def start(client: Client, flows: Path, name: str, inputs: dict[str, Any], **options: Any) -> str:
+    return await client.start(load_workflow_file(f"{flows}:{name}"), inputs, **options)
+
+
+async def result(client: Client, flows: Path, run_id: str, name: str) -> dict[str, Any]:
+    return dict(await asyncio.wait_for(client.result(run_id, load_workflow_file(f"{flows}:{name}")), BOUND * 2))
+
+
+async def scheduler_runs(client: Client) -> int:
+    """How many runs the Scheduler's workflow id has had (each continue-as-new starts one)."""
+    return len([w async for w in client.temporal.list_workflows(f"WorkflowId = '{SCHEDULER_ID}'")])
+
+
+async def settled(stack: Stack) -> None:
+    # a GangRun's release reaches the Scheduler as a signal, possibly just after its run's result
+    await stack.wait_for("every gang released", lambda q: q["totals"]["running"] == q["totals"]["pending"] == 0)
+
+
+def test_reclaim_saves_at_the_notice_frees_the_gpus_at_once_and_resumes(stack: Stack, flows: Path) -> None:
+    async def main() -> None:
+        client = await stack.client()
+        await client.apply_queues(CONFIG)
+        # team-a borrows the whole cluster; its tasks save no periodic checkpoint (every=1000)
+        a_runs = [await start(client, flows, "trained", {"steps": 400}, tenant="team-a") for _ in range(2)]
+        a_gangs = [gang_of(r, "train") for r in a_runs]
+        for gang_id in a_gangs:
+
+            async def trained_a_bit(g: str = gang_id) -> bool:
+                return await step_of(client, g) >= 5
+
+            await until(f"{gang_id} training", trained_a_bit)
+
+        b_run = await start(client, flows, "trained", {"steps": 20}, tenant="team-b")
+        noticed = time.monotonic()
+        b_gang = gang_of(b_run, "train")
+
+        async def victim() -> str | None:
+            for gang_id in a_gangs:
+                if (await client.gang(gang_id)).get("preemptions"):
+                    return gang_id
+            return None
+
+        async def b_running() -> bool:
+            return b_gang in {g["gang_id"] for g in (await client.queue())["running"]}
+
+        runs_before = await scheduler_runs(client)
+        preempted = await until("a team-a gang preempted", victim)
+        await until("team-b's gang running", b_running)
+        # the ranks saved and left at once: far sooner than the 30 s grace
+        assert time.monotonic() - noticed < 25, time.monotonic() - noticed
+        assert await scheduler_runs(client) > runs_before  # the Scheduler continued as new meanwhile
+
+        b = await result(client, flows, b_run, "trained")
+        assert (b["attempt"], b["applied"]) == (0, 20), b
+        for run_id, gang_id in zip(a_runs, a_gangs, strict=True):
+            a = await result(client, flows, run_id, "trained")
+            info = await client.gang(gang_id)
+            assert info["restarts"] == 0 and info["status"] == "COMPLETED", info
+            if gang_id != preempted:
+                assert (a["attempt"], a["first"], a["applied"]) == (0, 0, 400), a
+                continue
+            # resumed from the step the notice found (no periodic checkpoint exists), every step applied once
+            assert a["attempt"] == 1 and a["first"] > 0 and a["applied"] == 400, a
+            (attempt,) = info["failed_attempts"]
+            assert attempt["kind"] == "preempted", attempt
+            assert attempt["reason"].startswith(f"preempted by {b_gang} of team-b (reclaim): the ranks exited ")
+            assert info["preemptions"] == 1 and info["preemption"] is None, info
+        await settled(stack)
+
+    run(main())
+
+
+def test_a_rank_that_ignores_the_notice_is_killed_when_the_grace_ends(stack: Stack, flows: Path) -> None:
+    async def main() -> None:
+        client = await stack.client()
+        await client.apply_queues(CONFIG)
+        # team-a's stubborn gang (grace 4 s, checkpoints every 10 steps) and a second gang fill the cluster
+        low = await start(client, flows, "stubborn_run", {"steps": 120, "every": 10}, tenant="team-a", priority="low")
+        other = await start(client, flows, "trained", {"steps": 60}, tenant="team-b")
+        gang = gang_of(low, "stubborn")
+
+        async def past_a_checkpoint() -> bool:
+            return await step_of(client, gang) >= 12
+
+        await until("the stubborn gang past its first checkpoint", past_a_checkpoint)
+        high = await start(client, flows, "trained", {"steps": 10}, tenant="team-a", priority="high")
+
+        async def in_grace() -> dict[str, Any] | None:
+            info = await client.gang(gang)
+            return info if info.get("preemption") else None
+
+        info = await until("the notice sent", in_grace)
+        notice = info["preemption"]
+        assert notice["grace_s"] == 4 and notice["cause"] == "priority", notice
+        line = await details(client, gang)
+        assert line.startswith("attempt 0: preempted (priority by team-a): saving checkpoint, "), line
+        assert line.endswith(" of 4 s grace"), line
+
+        low_result = await result(client, flows, low, "stubborn_run")
+        info = await client.gang(gang)
+        (attempt,) = info["failed_attempts"]
+        assert attempt["kind"] == "preempted" and "killed" in attempt["reason"], attempt
+        assert "had not exited when the 4 s grace ended" in attempt["reason"], attempt
+        # resumed from its last periodic checkpoint: the steps after it ran twice (what a kill costs)
+        assert low_result["attempt"] == 1 and low_result["first"] % 10 == 0 and low_result["first"] >= 10
+        assert low_result["applied"] == 120 and info["restarts"] == 0, (low_result, info)
+        assert (await result(client, flows, high, "trained"))["applied"] == 10
+        await result(client, flows, other, "trained")
+        await settled(stack)
+
+    run(main())
+
+
+def test_a_gang_that_is_not_preemptible_is_never_chosen(stack: Stack, flows: Path) -> None:
+    async def main() -> None:
+        client = await stack.client()
+        await client.apply_queues(CONFIG)
+        # team-a borrows the whole cluster with gangs that may not be preempted
+        steady = [await start(client, flows, "steady_run", {"steps": 60}, tenant="team-a") for _ in range(2)]
+        gangs = [gang_of(r, "steady") for r in steady]
+        await stack.wait_for("team-a on every GPU", lambda q: q["totals"]["gpus_free"] == 0, BOUND)
+        b_run = await start(client, flows, "trained", {"steps": 5}, tenant="team-b")
+        b_gang = gang_of(b_run, "train")
+
+        def waiting(queue: dict[str, Any]) -> bool:
+            entry = next((g for g in queue["pending"] if g["gang_id"] == b_gang), None)
+            return bool(entry and entry["reason"])
+
+        await stack.wait_for("team-b's gang waiting", waiting, BOUND)
+        queue = await client.queue()
+        (entry,) = [g for g in queue["pending"] if g["gang_id"] == b_gang]
+        assert "team-b is within its quota of 2 GPUs, but cohort research lent it out" in entry["reason"], entry
+        assert "waiting for it to be returned" in entry["reason"], entry
+        for run_id, gang_id in zip(steady, gangs, strict=True):
+            done = await result(client, flows, run_id, "steady_run")
+            assert (done["attempt"], done["applied"]) == (0, 60), done
+            assert (await client.gang(gang_id))["preemptions"] == 0
+        assert (await result(client, flows, b_run, "trained"))["applied"] == 5
+        await settled(stack)
+
+    run(main())
+
+
+def test_a_node_lost_during_the_grace_period_does_not_hold_up_the_release(stack: Stack, flows: Path) -> None:
+    async def main() -> None:
+        client = await stack.client()
+        await client.apply_queues(CONFIG)
+        # two 2-node gangs of team-a (1 GPU on each node) fill the cluster; their ranks take 8 s to save
+        a_runs = [await start(client, flows, "wide_run", {"steps": 600, "save_s": 8}, tenant="team-a") for _ in "ab"]
+        a_gangs = [gang_of(r, "wide") for r in a_runs]
+        for gang_id in a_gangs:
+
+            async def going(g: str = gang_id) -> bool:
+                return await step_of(client, g) >= 3
+
+            await until(f"{gang_id} running", going)
+        b_run = await start(client, flows, "wide_run", {"steps": 5}, tenant="team-b")
+
+        async def in_grace() -> str | None:
+            for gang_id in a_gangs:
+                if (await client.gang(gang_id)).get("preemption"):
+                    return gang_id
+            return None
+
+        victim = await until("a team-a gang noticed", in_grace)
+        lost = stack.nodes["p1"]
+        lost.stop(signal.SIGKILL)  # the machine dies while the victim's ranks save
+        started = time.monotonic()
+
+        async def released() -> bool:
+            return victim not in {g["gang_id"] for g in (await client.queue())["running"]}
+
+        await until("the victim released", released, 40)
+        assert time.monotonic() - started < 40
+        info = await client.gang(victim)
+        (attempt,) = info["failed_attempts"]
+        assert attempt["kind"] == "preempted" and "node(s) p1 lost meanwhile" in attempt["reason"], attempt
+        assert info["restarts"] == 0, info
+
+        lost.start()  # the node comes back: everything completes
+        for run_id, gang_id in zip(a_runs, a_gangs, strict=True):
+            done = await result(client, flows, run_id, "wide_run")
+            assert done["applied"] == 600, done
+            if gang_id == victim:
+                assert (await client.gang(gang_id))["restarts"] == 0
+        assert (await result(client, flows, b_run, "wide_run"))["applied"] == 5
+        await stack.wait_nodes()
+        await settled(stack)
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("flow", "task", "reason"),
+    [
+        # a rank whose save fails after the notice: the attempt is still a preemption, not a user error (the task
+        # allows no retry), and the gang resumes from its last periodic checkpoint
+        ("fragile_run", "fragile", "the ranks exited "),
+        # JAX traps SIGTERM: the notice comes as SIGUSR1, which stop_requested() sees, and the ranks leave in time
+        ("jax_run", "jax_train", "the ranks exited "),
+    ],
+)
+def test_a_priority_preemption_of(stack: Stack, flows: Path, flow: str, task: str, reason: str) -> None:
+    async def main() -> None:
+        client = await stack.client()
+        await client.apply_queues(CONFIG)
+        victim_run = await start(client, flows, flow, {"steps": 150}, tenant="team-a", priority="low")
+        filler = await start(client, flows, "trained", {"steps": 40}, tenant="team-b")
+        victim = gang_of(victim_run, task)
+
+        async def going() -> bool:
+            return await step_of(client, victim) >= 12
+
+        await until(f"{victim} running", going)
+        high = await start(client, flows, "trained", {"steps": 5}, tenant="team-a", priority="high")
+        done = await result(client, flows, victim_run, flow)
+        info = await client.gang(victim)
+        (attempt,) = info["failed_attempts"]
+        assert attempt["kind"] == "preempted" and attempt["reason"].startswith(
+            f"preempted by {gang_of(high, 'train')} of team-a (priority): {reason}"
+        ), attempt
+        assert done["attempt"] == 1 and done["applied"] == 150 and info["restarts"] == 0, (done, info)
+        assert (await result(client, flows, high, "trained"))["applied"] == 5
+        await result(client, flows, filler, "trained")
+        await settled(stack)
+
+    run(main())
+
+
+def test_a_drain_moves_a_running_gang_to_another_node_through_a_checkpoint(stack: Stack, flows: Path) -> None:
+    def cli(*args: str) -> Any:
+        return gangflow_cli(*args, GANGFLOW_ADDRESS=stack.server.address, COLUMNS="200")
+
+    async def main() -> None:
+        client = await stack.client()
+        await client.apply_queues(CONFIG)
+        run_id = await start(client, flows, "trained", {"steps": 150}, tenant="team-a")
+        gang = gang_of(run_id, "train")
+
+        async def going() -> bool:
+            return await step_of(client, gang) >= 10
+
+        await until(f"{gang} running", going)
+        (first,) = [n["node_id"] for n in (await client.gang(gang))["placement"]["nodes"]]
+        other = next(n for n in stack.nodes if n != first)
+        drained = cli("node", "drain", first, "--reason", "maintenance")
+        assert drained.returncode == 0, drained.stderr
+
+        async def moved() -> str | None:
+            placement = (await client.gang(gang)).get("placement")
+            nodes = [n["node_id"] for n in (placement or {}).get("nodes", [])]
+            return nodes[0] if nodes and nodes[0] != first else None
+
+        assert await until("the gang placed on the other node", moved) == other
+        queue = await client.queue()
+        assert queue["drained"] == [first], queue
+        node = next(n for n in queue["nodes"] if n["node_id"] == first)
+        assert node["drained"] and node["drain_reason"] == "maintenance", node
+
+        # the other node is busy with the moved gang: a second gang has nowhere to go but the drained node
+        waiting_run = await start(client, flows, "trained", {"steps": 5}, tenant="team-b")
+        waiting = gang_of(waiting_run, "train")
+
+        def told(q: dict[str, Any]) -> bool:
+            entry = next((g for g in q["pending"] if g["gang_id"] == waiting), None)
+            return bool(entry and first in entry["reason"] and "drained" in entry["reason"])
+
+        await stack.wait_for("the second gang waits, naming the drained node", told, BOUND)
+        assert cli("node", "undrain", first).returncode == 0
+        assert (await result(client, flows, waiting_run, "trained"))["applied"] == 5
+
+        done = await result(client, flows, run_id, "trained")
+        info = await client.gang(gang)
+        (attempt,) = info["failed_attempts"]
+        assert attempt["kind"] == "preempted", attempt
+        assert attempt["reason"].startswith(f"preempted: node {first} is draining (maintenance): the ranks exited ")
+        # resumed on the other node from the step the notice found, every step applied once, no restart spent
+        assert done["attempt"] == 1 and done["first"] > 0 and done["applied"] == 150, done
+        assert info["restarts"] == 0, info
+        await settled(stack)
+
+    run(main())
