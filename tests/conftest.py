@@ -12,11 +12,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -42,6 +44,23 @@ def gangflow_cli(
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(coro)
+
+
+async def until(what: str, probe: Callable[[], Awaitable[T | None]], timeout: float = 90) -> T:
+    """Poll ``probe`` until it returns something other than None (or False); returns that. A workflow not
+    started yet (RPCError from a query) counts as not yet."""
+    from temporalio.service import RPCError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = await probe()
+        except RPCError:
+            value = None
+        if value is not None and value is not False:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        await asyncio.sleep(0.2)
 
 
 def alive(pid: int) -> bool:
@@ -159,14 +178,15 @@ def spawn_worker(server: DevServer, tmp_path: Path) -> Iterator[Callable[[str], 
 class NodeAgent:
     """``gangflow node`` as a real child process standing in for one GPU server."""
 
-    def __init__(self, address: str, node_id: str, gpus: int, home: Path) -> None:
+    def __init__(self, address: str, node_id: str, gpus: int, home: Path, env: dict[str, str] | None = None) -> None:
         self.address, self.node_id, self.gpus, self.home = address, node_id, gpus, home
+        self.env = dict(env or {})  # more environment, e.g. GANGFLOW_SCHEDULER_EVENTS_PER_RUN
         home.mkdir(parents=True, exist_ok=True)
         self.log = home / f"{node_id}.log"
         self.start()
 
     def start(self) -> None:
-        env = dict(os.environ, GANGFLOW_CACHE=str(self.home / "cache"), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, GANGFLOW_CACHE=str(self.home / "cache"), PYTHONUNBUFFERED="1", **self.env)
         cmd = ["node", "--node-id", self.node_id, "--cpus", "4"]
         cmd += ["--gpus", str(self.gpus)] if self.gpus >= 0 else []  # negative: detect with nvidia-smi
         cmd += ["--address", self.address, "--advertise-addr", "127.0.0.1"]
@@ -185,9 +205,12 @@ class NodeAgent:
 
 class Stack:
     """A whole stack of its own, for tests that kill or restart its parts: a dev server, a worker and
-    ``count`` node agents named ``<prefix>0..`` with ``gpus`` GPU slots each."""
+    ``count`` node agents named ``<prefix>0..`` with ``gpus`` GPU slots each. ``scheduler_events``: the
+    Scheduler the agents start continues as new after that many events (tests cross continue-as-new often)."""
 
-    def __init__(self, root: Path, prefix: str, count: int = 3, gpus: int = 0) -> None:
+    def __init__(
+        self, root: Path, prefix: str, count: int = 3, gpus: int = 0, scheduler_events: int | None = None
+    ) -> None:
         self.root = root
         self.server = DevServer(root / "server", ui=False).start()
         try:
@@ -195,8 +218,10 @@ class Stack:
         except BaseException:  # leave no server behind
             self.server.stop()
             raise
+        env = {} if scheduler_events is None else {"GANGFLOW_SCHEDULER_EVENTS_PER_RUN": str(scheduler_events)}
         self.nodes = {
-            f"{prefix}{i}": NodeAgent(self.server.address, f"{prefix}{i}", gpus, root / "nodes") for i in range(count)
+            f"{prefix}{i}": NodeAgent(self.server.address, f"{prefix}{i}", gpus, root / "nodes", env)
+            for i in range(count)
         }
         self.artifacts = str(root / "artifacts")
 

@@ -48,11 +48,7 @@ class LeakStack(Stack):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LeakStack]:
-    os.environ["GANGFLOW_SCHEDULER_EVENTS_PER_RUN"] = str(EVENTS_PER_RUN)  # read by the agents that start it
-    try:
-        s = LeakStack(tmp_path_factory.mktemp("leaks"), "g", NODES, GPUS)
-    finally:
-        del os.environ["GANGFLOW_SCHEDULER_EVENTS_PER_RUN"]
+    s = LeakStack(tmp_path_factory.mktemp("leaks"), "g", NODES, GPUS, scheduler_events=EVENTS_PER_RUN)
     run(s.all_free(60))
     yield s
     s.close()

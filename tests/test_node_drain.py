@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -87,11 +86,7 @@ def scheduler_run(stack: Stack) -> str:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
     # the Scheduler continues as new every few events (the agents' registrations are events): the drain
     # must cross it, and updates may arrive while it does
-    os.environ["GANGFLOW_SCHEDULER_EVENTS_PER_RUN"] = "4"
-    try:
-        built = Stack(tmp_path_factory.mktemp("drain-stack"), "d", count=2, gpus=2)
-    finally:
-        del os.environ["GANGFLOW_SCHEDULER_EVENTS_PER_RUN"]
+    built = Stack(tmp_path_factory.mktemp("drain-stack"), "d", count=2, gpus=2, scheduler_events=4)
     try:
         asyncio.run(built.wait_nodes())
         yield built

@@ -24,24 +24,21 @@ tests/test_tenancy_e2e.py and the benchmark.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-from conftest import Stack, gangflow_cli, run
+from conftest import Stack, gangflow_cli, run, until
 from temporalio.api.sdk.v1 import WorkflowMetadata
-from temporalio.service import RPCError
 
 from engine.client import Client, load_workflow_file
 from workflows.scheduler import SCHEDULER_ID
 
 pytestmark = pytest.mark.slow
 
-T = TypeVar("T")
 BOUND = 90.0  # how long a gang may take to start, stop or finish on a busy 2-core machine
 GRACE = 30  # the cluster's preemption grace in this file (a task may set its own)
 
@@ -167,11 +164,7 @@ async def wide_run(steps: int, save_s: float = 0.0) -> dict:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # the Scheduler continues as new every few events: preemptions cross continue-as-new all the time
-    os.environ["GANGFLOW_SCHEDULER_EVENTS_PER_RUN"] = "3"
-    try:
-        built = Stack(tmp_path_factory.mktemp("preemption"), "p", count=2, gpus=2)
-    finally:
-        del os.environ["GANGFLOW_SCHEDULER_EVENTS_PER_RUN"]
+    built = Stack(tmp_path_factory.mktemp("preemption"), "p", count=2, gpus=2, scheduler_events=3)
     try:
         run(built.wait_nodes())
         yield built
@@ -185,20 +178,6 @@ def flows(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "lab_tasks.py").write_text(TASKS)
     (folder / "lab_flows.py").write_text(FLOWS)
     return folder / "lab_flows.py"
-
-
-async def until(what: str, probe: Callable[[], Awaitable[T | None]], timeout: float = BOUND) -> T:
-    """Poll ``probe`` until it returns something other than None (or False); returns that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = await probe()
-        except RPCError:  # a workflow not started yet
-            value = None
-        if value is not None and value is not False:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
-        await asyncio.sleep(0.2)
 
 
 def gang_of(run_id: str, task: str) -> str:

@@ -23,15 +23,14 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-from conftest import ROOT, Stack, gangflow_cli, run
+from conftest import ROOT, Stack, gangflow_cli, run, until
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowFailureError
-from temporalio.service import RPCError
 
 from engine.client import Client, load_workflow_file
 
@@ -40,7 +39,6 @@ import multitenant
 
 pytestmark = pytest.mark.slow
 
-T = TypeVar("T")
 
 EXAMPLE = "examples/multitenant.py:pipeline"
 #: long enough to still run when the preemptor arrives; checkpoints every 10 steps
@@ -150,20 +148,6 @@ def cli_json(stack: Stack, *args: str, cwd: Path = ROOT) -> Any:
     done = cli(stack, *args, "--json", cwd=cwd)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
-
-
-async def until(what: str, probe: Callable[[], Awaitable[T | None]], timeout: float = BOUND) -> T:
-    """Poll ``probe`` until it returns something other than None (or False); returns that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = await probe()
-        except RPCError:  # a workflow not started yet
-            value = None
-        if value is not None and value is not False:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
-        await asyncio.sleep(0.25)
 
 
 async def training(client: Client, gang_id: str, min_step: int) -> bool:

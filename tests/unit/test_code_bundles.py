@@ -325,7 +325,8 @@ def test_two_projects_with_the_same_module_names_load_their_own_code(tmp_path: P
         "    wf = load_workflow_file(folder + '/flows.py:wf')\n"
         "    _, envelope = prepare_run(wf, {'n': 1}, artifacts=folder + '/artifacts')\n"
         "    add = definition_of(sys.modules['tasks'].add)\n"
-        "    print(sys.modules['tasks'].__file__, [p.name for p in add.interface.params], envelope.code.bundle_sha[:12])\n"
+        "    params = [p.name for p in add.interface.params]\n"
+        "    print(sys.modules['tasks'].__file__, params, envelope.code.bundle_sha[:12])\n"
     )
     for name, params in (("a", "n: int"), ("b", "n: int, x: int = 5")):
         folder = tmp_path / name
