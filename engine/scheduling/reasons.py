@@ -222,7 +222,10 @@ def quota_reason(tenant: str, blocked: Blocked, cohort: str | None, request: Gan
         )
     idle = amount(r, blocked.idle)
     if blocked.within_nominal:
-        then = "reclaiming it" if reclaiming else "waiting for it to be returned"
+        # not reclaimable: the borrowers' gangs are not preemptible, of higher priority, or the policy says never
+        then = "reclaiming it"
+        if not reclaiming:
+            then = "waiting for it to be returned (no gang holding it may be preempted for this one)"
         return f"pending: {tenant} is within its quota of {quota}, but cohort {cohort} lent it out: {then}{tail}"
     return f"pending: {tenant} is at its quota of {quota} and cannot borrow: cohort {cohort} has {idle} idle{tail}"
 

@@ -320,7 +320,7 @@ def test_reclaim_within_cohort_never_waits_for_the_borrowers_to_finish() -> None
     assert preempted(decisions) == []
     assert only(decisions, Pending, "b1") == (
         "pending: team-b is within its quota of 2 GPUs, but cohort research lent it out: waiting for it to be "
-        "returned; needs 1 GPU on 1 node (1 GPU, 1 CPU per node)"
+        "returned (no gang holding it may be preempted for this one); needs 1 GPU on 1 node (1 GPU, 1 CPU per node)"
     )
     decisions = policy.step(GangReleased(gang_id="a1"))
     assert admitted(decisions) == ["b1"]
@@ -833,7 +833,7 @@ def test_pending_reasons_are_in_tenant_terms_and_sent_only_when_they_change() ->
     decisions = policy.step(gang("b1", "team-b", gpus=2))
     assert only(decisions, Pending, "b1") == (
         "pending: team-b is within its quota of 2 GPUs, but cohort research lent it out: waiting for it to be "
-        "returned; needs 2 GPUs on 1 node (2 GPUs, 1 CPU per node)"
+        "returned (no gang holding it may be preempted for this one); needs 2 GPUs on 1 node (2 GPUs, 1 CPU per node)"
     )
     # events after which the same things block the same gangs send nothing
     assert policy.step(node("a")) == []
