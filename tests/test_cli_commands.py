@@ -203,3 +203,32 @@ async def _release_scenario(stack: Stack) -> None:
     assert sorted(entry["nodes"][0]["gpu_ids"]) == [0, 1]
     view = await client.queue()
     assert view["running"] == [] and view["pending"] == [] and view["totals"]["gpus_free"] == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--tls-cert", "cert.pem"], "--tls-cert needs --tls-key too"),
+        (["--tls-key", "key.pem"], "--tls-key needs --tls-cert too"),
+        (["--tls-ca", "missing.pem"], "--tls-ca missing.pem: No such file or directory"),
+        (["--tls-ca", "flow.py"], "--tls-ca flow.py: not a PEM file"),
+    ],
+)
+def test_bad_credentials_options_are_refused_before_connecting(tmp_path, options, message):
+    (tmp_path / "flow.py").write_text(FLOW)
+    # an address nothing listens on: a command that got as far as connecting would say so instead
+    done = cli("127.0.0.1:9", "list", *options, cwd=tmp_path)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    node = cli("127.0.0.1:9", "node", "--node-id", "n", *options, cwd=tmp_path)  # the node agent takes them too
+    assert node.returncode == 2 and message in node.stderr, node.stderr
+
+
+def test_an_api_key_travels_and_tls_against_a_plain_server_fails_clearly(server, runs):
+    # the dev server has no authorizer: it ignores the key, which proves the key does not break a connection
+    listed = cli(server.address, "list", "--json", "--api-key", "not-checked-here", GANGFLOW_TLS="")
+    assert listed.returncode == 0 and runs["talk"] in listed.stdout, listed.stderr
+    assert "not-checked-here" not in listed.stdout + listed.stderr  # never printed
+    via_env = cli(server.address, "list", "--json", GANGFLOW_API_KEY="not-checked-here")
+    assert via_env.returncode == 0, via_env.stderr
+    tls = cli(server.address, "list", "--tls")
+    assert tls.returncode == 1 and f"cannot reach Temporal at {server.address}" in tls.stderr, tls.stderr

@@ -14,7 +14,8 @@ node agents with two GPU slots each; tenants team-a and team-b of 2 GPUs each in
 - a rank whose save fails after the notice is still preempted, not failed; a JAX gang (which traps SIGTERM)
   gets its notice as SIGUSR1 and leaves in time.
 - ``gangflow node drain`` moves a running gang to the other node through a checkpoint; a gang whose only
-  usable node is drained waits, saying so, and starts after ``gangflow node undrain``.
+  usable node is drained waits, saying so, and starts after ``gangflow node undrain``. SIGTERM to a node agent
+  (systemd, ``kubectl drain``) is the same drain, and the agent lifts it when it starts again.
 
 The ranks are a small two-module project whose "training" is a counter checkpointed with
 ``engine.checkpoint`` (no torch: cheap on a 2-core machine); examples/multitenant.py (torch DDP) is run by
@@ -35,6 +36,7 @@ from conftest import Stack, gangflow_cli, run, until
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from engine.client import Client, load_workflow_file
+from engine.runtime.node import SELF_DRAIN_REASON
 from workflows.scheduler import SCHEDULER_ID
 
 pytestmark = pytest.mark.slow
@@ -478,6 +480,46 @@ def test_a_drain_moves_a_running_gang_to_another_node_through_a_checkpoint(stack
         # resumed on the other node from the step the notice found, every step applied once, no restart spent
         assert done["attempt"] == 1 and done["first"] > 0 and done["applied"] == 150, done
         assert info["restarts"] == 0, info
+        await settled(stack)
+
+    run(main())
+
+
+def test_a_node_agent_stopped_with_sigterm_drains_its_node_first(stack: Stack, flows: Path) -> None:
+    """What systemd, `kubectl drain` (evicting the agent) and the end of a Slurm job do: SIGTERM to the agent.
+    Its gang checkpoints and moves to the other node without spending a restart; the agent stops once it
+    has left; started again, the agent lifts the drain it set."""
+
+    async def main() -> None:
+        client = await stack.client()
+        await client.apply_queues(CONFIG)
+        run_id = await start(client, flows, "trained", {"steps": 150}, tenant="team-a")
+        gang = gang_of(run_id, "train")
+
+        async def going() -> bool:
+            return await step_of(client, gang) >= 10
+
+        await until(f"{gang} running", going)
+        (first,) = [n["node_id"] for n in (await client.gang(gang))["placement"]["nodes"]]
+        agent = stack.nodes[first]
+        started = time.monotonic()
+        await asyncio.to_thread(agent.stop, signal.SIGTERM)  # returns once the agent has exited
+        assert agent.proc.returncode == 0 and time.monotonic() - started < 60, agent.log.read_text()[-2000:]
+        node = next(n for n in (await client.queue())["nodes"] if n["node_id"] == first)
+        assert node["drained"] and node["drain_reason"] == SELF_DRAIN_REASON, node
+
+        done = await result(client, flows, run_id, "trained")
+        info = await client.gang(gang)
+        (attempt,) = info["failed_attempts"]
+        assert attempt["reason"].startswith(f"preempted: node {first} is draining ({SELF_DRAIN_REASON}): "), attempt
+        assert done["attempt"] == 1 and done["first"] > 0 and done["applied"] == 150 and info["restarts"] == 0
+
+        agent.start()
+
+        def back(q: dict[str, Any]) -> bool:
+            return any(n["node_id"] == first and n["alive"] and not n["drained"] for n in q["nodes"])
+
+        await stack.wait_for("the agent back and its drain lifted", back, BOUND)
         await settled(stack)
 
     run(main())

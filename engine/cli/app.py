@@ -29,6 +29,7 @@ from engine.core.plugins import available_plugins, load_plugin
 from engine.errors import DefinitionError, GangflowError, InputError, NodeNotFoundError
 from engine.runtime import TASK_QUEUE
 from engine.runtime.history import read_tasks
+from engine.runtime.node import DRAIN_TIMEOUT_S
 from engine.scheduling.config import QueueConfigError
 from engine.scheduling.events import drain_request
 
@@ -64,6 +65,11 @@ __all__ = ["build_parser", "main", "run_options"]
 def _connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="Temporal host:port (default $GANGFLOW_ADDRESS or localhost:7233)")
     p.add_argument("--namespace", help="Temporal namespace (default $GANGFLOW_NAMESPACE or default)")
+    p.add_argument("--api-key", help="an API key or JWT for Temporal (default $GANGFLOW_API_KEY; never printed)")
+    p.add_argument("--tls", action="store_true", help="TLS with the system's roots (default $GANGFLOW_TLS)")
+    p.add_argument("--tls-ca", metavar="FILE", help="the server's CA certificate, PEM (default $GANGFLOW_TLS_CA)")
+    p.add_argument("--tls-cert", metavar="FILE", help="mutual TLS: our certificate (default $GANGFLOW_TLS_CERT)")
+    p.add_argument("--tls-key", metavar="FILE", help="mutual TLS: its private key (default $GANGFLOW_TLS_KEY)")
 
 
 NODE_ACTIONS = ("drain", "undrain")
@@ -76,12 +82,16 @@ _AGENT_OPTIONS = {
     "advertise_addr": "--advertise-addr",
     "standby": "--standby",
     "warm": "--warm",
+    "drain_timeout": "--drain-timeout",
 }
 _NODE_EPILOG = """\
 A drained node takes no new gangs. Its preemptible gangs get a preemption notice (grace to save a
 checkpoint), release their GPUs and are placed elsewhere, resuming from their checkpoints; gangs that are
 not preemptible run there to their end. The drain outlives restarts of the node agent and of the
 Scheduler; 'gangflow node undrain NODE' offers the node again.
+
+A node agent that gets SIGTERM (systemd, kubectl drain, the end of a Slurm job) drains its own node the same
+way and stops once its gangs have left (--drain-timeout); started again, it lifts that drain itself.
 """
 
 _RUN_EPILOG = """\
@@ -155,6 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--warm",
         help="comma-separated modules the standby processes import ahead (default: torch, if installed)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="on SIGTERM, drain this node and wait this long for its gangs to checkpoint and leave before "
+        f"stopping (default {DRAIN_TIMEOUT_S:g}; 0: stop at once). A supervisor's stop timeout must be longer",
     )
     _connection_args(p)
 

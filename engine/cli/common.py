@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.client import Client
+from engine.errors import InputError
 from engine.runtime import Endpoint, connect
 from engine.scheduling.config import QueueConfig, QueueConfigError, load_queue_config
 
@@ -21,6 +22,7 @@ __all__ = [
     "EXIT_OK",
     "CliError",
     "client_for",
+    "endpoint_for",
     "follow",
     "queue_file_error",
     "read_queue_file",
@@ -39,9 +41,26 @@ class CliError(Exception):
         self.code = code
 
 
+def endpoint_for(args: argparse.Namespace) -> Endpoint:
+    """The server and credentials that the connection options (or their environment variables) name; bad
+    credentials options exit 2 before anything connects."""
+    try:
+        return Endpoint.resolve(
+            args.address,
+            args.namespace,
+            api_key=args.api_key,
+            tls=args.tls,
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+        )
+    except InputError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+
+
 async def client_for(args: argparse.Namespace, artifacts: str | None = None) -> Client:
     """A client on the server that ``--address`` / ``--namespace`` (or their environment variables) name."""
-    endpoint = Endpoint.resolve(args.address, args.namespace)
+    endpoint = endpoint_for(args)
     try:
         return Client(await connect(endpoint), artifacts)
     except RuntimeError as exc:

@@ -31,7 +31,7 @@ from engine.executor.standby import default_warm_modules
 from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
 from engine.runtime.codec_server import CodecServer
 from engine.runtime.history import read_tasks
-from engine.runtime.node import NodeConfig, run_node
+from engine.runtime.node import DRAIN_TIMEOUT_S, NodeConfig, run_node
 from engine.scheduling.config import QueueConfig, QueueConfigError
 
 from .common import (
@@ -39,6 +39,7 @@ from .common import (
     EXIT_FAILED,
     EXIT_OK,
     CliError,
+    endpoint_for,
     follow,
     read_queue_file,
     stop_event,
@@ -81,7 +82,7 @@ async def _serve(
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
-    endpoint = Endpoint.resolve(args.address, args.namespace)
+    endpoint = endpoint_for(args)
     temporal = await _connect(endpoint)
     console.print(f"gangflow worker on {endpoint.address} (namespace {endpoint.namespace}, queue {args.task_queue})")
     await _serve(temporal, args.load, args.task_queue)
@@ -108,6 +109,8 @@ def _node_config(args: argparse.Namespace) -> NodeConfig:
     mem = parse_memory(args.mem) if args.mem else _total_memory()
     if args.standby is not None and args.standby < 0:
         raise ValueError(f"--standby must be 0 or more, got {args.standby}")
+    if args.drain_timeout is not None and not 0 <= args.drain_timeout <= 86400:
+        raise ValueError(f"--drain-timeout must be between 0 and 86400 seconds, got {args.drain_timeout:g}")
     return NodeConfig(
         node_id=args.node_id,
         address=args.advertise_addr or _host_address(),
@@ -117,6 +120,7 @@ def _node_config(args: argparse.Namespace) -> NodeConfig:
         scheduler_queue=args.task_queue,
         standby=max(1, gpus) if args.standby is None else args.standby,
         warm=default_warm_modules() if args.warm is None else tuple(m for m in args.warm.split(",") if m),
+        drain_timeout_s=DRAIN_TIMEOUT_S if args.drain_timeout is None else args.drain_timeout,
     )
 
 
@@ -125,7 +129,7 @@ async def cmd_node(args: argparse.Namespace) -> int:
         config = _node_config(args)
     except ValueError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
-    endpoint = Endpoint.resolve(args.address, args.namespace)
+    endpoint = endpoint_for(args)
     temporal = await _connect(endpoint)
     console.print(
         f"gangflow node {config.node_id} on {endpoint.address}: {config.gpus} GPU(s), {config.cpus:g} CPU(s), "
@@ -149,8 +153,10 @@ async def cmd_codec_server(args: argparse.Namespace) -> int:
 
 
 def _spawn_nodes(address: str, count: int, gpus: int, state: Path) -> list[subprocess.Popen[bytes]]:
-    """Node agents beside the dev worker, each a real ``gangflow node`` process standing in for a server."""
+    """Node agents beside the dev worker, each a real ``gangflow node`` process standing in for a server. They
+    stop at once (no drain): the whole stack is stopping, its worker first, so no Scheduler would answer."""
     node = [sys.executable, "-m", "engine.cli", "node", "--gpus", str(gpus), "--address", address]
+    node += ["--drain-timeout", "0"]
     return [
         spawn([*node, "--node-id", f"node-{i}", "--advertise-addr", "127.0.0.1"], log=state / f"node-{i}.log")
         for i in range(count)

@@ -1,17 +1,27 @@
-"""Connecting to Temporal: address and namespace from flags or the environment, search attributes."""
+"""Connecting to Temporal: address, namespace and credentials from flags or the environment, search attributes.
+
+Credentials: an API key (``--api-key`` / ``GANGFLOW_API_KEY``, sent as ``authorization: Bearer <key>``, what
+Temporal Cloud and a server with a JWT authorizer take) and TLS (``--tls`` for the system's roots, or
+``--tls-ca FILE``; mutual TLS with ``--tls-cert FILE --tls-key FILE``). They are read and checked before
+anything connects, and never printed."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
+from temporalio.service import TLSConfig
+
+from engine.errors import InputError
 
 __all__ = [
+    "CREDENTIAL_ENV",
     "DEFAULT_ADDRESS",
     "DEFAULT_NAMESPACE",
     "PIPELINE",
@@ -33,17 +43,68 @@ TENANT = SearchAttributeKey.for_keyword("GangflowTenant")
 SEARCH_ATTRIBUTES = {PIPELINE.name: "Keyword", TENANT.name: "Keyword"}
 
 
+#: the environment variables that hold a process's credentials: a node agent keeps them out of its ranks
+CREDENTIAL_ENV = ("GANGFLOW_API_KEY", "GANGFLOW_TLS_CERT", "GANGFLOW_TLS_KEY", "GANGFLOW_TLS_CA", "GANGFLOW_TLS")
+
+
 @dataclass(frozen=True)
 class Endpoint:
     address: str
     namespace: str
+    api_key: str | None = None
+    #: None: plain TCP; True: TLS with the system's roots; a TLSConfig: a CA and/or a client certificate
+    tls: bool | TLSConfig | None = None
 
     @classmethod
-    def resolve(cls, address: str | None = None, namespace: str | None = None) -> Endpoint:
-        return cls(
-            address or os.environ.get("GANGFLOW_ADDRESS") or DEFAULT_ADDRESS,
-            namespace or os.environ.get("GANGFLOW_NAMESPACE") or DEFAULT_NAMESPACE,
+    def resolve(
+        cls,
+        address: str | None = None,
+        namespace: str | None = None,
+        *,
+        api_key: str | None = None,
+        tls: bool = False,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+    ) -> Endpoint:
+        """Flags first, then ``GANGFLOW_ADDRESS``, ``GANGFLOW_NAMESPACE``, ``GANGFLOW_API_KEY``, ``GANGFLOW_TLS``
+        (1/true), ``GANGFLOW_TLS_CA``, ``GANGFLOW_TLS_CERT``, ``GANGFLOW_TLS_KEY``. Raises InputError naming
+        the problem (a certificate without its key, a file that cannot be read) before anything connects."""
+        env = os.environ
+        key = api_key or env.get("GANGFLOW_API_KEY") or None
+        ca, cert, private = (
+            tls_ca or env.get("GANGFLOW_TLS_CA"),
+            tls_cert or env.get("GANGFLOW_TLS_CERT"),
+            tls_key or env.get("GANGFLOW_TLS_KEY"),
         )
+        if bool(cert) != bool(private):
+            given, missing = ("--tls-cert", "--tls-key") if cert else ("--tls-key", "--tls-cert")
+            raise InputError(f"{given} needs {missing} too (mutual TLS takes a certificate and its private key)")
+        config: bool | TLSConfig | None = None
+        if ca or cert:
+            config = TLSConfig(
+                server_root_ca_cert=_read(ca, "--tls-ca") if ca else None,
+                client_cert=_read(cert, "--tls-cert") if cert else None,
+                client_private_key=_read(private, "--tls-key") if private else None,
+            )
+        elif tls or env.get("GANGFLOW_TLS", "").lower() in ("1", "true", "yes"):
+            config = True
+        return cls(
+            address or env.get("GANGFLOW_ADDRESS") or DEFAULT_ADDRESS,
+            namespace or env.get("GANGFLOW_NAMESPACE") or DEFAULT_NAMESPACE,
+            key,
+            config,
+        )
+
+
+def _read(path: str, option: str) -> bytes:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(f"{option} {path}: {exc.strerror or exc}") from None
+    if b"-----BEGIN " not in data:
+        raise InputError(f"{option} {path}: not a PEM file (no '-----BEGIN' line)")
+    return data
 
 
 async def connect(endpoint: Endpoint, *, wait: float = 0.0) -> Client:
@@ -53,7 +114,9 @@ async def connect(endpoint: Endpoint, *, wait: float = 0.0) -> Client:
     deadline = loop.time() + wait
     while True:
         try:
-            return await Client.connect(endpoint.address, namespace=endpoint.namespace)
+            return await Client.connect(
+                endpoint.address, namespace=endpoint.namespace, api_key=endpoint.api_key, tls=endpoint.tls or False
+            )
         except RuntimeError:
             if loop.time() >= deadline:
                 raise

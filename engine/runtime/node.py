@@ -11,6 +11,11 @@ gang) is different from a cancel: the agent writes the notice file every rank ca
 checkpoint and return: the GPUs are free at once) or the grace deadline passes (then they are killed). The
 attempt then ends as ``RankPreempted``, whatever the ranks' exit codes: GangRun queues the gang again
 without spending a restart. Ranks that had all finished before the notice came return their result.
+
+A node agent asked to stop (SIGTERM: systemd, ``kubectl drain`` evicting it, a Slurm job ending) first
+*drains its own node* in the Scheduler: its gangs get that notice, checkpoint and are placed elsewhere. It
+keeps serving (notices, re-registrations) until they have left or ``drain_timeout_s`` has passed, then
+stops. Starting again, it lifts a drain it set itself; an operator's ``gangflow node drain`` stays.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import queue
 import re
@@ -31,9 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, TemporalError
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from engine.artifacts.loader import LOADER
@@ -47,12 +54,14 @@ from engine.executor.launcher import NodeGang, ProcessLaunch, RankFailure, runne
 from engine.executor.ports import free_port
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
-from engine.runtime.connection import TASK_QUEUE
+from engine.runtime.connection import CREDENTIAL_ENV, TASK_QUEUE
 from engine.types.codec import pack
 from workflows.gang import NOTICE, PING, REMOTE_COMMAND, RESERVE_PORT, RUN_RANKS, node_queue
 from workflows.scheduler import SCHEDULER_ID, SCHEDULER_TYPE
 
-__all__ = ["NodeActivities", "NodeConfig", "register", "run_node"]
+__all__ = ["DRAIN_TIMEOUT_S", "SELF_DRAIN_REASON", "NodeActivities", "NodeConfig", "register", "run_node"]
+
+log = logging.getLogger("gangflow.node")
 
 #: how often a node re-registers: its liveness signal to the Scheduler, which declares a node lost after
 #: a few missed registrations (engine.scheduling DEFAULT_NODE_TTL_S), busy or idle
@@ -65,6 +74,13 @@ FAILURE_TYPES = {"user": "RankFailed", "killed": "RankKilled", "hung": "RankHung
 PREEMPTED_TYPE = "RankPreempted"
 #: a notice for an attempt this agent never ran (it ended, or never came) is forgotten after this long
 NOTICE_TTL_S = 3600.0
+#: how long a stopping agent waits for its gangs to checkpoint and leave: the default preemption grace (120 s)
+#: and the time to release; a supervisor's stop timeout must exceed it (terminationGracePeriodSeconds: 180)
+DRAIN_TIMEOUT_S = 150.0
+#: the reason of the drain a stopping agent sets on its own node (and lifts when it starts again)
+SELF_DRAIN_REASON = "node agent stopping (SIGTERM)"
+#: a Scheduler that does not answer a drain this fast is not there (no worker): the agent stops without it
+_DRAIN_ANSWER_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,9 @@ class NodeConfig:
     #: warm standby rank runners to keep (engine.executor.standby), and the modules they import ahead
     standby: int = 0
     warm: tuple[str, ...] = ()
+    #: on stop, how long to wait for the node's gangs to leave after draining it; 0: stop at once (their
+    #: ranks are stopped with 5 s of grace, and the gangs restart elsewhere, spending a restart)
+    drain_timeout_s: float = DRAIN_TIMEOUT_S
 
 
 def _safe(name: str) -> str:
@@ -222,6 +241,12 @@ class NodeActivities:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _own_env() -> dict[str, str]:
+    """The agent's environment as its ranks inherit it: without the agent's own Temporal credentials, which
+    are the platform's, not the tenant's code's."""
+    return {k: v for k, v in os.environ.items() if k not in CREDENTIAL_ENV}
+
+
 class _Plan:
     """Which processes this node starts for one attempt: one per rank (plus the plugin's coordinator on
     node rank 0), or, for a plugin with its own launcher (MPI), the launcher on node rank 0 and the
@@ -248,7 +273,7 @@ class _Plan:
             node_ctx = replace(self.rank0, gpu_ids=tuple(launch.gpu_ids))
             env = {k: v for k, v in base_rank_env(node_ctx, cpus_per_rank=cpus).items() if k not in _PER_RANK}
             self.node_env = {
-                **os.environ,
+                **_own_env(),
                 **env,
                 **plugin.rank_env(node_ctx),
                 "GANGFLOW_NODE_GPU_IDS": ",".join(map(str, launch.gpu_ids)),
@@ -263,7 +288,7 @@ class _Plan:
         for ctx in contexts:
             own = plugin.command(ctx)
             progress = str(progress_dir / f"rank{ctx.rank}.json")
-            env = {**os.environ, **base_rank_env(ctx, cpus_per_rank=cpus), **plugin.rank_env(ctx), **notice_env}
+            env = {**_own_env(), **base_rank_env(ctx, cpus_per_rank=cpus), **plugin.rank_env(ctx), **notice_env}
             self.processes.append(
                 ProcessLaunch(
                     context=ctx,
@@ -423,7 +448,8 @@ async def register(client: Client, config: NodeConfig) -> None:
 
 
 async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> None:
-    """Serve this node's queue until ``stop`` is set."""
+    """Serve this node's queue until ``stop`` is set; then drain the node and wait for its gangs to leave (up to
+    ``config.drain_timeout_s``) before the worker stops."""
     activities = NodeActivities(config)
     worker = Worker(
         client,
@@ -437,12 +463,62 @@ async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> N
     )
     try:
         async with worker:
+            await register(client, config)
+            await _lift_own_drain(client, config)
             while not stop.is_set():
-                await register(client, config)
                 if activities.standby is not None:  # on this (the event loop's) thread: see StandbyPool
                     activities.standby.fill()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), REGISTER_EVERY.total_seconds())
+                if not stop.is_set():
+                    await register(client, config)
+            if config.drain_timeout_s > 0:  # also when idle: no gang is placed here while it is gone
+                await _drain_and_wait(client, config, activities)
     finally:
         if activities.standby is not None:
             activities.standby.close()
+
+
+async def _set_drain(client: Client, config: NodeConfig, drained: bool) -> bool:
+    """Drain or undrain this node (the Scheduler's ``drain_node`` update); False when no Scheduler answered."""
+    payload = {"node_id": config.node_id, "drained": drained, "reason": SELF_DRAIN_REASON if drained else ""}
+    try:
+        handle = client.get_workflow_handle(SCHEDULER_ID)
+        await asyncio.wait_for(handle.execute_update("drain_node", payload), _DRAIN_ANSWER_S)
+    except (TimeoutError, RPCError, TemporalError, WorkflowUpdateFailedError) as exc:
+        log.warning(
+            "node %s: the Scheduler did not take the %s: %s", config.node_id, "drain" if drained else "undrain", exc
+        )
+        return False
+    return True
+
+
+async def _lift_own_drain(client: Client, config: NodeConfig) -> None:
+    """A drain this agent set when it last stopped ends now that it is back; an operator's drain stays."""
+    try:
+        described = await asyncio.wait_for(client.get_workflow_handle(SCHEDULER_ID).query("describe"), _DRAIN_ANSWER_S)
+    except (TimeoutError, RPCError, TemporalError) as exc:
+        log.warning("node %s: could not read the Scheduler's view of this node: %s", config.node_id, exc)
+        return
+    node = next((n for n in described.get("nodes", []) if n.get("node_id") == config.node_id), None)
+    if node is not None and node.get("drained") and node.get("drain_reason") == SELF_DRAIN_REASON:
+        await _set_drain(client, config, False)
+
+
+async def _drain_and_wait(client: Client, config: NodeConfig, activities: NodeActivities) -> None:
+    """Drain this node and keep serving (preemption notices reach the ranks through this worker; the node keeps
+    re-registering, so it is not declared lost) until its gangs have left or the drain timeout passes."""
+    if not await _set_drain(client, config, True):
+        return
+    deadline = time.monotonic() + config.drain_timeout_s
+    log.warning(
+        "node %s: drained; waiting up to %.0f s for its gangs to checkpoint and leave",
+        config.node_id,
+        config.drain_timeout_s,
+    )
+    next_registration = time.monotonic() + REGISTER_EVERY.total_seconds()
+    while activities.running and time.monotonic() < deadline:
+        if time.monotonic() >= next_registration:
+            await register(client, config)
+            next_registration = time.monotonic() + REGISTER_EVERY.total_seconds()
+        await asyncio.sleep(0.2)
