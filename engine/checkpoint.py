@@ -13,7 +13,10 @@
             checkpoint.save({"model": model.state_dict()}, step=step + 1)   # rank 0 writes, atomically
 
 Files are ``step-<n>.ckpt`` written to a temporary name and renamed, so a crash mid-save never leaves
-a torn checkpoint; the last ``keep`` are kept. Payloads are pickled (``torch.save`` when torch is
+a torn checkpoint; the last ``keep`` are kept. When the artifact store is an object store
+(``GANGFLOW_CHECKPOINT_DIR`` is a URI such as ``s3://bucket/gangflow/checkpoints/...``), each checkpoint is
+written locally first and uploaded whole (an object appears whole or not at all), so a gang resumes from it
+on any node. Payloads are pickled (``torch.save`` when torch is
 present, so tensors are stored efficiently). ``save_torch`` / ``load_torch`` handle a model and its
 optimizer.
 
@@ -38,6 +41,7 @@ import os
 import pickle
 import re
 import signal
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,12 +72,27 @@ _stop = False
 _watching = False  # set once the body asks stop_requested(): only then does a stop signal wait for it
 
 
-def directory() -> Path:
-    """This task call's checkpoint folder (``GANGFLOW_CHECKPOINT_DIR``), created if missing."""
+def _location() -> str:
     path = os.environ.get("GANGFLOW_CHECKPOINT_DIR")
     if not path:
         raise RuntimeError("no GANGFLOW_CHECKPOINT_DIR: checkpoints are for the ranks of a distributed task")
-    folder = Path(path)
+    return path
+
+
+def _remote(location: str) -> bool:
+    return "://" in location
+
+
+def directory() -> Path:
+    """This task call's checkpoint folder (``GANGFLOW_CHECKPOINT_DIR``), created if missing. Only for a folder
+    on a (shared) filesystem: with an object store, use ``save`` and ``load_latest``."""
+    location = _location()
+    if _remote(location):
+        raise RuntimeError(
+            f"the checkpoint folder is in an object store ({location}): use checkpoint.save / load_latest, "
+            "which upload and download whole files"
+        )
+    folder = Path(location)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -82,12 +101,19 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _steps(folder: Path) -> list[int]:
-    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _NAME.match(p.name)))
+def _name(step: int) -> str:
+    return f"step-{step:09d}.ckpt"
 
 
-def _file(folder: Path, step: int) -> Path:
-    return folder / f"step-{step:09d}.ckpt"
+def _steps(location: str) -> list[int]:
+    if _remote(location):
+        import fsspec  # only where checkpoints go to an object store: a rank without fsspec still checkpoints
+
+        fs, root = fsspec.core.url_to_fs(location)
+        names = [str(p).rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)] if fs.exists(root) else []
+    else:
+        names = [p.name for p in directory().iterdir()]
+    return sorted(int(m.group(1)) for name in names if (m := _NAME.match(name)))
 
 
 def _dump(obj: Any, handle: Any) -> None:
@@ -108,33 +134,56 @@ def _load(path: Path) -> Any:
     return torch.load(path, weights_only=False)
 
 
-def save(state: Any, *, step: int, keep: int = 3, all_ranks: bool = False) -> Path | None:
+def save(state: Any, *, step: int, keep: int = 3, all_ranks: bool = False) -> Path | str | None:
     """Write ``state`` as the checkpoint of ``step`` (by default on rank 0 only: data-parallel replicas
-    are identical). Returns the file written, or None on ranks that do not write."""
+    are identical). Returns where it was written (a path, or a URI in an object store), or None on ranks
+    that do not write."""
     if not all_ranks and _rank() != 0:
         return None
-    folder = directory()
-    target = _file(folder, step)
-    write_atomic(target, lambda handle: _dump(state, handle))
-    for old in _steps(folder)[:-keep] if keep > 0 else []:
-        _file(folder, old).unlink(missing_ok=True)
+    location = _location()
+    if not _remote(location):
+        folder = directory()
+        write_atomic(folder / _name(step), lambda handle: _dump(state, handle))
+        for old in _steps(location)[:-keep] if keep > 0 else []:
+            (folder / _name(old)).unlink(missing_ok=True)
+        return folder / _name(step)
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(location)
+    target = f"{location.rstrip('/')}/{_name(step)}"
+    with tempfile.TemporaryDirectory(prefix="gangflow-checkpoint-") as tmp:
+        local = Path(tmp) / _name(step)
+        write_atomic(local, lambda handle: _dump(state, handle), durable=False)
+        fs.makedirs(root, exist_ok=True)
+        fs.put_file(str(local), f"{root.rstrip('/')}/{_name(step)}")
+    for old in _steps(location)[:-keep] if keep > 0 else []:
+        fs.rm_file(f"{root.rstrip('/')}/{_name(old)}")
     return target
 
 
 def latest_step() -> int | None:
-    steps = _steps(directory())
+    steps = _steps(_location())
     return steps[-1] if steps else None
 
 
 def load_latest() -> tuple[int, Any] | None:
     """``(step, state)`` of the newest checkpoint, or None when there is none yet."""
+    location = _location()
     step = latest_step()
     if step is None:
         return None
-    return step, _load(_file(directory(), step))
+    if not _remote(location):
+        return step, _load(directory() / _name(step))
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(location)
+    with tempfile.TemporaryDirectory(prefix="gangflow-checkpoint-") as tmp:
+        local = Path(tmp) / _name(step)
+        fs.get_file(f"{root.rstrip('/')}/{_name(step)}", str(local))
+        return step, _load(local)
 
 
-def save_torch(model: Any, optimizer: Any = None, *, step: int, keep: int = 3, **extra: Any) -> Path | None:
+def save_torch(model: Any, optimizer: Any = None, *, step: int, keep: int = 3, **extra: Any) -> Path | str | None:
     """Checkpoint a model (DDP-wrapped or not) and its optimizer."""
     module = getattr(model, "module", model)
     state = {"model": module.state_dict(), "step": step, **extra}

@@ -15,7 +15,7 @@ node agents with two GPU slots each; tenants team-a and team-b of 2 GPUs each in
   gets its notice as SIGUSR1 and leaves in time.
 - ``gangflow node drain`` moves a running gang to the other node through a checkpoint; a gang whose only
   usable node is drained waits, saying so, and starts after ``gangflow node undrain``. SIGTERM to a node agent
-  (systemd, ``kubectl drain``) is the same drain, and the agent lifts it when it starts again.
+  (systemd, Kubernetes deleting its pod) is the same drain, and the agent lifts it when it starts again.
 
 The ranks are a small two-module project whose "training" is a counter checkpointed with
 ``engine.checkpoint`` (no torch: cheap on a 2-core machine); examples/multitenant.py (torch DDP) is run by
@@ -486,7 +486,7 @@ def test_a_drain_moves_a_running_gang_to_another_node_through_a_checkpoint(stack
 
 
 def test_a_node_agent_stopped_with_sigterm_drains_its_node_first(stack: Stack, flows: Path) -> None:
-    """What systemd, `kubectl drain` (evicting the agent) and the end of a Slurm job do: SIGTERM to the agent.
+    """What systemd, Kubernetes deleting the agent's pod and the end of a Slurm job do: SIGTERM to the agent.
     Its gang checkpoints and moves to the other node without spending a restart; the agent stops once it
     has left; started again, the agent lifts the drain it set."""
 

@@ -90,8 +90,9 @@ checkpoint), release their GPUs and are placed elsewhere, resuming from their ch
 not preemptible run there to their end. The drain outlives restarts of the node agent and of the
 Scheduler; 'gangflow node undrain NODE' offers the node again.
 
-A node agent that gets SIGTERM (systemd, kubectl drain, the end of a Slurm job) drains its own node the same
-way and stops once its gangs have left (--drain-timeout); started again, it lifts that drain itself.
+A node agent that gets SIGTERM (systemd, Kubernetes deleting its pod, the end of a Slurm job) drains its
+own node the same way and stops once its gangs have left (--drain-timeout); started again, it lifts that
+drain itself.
 """
 
 _RUN_EPILOG = """\

@@ -12,7 +12,7 @@ checkpoint and return: the GPUs are free at once) or the grace deadline passes (
 attempt then ends as ``RankPreempted``, whatever the ranks' exit codes: GangRun queues the gang again
 without spending a restart. Ranks that had all finished before the notice came return their result.
 
-A node agent asked to stop (SIGTERM: systemd, ``kubectl drain`` evicting it, a Slurm job ending) first
+A node agent asked to stop (SIGTERM: systemd, Kubernetes deleting its pod, a Slurm job ending) first
 *drains its own node* in the Scheduler: its gangs get that notice, checkpoint and are placed elsewhere. It
 keeps serving (notices, re-registrations) until they have left or ``drain_timeout_s`` has passed, then
 stops. Starting again, it lifts a drain it set itself; an operator's ``gangflow node drain`` stays.
@@ -493,14 +493,21 @@ async def _set_drain(client: Client, config: NodeConfig, drained: bool) -> bool:
     return True
 
 
-async def _lift_own_drain(client: Client, config: NodeConfig) -> None:
-    """A drain this agent set when it last stopped ends now that it is back; an operator's drain stays."""
+async def _scheduler_view(client: Client, config: NodeConfig) -> dict[str, Any] | None:
+    """What the Scheduler says of this node (``gangflow queue``'s entry), or None when it cannot say."""
     try:
-        described = await asyncio.wait_for(client.get_workflow_handle(SCHEDULER_ID).query("describe"), _DRAIN_ANSWER_S)
+        handle = client.get_workflow_handle(SCHEDULER_ID)
+        described = await asyncio.wait_for(handle.query("describe"), _DRAIN_ANSWER_S)
     except (TimeoutError, RPCError, TemporalError) as exc:
         log.warning("node %s: could not read the Scheduler's view of this node: %s", config.node_id, exc)
-        return
-    node = next((n for n in described.get("nodes", []) if n.get("node_id") == config.node_id), None)
+        return None
+    nodes = described.get("nodes", []) if isinstance(described, dict) else []
+    return next((n for n in nodes if isinstance(n, dict) and n.get("node_id") == config.node_id), None)
+
+
+async def _lift_own_drain(client: Client, config: NodeConfig) -> None:
+    """A drain this agent set when it last stopped ends now that it is back; an operator's drain stays."""
+    node = await _scheduler_view(client, config)
     if node is not None and node.get("drained") and node.get("drain_reason") == SELF_DRAIN_REASON:
         await _set_drain(client, config, False)
 
@@ -508,7 +515,9 @@ async def _lift_own_drain(client: Client, config: NodeConfig) -> None:
 async def _drain_and_wait(client: Client, config: NodeConfig, activities: NodeActivities) -> None:
     """Drain this node and keep serving (preemption notices reach the ranks through this worker; the node keeps
     re-registering, so it is not declared lost) until its gangs have left or the drain timeout passes."""
-    if not await _set_drain(client, config, True):
+    node = await _scheduler_view(client, config)
+    # an operator's drain (and its reason) stays as it is: the agent must not lift it when it comes back
+    if not (node is not None and node.get("drained")) and not await _set_drain(client, config, True):
         return
     deadline = time.monotonic() + config.drain_timeout_s
     log.warning(

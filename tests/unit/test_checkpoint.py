@@ -150,3 +150,19 @@ def test_a_notice_file_alone_is_seen(tmp_path, monkeypatch):
     assert not checkpoint.stop_requested()
     notice.write_text(json.dumps(NOTICE))
     assert checkpoint.stop_requested()
+
+
+def test_checkpoints_in_an_object_store_are_uploaded_whole_and_found_again(tmp_path, monkeypatch):
+    """GANGFLOW_CHECKPOINT_DIR as a URI (the artifact store is s3://...): save uploads, load_latest downloads,
+    from any node. fsspec's file:// stands in for the object store here: the same calls, no server."""
+    store = tmp_path / "bucket" / "checkpoints" / "run-1" / "train-1"
+    monkeypatch.setenv("GANGFLOW_CHECKPOINT_DIR", f"file://{store}")
+    monkeypatch.setenv("RANK", "0")
+    assert checkpoint.load_latest() is None and checkpoint.latest_step() is None
+    for step in (10, 20, 30, 40):
+        where = checkpoint.save({"weights": [step]}, step=step, keep=2)
+        assert where == f"file://{store}/step-{step:09d}.ckpt"
+    assert sorted(p.name for p in store.iterdir()) == ["step-000000030.ckpt", "step-000000040.ckpt"]
+    assert checkpoint.load_latest() == (40, {"weights": [40]})
+    with pytest.raises(RuntimeError, match="object store"):
+        checkpoint.directory()  # a local folder it is not: say so rather than write into a folder named "file:"
