@@ -232,3 +232,20 @@ def test_an_api_key_travels_and_tls_against_a_plain_server_fails_clearly(server,
     assert via_env.returncode == 0, via_env.stderr
     tls = cli(server.address, "list", "--tls")
     assert tls.returncode == 1 and f"cannot reach Temporal at {server.address}" in tls.stderr, tls.stderr
+
+
+def test_a_node_agent_that_would_advertise_a_loopback_address_says_so(tmp_path):
+    # the host name resolves to a loopback address on many machines (127.0.1.1 on Debian): other machines could
+    # not reach this node's rank 0. Said before it connects: here nothing listens, and the agent would wait.
+    import socket
+
+    if not socket.gethostbyname(socket.gethostname()).startswith("127."):
+        pytest.skip("this machine's host name resolves to a routable address")
+    command = [sys.executable, "-m", "engine.cli", "node", "--node-id", "w", "--gpus", "0", "--address", "127.0.0.1:9"]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"})
+    try:
+        line = proc.stderr.readline() if proc.stderr else ""
+        assert "this node advertises 127." in line and "pass --advertise-addr" in line, line
+    finally:
+        proc.kill()
+        proc.wait()

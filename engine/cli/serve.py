@@ -46,7 +46,7 @@ from .common import (
     until_signalled,
 )
 from .demo_tenants import TenantsDemo
-from .render import console, print_unwrapped, show_failure, show_status
+from .render import console, err_console, print_unwrapped, show_failure, show_status
 
 __all__ = ["DEMO_GPUS", "DEMO_NODES", "cmd_codec_server", "cmd_demo", "cmd_dev", "cmd_node", "cmd_worker"]
 
@@ -130,6 +130,12 @@ async def cmd_node(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
     endpoint = endpoint_for(args)
+    if args.advertise_addr is None and config.address.startswith("127."):
+        # e.g. Debian maps the host name to 127.0.1.1: fine on one machine, unreachable from any other
+        err_console.print(
+            f"[yellow]warning:[/] this node advertises {config.address}, a loopback address: ranks on other "
+            "machines cannot reach it; pass --advertise-addr with this machine's cluster IP"
+        )
     temporal = await _connect(endpoint)
     console.print(
         f"gangflow node {config.node_id} on {endpoint.address}: {config.gpus} GPU(s), {config.cpus:g} CPU(s), "
