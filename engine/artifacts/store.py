@@ -3,7 +3,10 @@
 Layout under the root: ``cas/<sha[:2]>/<sha>`` for content-addressed data (files as they are,
 directories as deterministic tar archives, code bundles as zips) and ``logs/<run>/...`` for task logs.
 Readers keep a local cache keyed by sha256 (``$GANGFLOW_CACHE`` or ``~/.cache/gangflow``), so a value
-read twice is downloaded once. A local directory is the default root; ``s3://``, ``gs://`` and the
+read twice is downloaded once. What is read is checked: a reference must point into this store's ``cas/``
+(not another store, not a path of its choosing), the downloaded bytes must have the reference's sha256 (files
+and directory archives alike), and a cached copy changed since it was fetched (a task writing into its input,
+say) is fetched again rather than handed out. A local directory is the default root; ``s3://``, ``gs://`` and the
 other fsspec protocols work when their fsspec driver is installed.
 """
 
@@ -11,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
+import shutil
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +24,7 @@ from typing import Any
 
 import fsspec
 
-from engine.atomic import publishing
+from engine.atomic import publishing, write_atomic
 from engine.types.files import Artifact, Directory
 
 __all__ = ["ArtifactStore", "cache_dir", "default_artifact_root"]
@@ -68,6 +73,38 @@ def _tar_directory(path: str) -> bytes:
                 if not os.listdir(full):  # keep empty directories
                     tar.add(full, arcname=os.path.relpath(full, path), recursive=False, filter=normalize)
     return buffer.getvalue()
+
+
+def _stamp_path(target: Path) -> Path:
+    return target.with_name(f".{target.name}.stamp")
+
+
+def _stamp(target: Path) -> list[list[Any]]:
+    """What a cached copy looks like: each file's relative path, size, mtime and ctime (a change to any of them,
+    e.g. a task writing into its input, means the copy is no longer what was fetched)."""
+    paths = [target] if target.is_file() else sorted(p for p in target.rglob("*") if p.is_file())
+    out: list[list[Any]] = []
+    for path in paths:
+        info = path.stat()
+        out.append(
+            [str(path.relative_to(target)) if path != target else "", info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+        )
+    return out
+
+
+def _read_stamp(target: Path) -> Any:
+    try:
+        return json.loads(_stamp_path(target).read_text())
+    except (OSError, ValueError):
+        return None  # none (fetched before stamps existed, or a concurrent fetch not done): fetch again
+
+
+def _remove(target: Path) -> None:
+    if target.is_dir():
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        target.unlink(missing_ok=True)
+    _stamp_path(target).unlink(missing_ok=True)
 
 
 class ArtifactStore:
@@ -133,14 +170,22 @@ class ArtifactStore:
             return handle.read()  # type: ignore[no-any-return]
 
     def fetch(self, art: Artifact) -> str:
-        """A local path holding the artifact's content, downloaded once per sha256 into the cache."""
-        assert art.uri and art.sha256
+        """A local path holding the artifact's content, downloaded once per sha256 into the cache (and again
+        when the cached copy was changed). Raises ValueError (never retried) for a reference outside this store."""
+        if not art.uri or not art.sha256:
+            raise ValueError(f"{art!r} is not an uploaded reference")
+        self._check_inside(art.uri, art.sha256)
         target = cache_dir() / "artifacts" / art.sha256[:2] / art.sha256 / art.name
         if target.exists():
-            return str(target)
+            if _stamp(target) == _read_stamp(target):
+                return str(target)
+            _remove(target)  # changed since it was fetched: fetch it again
         with publishing(target) as staging:  # a concurrent fetch may win the race: its copy is the same
             if isinstance(art, Directory):
-                with tarfile.open(fileobj=io.BytesIO(self.get_bytes(art.uri))) as tar:
+                data = self.get_bytes(art.uri)
+                if hashlib.sha256(data).hexdigest() != art.sha256:
+                    raise OSError(f"artifact {art.uri} is corrupt: its sha256 is not {art.sha256}")
+                with tarfile.open(fileobj=io.BytesIO(data)) as tar:
                     tar.extractall(staging, filter="data")
             else:
                 fs, path = fsspec.core.url_to_fs(art.uri)
@@ -148,7 +193,16 @@ class ArtifactStore:
                 sha, _ = _sha256_file(str(staging))
                 if sha != art.sha256:
                     raise OSError(f"artifact {art.uri} is corrupt: sha256 {sha} != {art.sha256}")
+        write_atomic(_stamp_path(target), json.dumps(_stamp(target)).encode(), durable=False)
         return str(target)
+
+    def _check_inside(self, uri: str, sha: str) -> None:
+        """The reference must name this store's object for its sha256: not another store's (another tenant's),
+        not a path of the sender's choosing."""
+        expected = self._uri(self._cas_path(sha))
+        given = os.path.normpath(uri) if self.local and "://" not in uri else uri
+        if given != expected:
+            raise ValueError(f"refusing an artifact reference outside this run's store ({self.uri_root}): {uri}")
 
     def context(self, *, upload: bool = True, fetch: bool = True) -> dict[str, Any]:
         """The pydantic context that lets File / Directory values upload and download through this store."""

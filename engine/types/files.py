@@ -12,6 +12,7 @@ pydantic's validation / serialization context under the keys ``"upload"`` and ``
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
@@ -21,6 +22,19 @@ from pydantic_core import core_schema
 __all__ = ["Artifact", "Directory", "File"]
 
 A = TypeVar("A", bound="Artifact")
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _checked_ref(ref: dict[str, Any]) -> tuple[str, str, str]:
+    """A reference's (name, uri, sha256), refused (ValueError: a type error, never retried) when its name or
+    digest could steer a reader's cache path outside its folder (``../../somewhere``, ``a/b``)."""
+    name, uri, sha = str(ref["name"]), str(ref["uri"]), str(ref["sha256"])
+    if name in ("", ".", "..") or any(c in name for c in ("/", "\\", "\x00")):
+        raise ValueError(f"refusing an artifact reference whose name {name!r} is not a plain file name")
+    if not _SHA256.match(sha):
+        raise ValueError(f"refusing an artifact reference whose sha256 {sha!r} is not 64 hex digits")
+    return name, uri, sha
 
 
 class Artifact(os.PathLike[str]):
@@ -40,9 +54,7 @@ class Artifact(os.PathLike[str]):
     def from_ref(cls: type[A], ref: dict[str, Any]) -> A:
         art = cls.__new__(cls)
         art._path = None
-        art.name = str(ref["name"])
-        art.uri = str(ref["uri"])
-        art.sha256 = str(ref["sha256"])
+        art.name, art.uri, art.sha256 = _checked_ref(ref)
         art.size = int(ref["size"]) if ref.get("size") is not None else None
         return art
 
