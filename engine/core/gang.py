@@ -180,6 +180,12 @@ class GangPlugin:
         """(node rank, command) when a line of the launcher's output asks for a process on a node."""
         return None
 
+    def accepts_remote(self, command: list[str], rank0: RankContext, node_rank: int) -> bool:
+        """Whether a node agent may run ``command`` for node ``node_rank``: it arrives through the gang's
+        workflow, where anyone allowed to signal that workflow could put another one, so a launcher plugin
+        says exactly which commands its launcher sends (none by default)."""
+        return False
+
     def setup(self, rank: RankContext) -> None:
         return None
 

@@ -398,6 +398,13 @@ class _LauncherRelay:
         if self.started:
             return
         command = await self.gang_handle.query(REMOTE_COMMAND, args=[self.launch.attempt, self.launch.node_rank])
+        if command and not self.plan.plugin.accepts_remote(list(command), self.plan.rank0, self.launch.node_rank):
+            raise ApplicationError(
+                f"refusing a launcher command for node rank {self.launch.node_rank} that is not this gang's "
+                f"{type(self.plan.plugin).__name__} helper: {' '.join(command)[:200]}",
+                type="RankFailed",
+                non_retryable=True,
+            )
         if command:
             self.started = True
             self.gang.add(self.plan.helper(f"proxy {self.launch.node_rank}", list(command)))

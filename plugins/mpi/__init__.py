@@ -29,6 +29,21 @@ __all__ = ["MPI"]
 _LAUNCH = re.compile(r"^HYDRA_LAUNCH:\s*(.+?)\s*$")
 _PROXY_ID = re.compile(r"--proxy-id\s+(\d+)")
 _CONTROL = re.compile(r"(--control-port\s+)([^\s:]+):(\d+)")
+_PROXY = "hydra_pmi_proxy"
+#: the options hydra's manual launcher gives its proxies (MPICH 4-5), each with one value
+_PROXY_OPTIONS = {
+    "--control-port",
+    "--rmk",
+    "--launcher",
+    "--demux",
+    "--pgid",
+    "--retries",
+    "--usize",
+    "--pmi-port",
+    "--gpus-per-proc",
+    "--gpu-subdevs-per-proc",
+    "--proxy-id",
+}
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,19 @@ class MPI(GangPlugin):
         # advertised address instead
         command = _CONTROL.sub(lambda m: f"{m.group(1)}{rank0.master_addr}:{m.group(3)}", match.group(1))
         return int(proxy.group(1)), command.split()
+
+    def accepts_remote(self, command: list[str], rank0: RankContext, node_rank: int) -> bool:
+        """Only hydra's own proxy from this installation, for this node, reporting to this gang's mpiexec (node
+        rank 0's advertised address and the gang's fresh port): whatever else a signal carried is refused."""
+        if not command or Path(command[0]).name != _PROXY or Path(command[0]).parent != Path(sys.executable).parent:
+            return False
+        options = dict(zip(command[1::2], command[2::2], strict=False))
+        return (
+            len(command) % 2 == 1
+            and set(options) <= _PROXY_OPTIONS
+            and options.get("--control-port") == f"{rank0.master_addr}:{rank0.master_port}"
+            and options.get("--proxy-id") == str(node_rank)
+        )
 
     def teardown(self, rank: RankContext) -> None:
         # The rank runner leaves with os._exit, which skips mpi4py's atexit MPI_Finalize; a rank that
