@@ -347,6 +347,10 @@ class Client:
     def handle(self, run_id: str) -> WorkflowHandle[Any, Any]:
         return self.temporal.get_workflow_handle(run_id, result_type=bytes)
 
+    async def tasks(self, run_id: str) -> tuple[list[TaskRecord], str | None]:
+        """The run's task records and its failure text, read from its history (sealed failures opened)."""
+        return await read_tasks(self.handle(run_id), self.temporal.data_converter.payload_codec)
+
     async def wait(self, run_id: str, *, outage_timeout: timedelta = timedelta(minutes=10)) -> Any:
         """The run's result as wire data; waits through a Temporal outage (server restart) rather than
         failing. Raises ``temporalio.client.WorkflowFailureError`` if the run failed."""
@@ -394,7 +398,7 @@ class Client:
             artifacts=memo.get("artifacts"),
         )
         if with_tasks:
-            info.tasks, info.error = await read_tasks(handle)
+            info.tasks, info.error = await read_tasks(handle, self.temporal.data_converter.payload_codec)
             for record in info.tasks:
                 if record.kind == "gang" and record.child_id and record.status in ("scheduled", "running"):
                     with contextlib.suppress(RPCError, TemporalError):

@@ -130,14 +130,16 @@ def server(state_root: Path) -> Iterator[DevServer]:
 class WorkerProcess:
     """``gangflow worker`` as a real child process (its own code cache, so it loads bundles itself)."""
 
-    def __init__(self, address: str, queue: str, home: Path) -> None:
+    def __init__(self, address: str, queue: str, home: Path, env: dict[str, str] | None = None) -> None:
         self.address, self.queue, self.home = address, queue, home
+        self.env = dict(env or {})  # more environment, e.g. GANGFLOW_ENCRYPTION_KEYS
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = home / f"worker-{queue}.log"
 
     def start(self) -> WorkerProcess:
         self.home.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, GANGFLOW_CACHE=str(self.home / "cache"), PYTHONUNBUFFERED="1", TMPDIR=str(self.home))
+        env.update(self.env)
         cmd = [sys.executable, "-m", "engine.cli", "worker", "--address", self.address, "--task-queue", self.queue]
         self.proc = spawn(cmd, log=self.log, env=env, cwd=self.home, new_session=True, parent_death=None)
         deadline = time.monotonic() + 30
@@ -206,19 +208,28 @@ class NodeAgent:
 class Stack:
     """A whole stack of its own, for tests that kill or restart its parts: a dev server, a worker and
     ``count`` node agents named ``<prefix>0..`` with ``gpus`` GPU slots each. ``scheduler_events``: the
-    Scheduler the agents start continues as new after that many events (tests cross continue-as-new often)."""
+    Scheduler the agents start continues as new after that many events (tests cross continue-as-new often);
+    ``env``: more environment for the worker and the agents (e.g. encryption keys)."""
 
     def __init__(
-        self, root: Path, prefix: str, count: int = 3, gpus: int = 0, scheduler_events: int | None = None
+        self,
+        root: Path,
+        prefix: str,
+        count: int = 3,
+        gpus: int = 0,
+        scheduler_events: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.root = root
         self.server = DevServer(root / "server", ui=False).start()
         try:
-            self.worker = WorkerProcess(self.server.address, "gangflow", root / "worker").start()
+            self.worker = WorkerProcess(self.server.address, "gangflow", root / "worker", env).start()
         except BaseException:  # leave no server behind
             self.server.stop()
             raise
-        env = {} if scheduler_events is None else {"GANGFLOW_SCHEDULER_EVENTS_PER_RUN": str(scheduler_events)}
+        env = dict(env or {})  # for the worker and the node agents alike
+        if scheduler_events is not None:
+            env["GANGFLOW_SCHEDULER_EVENTS_PER_RUN"] = str(scheduler_events)
         self.nodes = {
             f"{prefix}{i}": NodeAgent(self.server.address, f"{prefix}{i}", gpus, root / "nodes", env)
             for i in range(count)

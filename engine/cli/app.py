@@ -28,7 +28,6 @@ from engine.client import Client, TenancyError, load_workflow_file, log_rank, pr
 from engine.core.plugins import available_plugins, load_plugin
 from engine.errors import DefinitionError, GangflowError, InputError, NodeNotFoundError
 from engine.runtime import TASK_QUEUE
-from engine.runtime.history import read_tasks
 from engine.runtime.node import DRAIN_TIMEOUT_S
 from engine.scheduling.config import QueueConfigError
 from engine.scheduling.events import drain_request
@@ -300,7 +299,7 @@ async def cmd_run(args: argparse.Namespace, argv: RunArgv, options: dict[str, bo
     try:
         data = await follow(client, run_id, quiet=args.json)
     except WorkflowFailureError:
-        _, error = await read_tasks(client.handle(run_id))
+        _, error = await client.tasks(run_id)
         if args.json:
             print_json({"run_id": run_id, "status": "FAILED", "error": error})
         else:
@@ -372,7 +371,7 @@ async def cmd_logs(args: argparse.Namespace) -> int:
 async def _why_no_output(client: Client, args: argparse.Namespace, empty_files: bool) -> str:
     """Why ``logs`` found no output (raising CliError when the question named something that is not
     there); ``empty_files``: log files were found but all were empty."""
-    tasks, _ = await read_tasks(client.handle(args.run_id))
+    tasks, _ = await client.tasks(args.run_id)
     names = list(dict.fromkeys(t.name for t in tasks))
     if args.task and args.task not in names:
         known = ", ".join(names) or "none has started yet"

@@ -30,7 +30,6 @@ from engine.executor.process import spawn, stop_processes
 from engine.executor.standby import default_warm_modules
 from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
 from engine.runtime.codec_server import CodecServer
-from engine.runtime.history import read_tasks
 from engine.runtime.node import DRAIN_TIMEOUT_S, NodeConfig, run_node
 from engine.scheduling.config import QueueConfig, QueueConfigError
 
@@ -319,7 +318,7 @@ async def _demo_run(client: Client, ui_url: str | None, defn: WorkflowDefinition
     try:
         data = await follow(client, run_id, quiet=False)
     except WorkflowFailureError:
-        _, error = await read_tasks(client.handle(run_id))
+        _, error = await client.tasks(run_id)
         show_failure(run_id, error)
         return EXIT_FAILED
     show_status(await client.status(run_id), result=False)

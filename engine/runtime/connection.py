@@ -16,9 +16,11 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
+from temporalio.converter import DataConverter
 from temporalio.service import TLSConfig
 
 from engine.errors import InputError
+from engine.runtime.encryption import encrypting_converter, keys_from_env
 
 __all__ = [
     "CREDENTIAL_ENV",
@@ -44,7 +46,14 @@ SEARCH_ATTRIBUTES = {PIPELINE.name: "Keyword", TENANT.name: "Keyword"}
 
 
 #: the environment variables that hold a process's credentials: a node agent keeps them out of its ranks
-CREDENTIAL_ENV = ("GANGFLOW_API_KEY", "GANGFLOW_TLS_CERT", "GANGFLOW_TLS_KEY", "GANGFLOW_TLS_CA", "GANGFLOW_TLS")
+CREDENTIAL_ENV = (
+    "GANGFLOW_API_KEY",
+    "GANGFLOW_TLS_CERT",
+    "GANGFLOW_TLS_KEY",
+    "GANGFLOW_TLS_CA",
+    "GANGFLOW_TLS",
+    "GANGFLOW_ENCRYPTION_KEYS",
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class Endpoint:
     api_key: str | None = None
     #: None: plain TCP; True: TLS with the system's roots; a TLSConfig: a CA and/or a client certificate
     tls: bool | TLSConfig | None = None
+    #: payload encryption keys (engine.runtime.encryption), the first one sealing: from GANGFLOW_ENCRYPTION_KEYS
+    encryption: tuple[tuple[str, bytes], ...] = ()
 
     @classmethod
     def resolve(
@@ -94,6 +105,7 @@ class Endpoint:
             namespace or env.get("GANGFLOW_NAMESPACE") or DEFAULT_NAMESPACE,
             key,
             config,
+            tuple((keys_from_env() or {}).items()),
         )
 
 
@@ -115,7 +127,11 @@ async def connect(endpoint: Endpoint, *, wait: float = 0.0) -> Client:
     while True:
         try:
             return await Client.connect(
-                endpoint.address, namespace=endpoint.namespace, api_key=endpoint.api_key, tls=endpoint.tls or False
+                endpoint.address,
+                namespace=endpoint.namespace,
+                api_key=endpoint.api_key,
+                tls=endpoint.tls or False,
+                data_converter=encrypting_converter(DataConverter.default, dict(endpoint.encryption)),
             )
         except RuntimeError:
             if loop.time() >= deadline:

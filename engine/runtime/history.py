@@ -5,6 +5,7 @@ Used by ``gangflow status`` and the tests; works on finished runs and without an
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,6 +15,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHandle
+from temporalio.converter import DataConverter, PayloadCodec
 
 __all__ = ["TaskRecord", "format_failure", "read_tasks"]
 
@@ -58,8 +60,30 @@ def _local_activity_name(event: HistoryEvent) -> str:
         return "lightweight task"
 
 
-async def read_tasks(handle: WorkflowHandle[Any, Any]) -> tuple[list[TaskRecord], str | None]:
-    """Task records in scheduling order, and the run's failure text if it failed."""
+async def _open(failure: Failure, codec: PayloadCodec | None) -> Failure:
+    """The failure as its sender wrote it: with encryption on (engine.runtime.encryption) its message and stack
+    trace travel sealed in ``encoded_attributes``, for each cause of the chain."""
+    if codec is None:
+        return failure
+    opened = Failure()
+    opened.CopyFrom(failure)
+    await codec.decode_failure(opened)
+    current: Failure | None = opened
+    while current is not None:
+        if current.HasField("encoded_attributes"):
+            with contextlib.suppress(Exception):  # not the default converter's form: leave it as it is
+                attributes = DataConverter.default.payload_converter.from_payload(current.encoded_attributes)
+                current.message = str(attributes.get("message", current.message))
+                current.stack_trace = str(attributes.get("stack_trace", current.stack_trace))
+        current = current.cause if current.HasField("cause") else None
+    return opened
+
+
+async def read_tasks(
+    handle: WorkflowHandle[Any, Any], codec: PayloadCodec | None = None
+) -> tuple[list[TaskRecord], str | None]:
+    """Task records in scheduling order, and the run's failure text if it failed (``codec``: the client's, to
+    open sealed failures)."""
     records: dict[int, TaskRecord] = {}
     calls: dict[str, TaskRecord] = {}  # "<call>" of activity ids "<call>#<try>": one record per task call
     failure: str | None = None
@@ -82,18 +106,19 @@ async def read_tasks(handle: WorkflowHandle[Any, Any]) -> tuple[list[TaskRecord]
             rec.status, rec.started = "running", when
             rec.attempt = max(rec.attempt, started.attempt)
             if started.HasField("last_failure"):
-                rec.error = format_failure(started.last_failure, traces=False)
+                rec.error = format_failure(await _open(started.last_failure, codec), traces=False)
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             rec = records[event.activity_task_completed_event_attributes.scheduled_event_id]
             rec.status, rec.finished, rec.error = "completed", when, None
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
             failed = event.activity_task_failed_event_attributes
             rec = records[failed.scheduled_event_id]
-            rec.status, rec.finished, rec.error = "failed", when, format_failure(failed.failure)
+            rec.status, rec.finished, rec.error = "failed", when, format_failure(await _open(failed.failure, codec))
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
             timed_out = event.activity_task_timed_out_event_attributes
             rec = records[timed_out.scheduled_event_id]
-            rec.status, rec.finished, rec.error = "timed out", when, format_failure(timed_out.failure, traces=False)
+            rec.status, rec.finished = "timed out", when
+            rec.error = format_failure(await _open(timed_out.failure, codec), traces=False)
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
             rec = records[event.activity_task_canceled_event_attributes.scheduled_event_id]
             rec.status, rec.finished = "cancelled", when
@@ -104,7 +129,7 @@ async def read_tasks(handle: WorkflowHandle[Any, Any]) -> tuple[list[TaskRecord]
             marker = event.marker_recorded_event_attributes
             rec = TaskRecord(_local_activity_name(event), "lightweight", scheduled=when, finished=when)
             rec.status = "failed" if marker.HasField("failure") else "completed"
-            rec.error = format_failure(marker.failure) if marker.HasField("failure") else None
+            rec.error = format_failure(await _open(marker.failure, codec)) if marker.HasField("failure") else None
             records[event.event_id] = rec
         elif et == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
             child = event.start_child_workflow_execution_initiated_event_attributes
@@ -120,9 +145,9 @@ async def read_tasks(handle: WorkflowHandle[Any, Any]) -> tuple[list[TaskRecord]
             rec = records[closed.initiated_event_id]
             rec.status, rec.finished = status, when
             if et == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_FAILED:
-                rec.error = format_failure(closed.failure)
+                rec.error = format_failure(await _open(closed.failure, codec))
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
-            failure = format_failure(event.workflow_execution_failed_event_attributes.failure)
+            failure = format_failure(await _open(event.workflow_execution_failed_event_attributes.failure, codec))
     return list({id(r): r for r in records.values()}.values()), failure
 
 
