@@ -32,6 +32,7 @@ from engine.runtime.node import DRAIN_TIMEOUT_S
 from engine.scheduling.config import QueueConfigError
 from engine.scheduling.events import drain_request
 
+from .auth import add_auth_parser, cmd_auth
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -135,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--queues", metavar="FILE", help="a queue configuration (YAML: tenants, quotas, priority classes) to apply"
     )
+    p.add_argument(
+        "--auth",
+        action="store_true",
+        help="tenants connect through a dev-only gateway that applies Temporal's JWT permissions: a namespace "
+        "gf-TENANT and a token per tenant of --queues (needs gangflow[auth])",
+    )
 
     p = command(
         "node",
@@ -176,8 +183,21 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_args(p)
 
     p = command("codec-server", "serve the Web UI's codec endpoint (shows payloads as JSON)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only)")
     p.add_argument("--port", type=int, default=8081)
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a browser origin to answer, e.g. the Web UI's https://temporal.example.com (default: this machine's)",
+    )
+    p.add_argument(
+        "--jwks",
+        metavar="FILE",
+        help="open payloads sealed with $GANGFLOW_ENCRYPTION_KEYS for callers whose token it verifies and whose "
+        "permissions cover the namespace asked about (without it, sealed payloads stay sealed)",
+    )
 
     p = command("plugins", "the installed distributed-task plugins (entry points gangflow.plugins)")
     p.add_argument("--json", action="store_true")
@@ -263,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: team-a borrows the whole cluster, team-b reclaims its quota, team-a resumes from its "
         "checkpoint (examples/queues.yaml, examples/multitenant.py); prints the timeline",
     )
+    add_auth_parser(sub)
     return parser
 
 
@@ -530,6 +551,7 @@ _COMMANDS = {
     "worker": cmd_worker,
     "dev": cmd_dev,
     "demo": cmd_demo,
+    "auth": cmd_auth,
 }
 
 

@@ -24,15 +24,17 @@ from engine.client import DEFAULT_TENANT, Client, load_workflow_file, prepare_ru
 from engine.core.definitions import WorkflowDefinition
 from engine.core.resources import parse_memory
 from engine.core.wire import Envelope
-from engine.errors import GangflowError
+from engine.errors import GangflowError, InputError
 from engine.executor.gpus import detect_gpus
 from engine.executor.process import spawn, stop_processes
 from engine.executor.standby import default_warm_modules
 from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
 from engine.runtime.codec_server import CodecServer
+from engine.runtime.encryption import keys_from_env
 from engine.runtime.node import DRAIN_TIMEOUT_S, NodeConfig, run_node
 from engine.scheduling.config import QueueConfig, QueueConfigError
 
+from .auth import dev_auth
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -146,7 +148,14 @@ async def cmd_node(args: argparse.Namespace) -> int:
 
 
 async def cmd_codec_server(args: argparse.Namespace) -> int:
-    codec = CodecServer(args.host, args.port).start()
+    try:
+        keys = keys_from_env()
+        if args.jwks is not None and not Path(args.jwks).is_file():
+            raise InputError(f"--jwks {args.jwks}: no such file")
+        codec = CodecServer(args.host, args.port, origins=tuple(args.allow_origin), keys=keys, jwks=args.jwks)
+    except (InputError, ValueError) as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    codec.start()
     console.print(
         f"codec endpoint on {codec.url}: set it as the Temporal UI's codec endpoint (TEMPORAL_CODEC_ENDPOINT)"
     )
@@ -184,13 +193,24 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     state = Path(args.state_dir).resolve()
     # checked before anything starts: a bad file is bad input (exit 2), not a stack that half came up
     queues = read_queue_file(args.queues) if args.queues else None
+    auth = dev_auth(args, queues)
     codec = CodecServer().start()
-    server = DevServer(state, port=args.port, ui_port=args.ui_port, ui=not args.headless, codec_endpoint=codec.url)
+    server = DevServer(
+        state,
+        # --auth: clients reach Temporal through the gateway on --port, the platform directly on another
+        port=None if auth else args.port,
+        ui_port=args.ui_port,
+        ui=not args.headless,
+        codec_endpoint=codec.url,
+        namespaces=auth.namespaces if auth else (),
+    )
     try:
         server.start()
-    except (OSError, RuntimeError, TimeoutError) as exc:
+        gateway = await auth.start_gateway(server.address, args.port) if auth else None
+    except (OSError, RuntimeError, TimeoutError, CliError) as exc:
+        server.stop()
         codec.stop()
-        raise CliError(str(exc)) from None
+        raise exc if isinstance(exc, CliError) else CliError(str(exc)) from None
     try:
         console.print(
             f"[bold]gangflow dev[/]: Temporal on {server.address}"
@@ -199,6 +219,8 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         print_unwrapped(f"state in {state}; in another shell:")
         # one line however narrow the terminal: a wrapped second line would be pasted as a separate command
         print_unwrapped(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
+        if auth and gateway:
+            auth.show(gateway, server.address, args.state_dir)
         console.print("  gangflow run examples/quickstart.py:pipeline")
         nodes = _spawn_nodes(server.address, args.nodes, args.gpus_per_node, state)
         if nodes:
@@ -216,6 +238,8 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         finally:
             stop_processes(nodes, _NODE_STOP_GRACE_S)
     finally:
+        if gateway is not None:
+            await gateway.stop()
         server.stop()
         codec.stop()
     return EXIT_OK

@@ -8,20 +8,37 @@ at it; on a cluster run ``gangflow codec-server`` and set the UI's codec endpoin
 Protocol (Temporal's): ``POST /decode`` (and ``/encode``) with ``{"payloads": [{"metadata": {k: b64},
 "data": b64}]}``; the browser calls it directly, so CORS is answered. Only display changes: nothing is
 re-encoded on the way back to the server.
+
+With encryption at rest (``GANGFLOW_ENCRYPTION_KEYS``, engine.runtime.encryption) the payloads are sealed. This
+server opens them only for a caller whose token (``Authorization: Bearer``, checked against the JWKS it is
+given) covers the namespace the UI names in ``X-Namespace``; without a JWKS it opens nothing sealed. It answers
+only the origins it is told (by default a browser page on this machine), refuses bodies over ``MAX_BODY``
+bytes, and listens on 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
 import msgpack
+from temporalio.api.common.v1 import Payload
 
-__all__ = ["CodecServer", "decode_payload"]
+from engine.runtime.encryption import ENCODING, EncryptionCodec
+
+__all__ = ["MAX_BODY", "CodecServer", "decode_payload"]
+
+#: the most a decode request may carry (the UI sends a page of payloads; Temporal's own limit is 2 MB each)
+MAX_BODY = 4 << 20
+#: a browser page served from this machine (the dev stack's Web UI)
+_LOCAL_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$")
+_SEALED = base64.b64encode(ENCODING).decode()
 
 _BINARY = base64.b64encode(b"binary/plain").decode()
 _JSON = base64.b64encode(b"json/plain").decode()
@@ -49,23 +66,95 @@ def decode_payload(payload: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": {"encoding": _JSON}, "data": base64.b64encode(text).decode()}
 
 
+def _open(payload: dict[str, Any], codec: EncryptionCodec) -> dict[str, Any]:
+    """A sealed payload opened (then shown as JSON when it is msgpack); a payload it cannot open is left sealed."""
+    try:
+        sealed = Payload(
+            metadata={k: base64.b64decode(v) for k, v in payload.get("metadata", {}).items()},
+            data=base64.b64decode(payload.get("data", "")),
+        )
+        (inner,) = asyncio.run(codec.decode([sealed]))
+    except Exception:  # another key, or not a payload at all: shown as it came
+        return payload
+    opened = {
+        "metadata": {k: base64.b64encode(v).decode() for k, v in inner.metadata.items()},
+        "data": base64.b64encode(inner.data).decode(),
+    }
+    return decode_payload(opened)
+
+
 class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def _origin_allowed(self) -> bool:
+        origin = self.headers.get("Origin")
+        if origin is None:  # not a browser (curl, the temporal CLI): the listening address is the boundary
+            return True
+        allowed = self.server.origins
+        return origin in allowed if allowed else bool(_LOCAL_ORIGIN.match(origin))
+
     def _cors(self) -> None:
-        self.send_header("Access-Control-Allow-Origin", self.headers.get("Origin") or "*")
+        origin = self.headers.get("Origin")
+        if origin is not None and self._origin_allowed():
+            self.send_header("Access-Control-Allow-Origin", origin)
+            self.send_header("Vary", "Origin")
         self.send_header("Access-Control-Allow-Methods", "POST, OPTIONS")
         self.send_header("Access-Control-Allow-Headers", "Content-Type, X-Namespace, Authorization")
         self.send_header("Access-Control-Allow-Credentials", "true")
 
+    def _refuse(self, code: int, why: str) -> None:
+        body = json.dumps({"error": why}).encode()
+        self.send_response(code)
+        self._cors()
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_OPTIONS(self) -> None:
+        if not self._origin_allowed():
+            self._refuse(403, "origin not allowed")
+            return
         self.send_response(200)
         self._cors()
         self.end_headers()
 
+    def _may_open(self) -> bool:
+        """Whether the caller's token covers the namespace it asks about (sealed payloads stay sealed else)."""
+        verifier, codec = self.server.verifier, self.server.codec
+        if codec is None or verifier is None:
+            return False
+        try:
+            claims = verifier.claims(self.headers.get("Authorization"))
+        except Exception:
+            return False
+        # reading a payload is a read: a worker-only role (bit 1) does not cover it (engine.runtime.tokens.ROLES)
+        return bool(claims.role_in(self.headers.get("X-Namespace") or "default") & ~1)
+
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        payloads = body.get("payloads", [])
+        if not self._origin_allowed():
+            self._refuse(403, "origin not allowed")
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0 or length > MAX_BODY:
+            self._refuse(413, f"body over {MAX_BODY} bytes")
+            return
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+            payloads = list(body.get("payloads", []))
+        except (ValueError, AttributeError, TypeError):
+            self._refuse(400, 'expected {"payloads": [...]}')
+            return
         if urlsplit(self.path).path.rstrip("/").endswith("/decode"):  # the UI adds a query string
-            payloads = [decode_payload(p) for p in payloads]
+            codec = self.server.codec if self._may_open() else None
+            payloads = [
+                _open(p, codec) if codec is not None and _is_sealed(p) else decode_payload(p)
+                for p in payloads
+                if isinstance(p, dict)
+            ]
         answer = json.dumps({"payloads": payloads}).encode()
         self.send_response(200)
         self._cors()
@@ -78,11 +167,39 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
 
+def _is_sealed(payload: dict[str, Any]) -> bool:
+    return bool(payload.get("metadata", {}).get("encoding") == _SEALED)
+
+
+class _Server(ThreadingHTTPServer):
+    origins: frozenset[str]
+    codec: EncryptionCodec | None
+    verifier: Any  # engine.runtime.tokens.TokenVerifier: imported only when a JWKS is given
+
+
 class CodecServer:
     """The codec endpoint in a daemon thread of this process."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.httpd = ThreadingHTTPServer((host, port), _Handler)
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        origins: tuple[str, ...] = (),
+        keys: dict[str, bytes] | None = None,
+        jwks: str | None = None,
+    ) -> None:
+        """``origins``: the browser origins to answer (default: pages served from this machine); ``keys``: the
+        encryption keys to open sealed payloads with, for callers whose token the ``jwks`` file verifies."""
+        verifier = None
+        if jwks is not None:
+            from engine.runtime.tokens import TokenVerifier
+
+            verifier = TokenVerifier.from_file(jwks)
+        self.httpd = _Server((host, port), _Handler)
+        self.httpd.origins = frozenset(o.rstrip("/") for o in origins)
+        self.httpd.codec = EncryptionCodec(keys) if keys else None
+        self.httpd.verifier = verifier
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property

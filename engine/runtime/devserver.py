@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from engine.executor.ports import free_port
@@ -51,6 +52,7 @@ class DevServer:
         ui: bool = True,
         namespace: str = "default",
         codec_endpoint: str | None = None,
+        namespaces: Sequence[str] = (),
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
         self.port = port or free_port()
@@ -58,6 +60,8 @@ class DevServer:
         self.ui = ui
         self.namespace = namespace
         self.codec_endpoint = codec_endpoint
+        #: more namespaces to create besides ``namespace`` (one per tenant, the platform's)
+        self.namespaces = tuple(dict.fromkeys(n for n in namespaces if n != namespace))
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -100,6 +104,8 @@ class DevServer:
             "--sqlite-pragma",
             "synchronous=normal",
         ]
+        for extra in self.namespaces:
+            cmd += ["--namespace", extra]
         for name, kind in SEARCH_ATTRIBUTES.items():
             cmd += ["--search-attribute", f"{name}={kind}"]
         if not self.ui:
