@@ -61,6 +61,7 @@ __all__ = [
     "GANG_TYPE",
     "NOTICE",
     "PING",
+    "PREEMPTED_TYPE",
     "PROBE_TIMEOUT",
     "REMOTE_COMMAND",
     "RESERVE_PORT",

@@ -56,7 +56,7 @@ from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
 from engine.runtime.connection import CREDENTIAL_ENV, TASK_QUEUE
 from engine.types.codec import pack
-from workflows.gang import NOTICE, PING, REMOTE_COMMAND, RESERVE_PORT, RUN_RANKS, node_queue
+from workflows.gang import NOTICE, PING, PREEMPTED_TYPE, REMOTE_COMMAND, RESERVE_PORT, RUN_RANKS, node_queue
 from workflows.scheduler import SCHEDULER_ID, SCHEDULER_TYPE
 
 __all__ = ["DRAIN_TIMEOUT_S", "SELF_DRAIN_REASON", "NodeActivities", "NodeConfig", "register", "run_node"]
@@ -70,8 +70,6 @@ REGISTER_EVERY = timedelta(seconds=5)
 STOP_GRACE_S = 5.0
 #: how a rank failure is reported to GangRun: a user error, or a system failure that spends restarts
 FAILURE_TYPES = {"user": "RankFailed", "killed": "RankKilled", "hung": "RankHung"}
-#: an attempt stopped by a preemption notice (GangRun requeues it; no restart is spent)
-PREEMPTED_TYPE = "RankPreempted"
 #: a notice for an attempt this agent never ran (it ended, or never came) is forgotten after this long
 NOTICE_TTL_S = 3600.0
 #: how long a stopping agent waits for its gangs to checkpoint and leave: the default preemption grace (120 s)
