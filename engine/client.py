@@ -38,7 +38,7 @@ from temporalio.exceptions import ApplicationError, TemporalError
 from temporalio.service import RPCError, RPCStatusCode
 
 from engine.artifacts import ArtifactStore, default_artifact_root, pack_code
-from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
+from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, source_file
 from engine.core.wire import CodeRef, Envelope, RunContext
 from engine.errors import GangflowError, InputError, NodeNotFoundError
 from engine.runtime.connection import PIPELINE, TASK_QUEUE, TENANT, Endpoint, connect
@@ -155,7 +155,7 @@ def prepare_run(
     store = ArtifactStore(artifacts or default_artifact_root())
     wire = defn.interface.inputs_to_wire(dict(inputs or {}), store.context(fetch=False))
     code = CodeRef(defn.module, defn.qualname)
-    source = getattr(sys.modules.get(defn.module), "__file__", None)
+    source = source_file(defn)
     if bundle and source:
         packed = pack_code(source)
         uri, sha = store.put_bytes(packed.data)

@@ -57,7 +57,7 @@ import fsspec
 
 from engine.artifacts.store import cache_dir
 from engine.atomic import publishing
-from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
+from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, source_file
 from engine.core.wire import CodeRef
 
 __all__ = ["BUNDLE_PREFIX", "FRAMEWORK_PACKAGES", "LOADER", "CodeLoader", "CodeNotFoundError"]
@@ -236,7 +236,7 @@ class CodeLoader:
             return CodeRef(inner, defn.qualname, bundle.uri, bundle.sha)
         # A module imported by its plain name from inside an extracted bundle (a rank process runs with
         # the bundle folder as its working directory) still belongs to that bundle.
-        origin = getattr(sys.modules.get(module), "__file__", None)
+        origin = source_file(defn)
         if origin:
             for bundle in list(_bundles.values()):
                 if Path(origin).is_relative_to(bundle.folder):

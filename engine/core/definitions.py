@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,6 +27,7 @@ __all__ = [
     "TaskDefinition",
     "WorkflowDefinition",
     "definition_of",
+    "source_file",
     "task",
     "workflow",
 ]
@@ -92,6 +95,17 @@ class WorkflowDefinition:
     qualname: str
     version: str | None
     timeout: timedelta | None
+
+
+def source_file(defn: TaskDefinition | WorkflowDefinition) -> str | None:
+    """The file the task or workflow was defined in: its function's own, which stays right when another file
+    of the same module name was imported since (two projects with a ``flows.py`` each in one process); else its
+    module's file, else None."""
+    code = getattr(inspect.unwrap(defn.fn), "__code__", None)
+    if code is not None and os.path.isfile(code.co_filename):
+        return str(code.co_filename)
+    origin = getattr(sys.modules.get(defn.module), "__file__", None)
+    return origin if isinstance(origin, str) else None
 
 
 def definition_of(obj: Any) -> TaskDefinition | WorkflowDefinition | None:

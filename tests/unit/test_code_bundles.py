@@ -321,12 +321,17 @@ def test_two_projects_with_the_same_module_names_load_their_own_code(tmp_path: P
         "import sys\n"
         "from engine.client import load_workflow_file, prepare_run\n"
         "from engine.core import definition_of\n"
+        "loaded = []\n"
         "for folder in sys.argv[1:]:\n"
         "    wf = load_workflow_file(folder + '/flows.py:wf')\n"
-        "    _, envelope = prepare_run(wf, {'n': 1}, artifacts=folder + '/artifacts')\n"
+        "    _, envelope = prepare_run(wf, {'n': 1}, artifacts=folder + '-artifacts')\n"
         "    add = definition_of(sys.modules['tasks'].add)\n"
         "    params = [p.name for p in add.interface.params]\n"
         "    print(sys.modules['tasks'].__file__, params, envelope.code.bundle_sha[:12])\n"
+        "    loaded.append((folder, wf))\n"
+        "# the first project's workflow, started after the second was loaded, still ships the first one's code\n"
+        "folder, wf = loaded[0]\n"
+        "print('again', prepare_run(wf, {'n': 1}, artifacts=folder + '-artifacts')[1].code.bundle_sha[:12])\n"
     )
     for name, params in (("a", "n: int"), ("b", "n: int, x: int = 5")):
         folder = tmp_path / name
@@ -344,8 +349,9 @@ def test_two_projects_with_the_same_module_names_load_their_own_code(tmp_path: P
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    first, second = done.stdout.splitlines()
+    first, second, again = done.stdout.splitlines()
     assert first.startswith(f"{tmp_path / 'a' / 'tasks.py'} ['n'] ")
     assert second.startswith(f"{tmp_path / 'b' / 'tasks.py'} ['n', 'x'] ")
     shas = {first.split()[-1], second.split()[-1]}
     assert len(shas) == 2  # each run is pinned to its own project's bundle
+    assert again == f"again {first.split()[-1]}"
