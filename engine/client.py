@@ -17,6 +17,7 @@ import inspect
 import os
 import re
 import sys
+import sysconfig
 import types
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -104,20 +105,33 @@ def load_workflow_file(target: str) -> WorkflowDefinition:
     return defn
 
 
+def _installed() -> list[Path]:
+    """Where the standard library, installed packages and gangflow's own packages live: never a project's."""
+    paths = sysconfig.get_paths()
+    folders = {Path(paths[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    here = Path(__file__).resolve().parents[1]  # the folder holding gangflow's own packages
+    folders |= {here / package for package in ("engine", "workflows", "plugins")}
+    return sorted(folders)
+
+
 def _import_from(root: Path) -> None:
     """Make ``root`` the first place imports look, and forget the modules of the same top-level names that
-    came from elsewhere: a process that loads two projects (a notebook, a test session) each with its own
-    ``flows.py`` and ``tasks.py`` must get the second project's, not the first one's again, since the
-    definition found here is also what the run's code bundle is packed from."""
+    came from another project folder: a process that loads two projects (a notebook, a test session) each
+    with its own ``flows.py`` and ``tasks.py`` must get the file it names, not the first one again. The
+    standard library, installed packages and gangflow itself are never forgotten (a project's ``logging.py``
+    does not displace the real one)."""
+    root = root.resolve()
     with contextlib.suppress(ValueError):
         sys.path.remove(str(root))
     sys.path.insert(0, str(root))
     names = {p.stem for p in root.glob("*.py")} | {p.parent.name for p in root.glob("*/__init__.py")}
+    installed = _installed()
     for name in list(sys.modules):
-        if name.partition(".")[0] not in names:
+        origin = getattr(sys.modules[name], "__file__", None) if name.partition(".")[0] in names else None
+        if origin is None:
             continue
-        origin = getattr(sys.modules[name], "__file__", None)
-        if origin is not None and not Path(origin).resolve().is_relative_to(root.resolve()):
+        where = Path(origin).resolve()
+        if not where.is_relative_to(root) and not any(where.is_relative_to(folder) for folder in installed):
             del sys.modules[name]
 
 

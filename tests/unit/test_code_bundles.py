@@ -355,3 +355,18 @@ def test_two_projects_with_the_same_module_names_load_their_own_code(tmp_path: P
     shas = {first.split()[-1], second.split()[-1]}
     assert len(shas) == 2  # each run is pinned to its own project's bundle
     assert again == f"again {first.split()[-1]}"
+
+
+def test_a_project_module_named_like_the_standard_librarys_does_not_displace_it(tmp_path: Path) -> None:
+    (tmp_path / "logging.py").write_text("SHADOW = True\n")
+    (tmp_path / "flows.py").write_text(
+        "from engine import workflow\n\n\n@workflow\nasync def wf(n: int) -> int:\n    return n\n"
+    )
+    code = (
+        "import logging, sys\n"
+        "from engine.client import load_workflow_file\n"
+        f"load_workflow_file({str(tmp_path / 'flows.py')!r} + ':wf')\n"
+        "print(sys.modules['logging'].__file__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and str(tmp_path) not in done.stdout, (done.stdout, done.stderr)
