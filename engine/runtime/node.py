@@ -78,7 +78,7 @@ DRAIN_TIMEOUT_S = 150.0
 #: the reason of the drain a stopping agent sets on its own node (and lifts when it starts again)
 SELF_DRAIN_REASON = "node agent stopping (SIGTERM)"
 #: a Scheduler that does not answer a drain this fast is not there (no worker): the agent stops without it
-_DRAIN_ANSWER_S = 10.0
+_DRAIN_ANSWER_S = 5.0
 
 
 @dataclass(frozen=True)
