@@ -36,12 +36,13 @@ RERECORD = "after a deliberate change, record again: .venv/bin/python tests/hist
 def bundle_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The recorded runs' code bundles, extracted where the worker's loader looks for them."""
     cache = tmp_path_factory.mktemp("replay-cache")
-    shas: set[str] = set()
+    refs: dict[str, set[str]] = {}
     for recorded in HISTORIES:
-        shas |= set(catalog.bundle_refs(recorded.history()))
-    catalog.install_bundles(cache, shas)
+        for sha, uri in catalog.bundle_refs(recorded.history()).items():
+            refs.setdefault(sha, set()).add(uri)
     previous = os.environ.get("GANGFLOW_CACHE")
     os.environ["GANGFLOW_CACHE"] = str(cache)
+    catalog.install_bundles(refs)
     yield cache
     if previous is None:
         os.environ.pop("GANGFLOW_CACHE", None)
@@ -59,8 +60,8 @@ def test_recorded_code_loads(bundle_cache: Path) -> None:
             except Exception as exc:
                 pytest.fail(
                     f"{recorded.test_id}: cannot load {ref.module}.{ref.qualname} from bundle {ref.bundle_sha}: "
-                    f"{exc}\n(catalog.install_bundles extracts bundles to <cache>/bundles/<sha>/, where the loader "
-                    "looked for them when this test was written)",
+                    f"{exc}\n(catalog.install_bundles extracts bundles with engine.artifacts.loader.install_bundle, "
+                    "where the loader looks for them)",
                     pytrace=False,
                 )
 

@@ -1,8 +1,19 @@
 """Loading user code by reference: content-addressed bundles, cached by hash, or importable modules.
 
-Each bundle is extracted once under the cache (``bundles/<sha>``) and imported under a private package
-name (``_gangflow_bundle_<sha16>``), so two versions of the same project (a run started before an edit
-and one started after) live side by side in one worker process, each run using its own.
+Each bundle is extracted once into the local cache of the store it was read from (``stores/<key>/bundles/<sha>``,
+see :func:`engine.artifacts.store.cache_path`: one cache per tenant) and imported under a private package name
+(``_gangflow_bundle_<sha16>``), so two versions of the same project (a run started before an edit and one started
+after) live side by side in one worker process, each run using its own. A bundle sha names the same content
+whatever the store, so a process imports it once; the files on disk (a rank's working folder, the configs a task
+reads next to its module) are each store's own.
+
+What is taken from the cache is checked. Extraction writes a manifest (:data:`MANIFEST`, hidden, so never a
+bundle's own file) of every extracted file's sha256 into the folder before it is published; the first use of a
+cached folder in a process re-hashes those files, and a folder whose files were changed, removed or whose manifest
+is missing is extracted again from the store (a task writing into its working folder, or an earlier process killed
+mid-way). Later uses in the same process compare the files' sizes and change times only. Top-level names come
+from the manifest and modules are compiled from their source, never from a ``__pycache__`` found in the folder, so
+a file added to the folder later is never imported in the bundle's name.
 
 How a bundle's modules find each other. A workflow file imports its siblings by absolute name
 (``import helpers``, ``from lib import sub``), as it does when run as a script. Those names must resolve
@@ -39,11 +50,16 @@ lock, and the import system's per-module locks serialize the imports themselves.
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
 import io
+import json
+import os
+import re
+import shutil
 import sys
 import threading
 import types
@@ -55,14 +71,25 @@ from typing import Any
 
 import fsspec
 
-from engine.artifacts.store import cache_dir
+from engine.artifacts.store import ArtifactStore
 from engine.atomic import publishing
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, source_file
 from engine.core.wire import CodeRef
 
-__all__ = ["BUNDLE_PREFIX", "FRAMEWORK_PACKAGES", "LOADER", "CodeLoader", "CodeNotFoundError"]
+__all__ = [
+    "BUNDLE_PREFIX",
+    "FRAMEWORK_PACKAGES",
+    "LOADER",
+    "MANIFEST",
+    "CodeLoader",
+    "CodeNotFoundError",
+    "install_bundle",
+]
 
 BUNDLE_PREFIX = "_gangflow_bundle_"
+#: the file in an extracted bundle's folder listing each extracted file's sha256
+MANIFEST = ".gangflow-manifest.json"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 #: top-level names a bundle never provides: they are the worker's own gangflow
 FRAMEWORK_PACKAGES = frozenset({"engine", "workflows", "plugins"})
 
@@ -105,16 +132,99 @@ class _Bundle:
     builtins: dict[str, Any] = field(repr=False)
 
 
-def _top_level_names(folder: Path) -> frozenset[str]:
+def _top_level_names(files: Mapping[str, str]) -> frozenset[str]:
     """What ``import X`` may mean inside the bundle: its top-level modules and packages (a folder with an
-    ``__init__.py`` or with modules of its own: a namespace package)."""
+    ``__init__.py`` or with modules of its own: a namespace package), from the manifest's file list."""
     names = set()
-    for entry in folder.iterdir():
-        if entry.is_file() and entry.suffix == ".py" and entry.stem.isidentifier():
-            names.add(entry.stem)
-        elif entry.is_dir() and entry.name.isidentifier() and any(entry.glob("*.py")):
-            names.add(entry.name)
-    return frozenset(names - FRAMEWORK_PACKAGES)
+    for rel in files:
+        parts = rel.split("/")
+        if len(parts) == 1 and parts[0].endswith(".py"):
+            names.add(parts[0][:-3])
+        elif len(parts) == 2 and parts[1].endswith(".py"):
+            names.add(parts[0])
+    return frozenset(n for n in names if n.isidentifier()) - FRAMEWORK_PACKAGES
+
+
+def _hash_files(folder: Path) -> dict[str, str]:
+    """Each regular file under ``folder`` (relative POSIX path) and its sha256, the manifest left out."""
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_file() and not path.is_symlink() and rel != MANIFEST:
+            files[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return files
+
+
+def _read_manifest(folder: Path, sha: str) -> dict[str, str] | None:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("sha256") != sha or not isinstance(manifest.get("files"), dict):
+        return None
+    return {str(k): str(v) for k, v in manifest["files"].items()}
+
+
+def _stat_files(folder: Path, files: Mapping[str, str]) -> list[tuple[int, int]] | None:
+    """The size and change time of each listed file (None when one is gone): a rewrite changes the ctime."""
+    out = []
+    for rel in files:
+        try:
+            info = os.lstat(folder / rel)
+        except OSError:
+            return None
+        out.append((info.st_size, info.st_ctime_ns))
+    return out
+
+
+def _unpack(uri: str, sha: str, data: bytes, target: Path) -> Path:
+    """Check ``data`` (read from ``uri``) against ``sha`` and extract it to ``target`` with its manifest,
+    atomically."""
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise CodeNotFoundError(f"code bundle {uri} does not match its sha256 {sha}")
+    with publishing(target) as staging:  # a concurrent extraction may win the race: its copy is the same
+        zipfile.ZipFile(io.BytesIO(data)).extractall(staging)
+        manifest = {"sha256": sha, "files": _hash_files(staging)}
+        (staging / MANIFEST).write_text(json.dumps(manifest, sort_keys=True))
+    return target
+
+
+def _store_named_by(uri: str, sha: str) -> ArtifactStore:
+    """The store a bundle reference points into (``<root>/cas/...``), for a caller that has none (the content is
+    still checked against ``sha``)."""
+    root, cas, _ = uri.rpartition("/cas/")
+    if not (root and cas):
+        raise CodeNotFoundError(f"code bundle {uri} (sha256 {sha}) is not in an artifact store (no /cas/ folder)")
+    return _store(root)
+
+
+@functools.lru_cache(maxsize=64)
+def _store(root: str) -> ArtifactStore:
+    return ArtifactStore(root)
+
+
+def _bundle_store(uri: str, sha: str, store: ArtifactStore | None) -> ArtifactStore:
+    """The store whose cache holds the bundle: ``store`` (the run's, which the reference must point into),
+    else the one the reference names. CodeNotFoundError (never retried) for a bad reference."""
+    if not _SHA256.fullmatch(sha):
+        raise CodeNotFoundError(f"code bundle {uri}: its sha256 {sha!r} is not 64 hex digits")
+    if store is None:
+        return _store_named_by(uri, sha)
+    try:
+        store.check_reference(uri, sha)
+    except ValueError as exc:
+        raise CodeNotFoundError(f"code bundle: {exc}") from exc
+    return store
+
+
+def install_bundle(uri: str, data: bytes) -> Path:
+    """Put a bundle's zip where the loader finds it extracted for a reference ``uri`` (the cache of the store
+    ``uri`` points into): for replaying recorded runs whose store is gone. Returns the folder."""
+    sha = hashlib.sha256(data).hexdigest()
+    target = _bundle_store(uri, sha, None).cache_path("bundles", sha)
+    if target.exists():
+        shutil.rmtree(target)
+    return _unpack(uri, sha, data, target)
 
 
 def _package(bundle: _Bundle) -> types.ModuleType:
@@ -138,6 +248,10 @@ class _BundleSourceLoader(importlib.machinery.SourceFileLoader):
     def exec_module(self, module: types.ModuleType) -> None:
         module.__dict__["__builtins__"] = self._builtins
         super().exec_module(module)
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        # From the checked source, never from a ``__pycache__`` in the folder (its files are not in the manifest).
+        return self.source_to_code(self.get_data(self.path), self.path)
 
 
 class _BundleFinder(importlib.abc.MetaPathFinder):
@@ -167,21 +281,51 @@ _finder = _BundleFinder(_bundles)
 
 
 class CodeLoader:
-    """Process-wide (imports are process-wide): resolves CodeRefs and builds them for definitions."""
+    """Process-wide (imports are process-wide): resolves CodeRefs and builds them for definitions.
 
-    def _extract(self, uri: str, sha: str) -> Path:
-        target = cache_dir() / "bundles" / sha
-        if target.exists():
-            return target
-        with fsspec.open(uri, "rb") as handle:
-            data = handle.read()
-        if hashlib.sha256(data).hexdigest() != sha:
-            raise CodeNotFoundError(f"code bundle {uri} does not match its sha256 {sha}")
-        with publishing(target) as staging:  # a concurrent extraction may win the race: its copy is the same
-            zipfile.ZipFile(io.BytesIO(data)).extractall(staging)
-        return target
+    ``store``, where a caller passes it, is the run's artifact store: the bundle reference must point into it
+    (else CodeNotFoundError) and the bundle is extracted into its cache. Without one, the store the reference
+    names is used.
+    """
 
-    def _bundle_for(self, uri: str, sha: str) -> _Bundle:
+    def __init__(self) -> None:
+        #: folders checked in this process, with their files' stats then (see the module docstring)
+        self._checked: dict[Path, list[tuple[int, int]]] = {}
+
+    def _intact(self, folder: Path, sha: str) -> dict[str, str] | None:
+        """The manifest of a cached folder whose files are as extracted, else None."""
+        files = _read_manifest(folder, sha)
+        if files is None:
+            return None
+        stats = _stat_files(folder, files)
+        if stats is not None and self._checked.get(folder) == stats:
+            return files
+        current = {rel: digest for rel, digest in _hash_files(folder).items() if rel in files}
+        if current != files:
+            return None
+        self._checked[folder] = _stat_files(folder, files) or []
+        return files
+
+    def _extract(self, uri: str, sha: str, store: ArtifactStore) -> tuple[Path, dict[str, str]]:
+        """The store's extracted copy of the bundle, checked, and its manifest; fetched and extracted again
+        when missing or changed."""
+        target = store.cache_path("bundles", sha)
+        with _lock:
+            data: bytes | None = None
+            for _ in range(3):  # another process may replace a changed copy at the same time as this one
+                if target.exists():
+                    files = self._intact(target, sha)
+                    if files is not None:
+                        return target, files
+                    shutil.rmtree(target, ignore_errors=True)  # changed since it was extracted: extract it again
+                if data is None:
+                    with fsspec.open(uri, "rb") as handle:
+                        data = handle.read()
+                _unpack(uri, sha, data, target)
+            raise CodeNotFoundError(f"code bundle {uri} keeps changing while it is extracted to {target}")
+
+    def _bundle_for(self, uri: str, sha: str, store: ArtifactStore | None = None) -> _Bundle:
+        source = _bundle_store(uri, sha, store)  # checked on every call: the fast path below trusts the process
         name = BUNDLE_PREFIX + sha[:16]
         bundle = _bundles.get(name)
         if bundle is not None and name in sys.modules:
@@ -189,9 +333,9 @@ class CodeLoader:
         with _lock:
             bundle = _bundles.get(name)
             if bundle is None:
-                folder = self._extract(uri, sha)
+                folder, files = self._extract(uri, sha, source)
                 namespace = dict(vars(builtins))
-                namespace["__import__"] = _BundleImport(name, _top_level_names(folder))
+                namespace["__import__"] = _BundleImport(name, _top_level_names(files))
                 bundle = _Bundle(name, uri, sha, folder, namespace)
                 _bundles[name] = bundle
             # Before the path finder, which would load the bundle's modules with the normal builtins.
@@ -202,21 +346,23 @@ class CodeLoader:
                 sys.modules[name] = _package(bundle)
         return bundle
 
-    def import_module(self, ref: CodeRef) -> types.ModuleType:
+    def import_module(self, ref: CodeRef, store: ArtifactStore | None = None) -> types.ModuleType:
         if ref.bundle and ref.bundle_sha:
-            package = self._bundle_for(ref.bundle, ref.bundle_sha).package
+            package = self._bundle_for(ref.bundle, ref.bundle_sha, store).package
             return importlib.import_module(f"{package}.{ref.module}")
         return importlib.import_module(ref.module)
 
-    def folder_for(self, ref: CodeRef) -> Path | None:
-        """Where a bundle's files were extracted (None for code that is not from a bundle)."""
+    def folder_for(self, ref: CodeRef, store: ArtifactStore | None = None) -> Path | None:
+        """Where the bundle's files are, in the store's own cache (checked; None for code that is not from a
+        bundle). Not necessarily the folder this process imported the bundle from: that is the first store's."""
         if not (ref.bundle and ref.bundle_sha):
             return None
-        return self._bundle_for(ref.bundle, ref.bundle_sha).folder
+        self._bundle_for(ref.bundle, ref.bundle_sha, store)
+        return self._extract(ref.bundle, ref.bundle_sha, _bundle_store(ref.bundle, ref.bundle_sha, store))[0]
 
-    def load(self, ref: CodeRef) -> TaskDefinition | WorkflowDefinition:
+    def load(self, ref: CodeRef, store: ArtifactStore | None = None) -> TaskDefinition | WorkflowDefinition:
         try:
-            obj: object = self.import_module(ref)
+            obj: object = self.import_module(ref, store)
         except ImportError as exc:
             raise CodeNotFoundError(f"cannot import {ref.module!r}: {exc}") from exc
         for part in ref.qualname.split("."):
@@ -228,19 +374,23 @@ class CodeLoader:
             raise CodeNotFoundError(f"{ref.module}.{ref.qualname} is not a @task or @workflow")
         return defn
 
-    def ref_for(self, defn: TaskDefinition | WorkflowDefinition) -> CodeRef:
+    def ref_for(self, defn: TaskDefinition | WorkflowDefinition, store: ArtifactStore | None = None) -> CodeRef:
+        """A reference to a definition's code; with ``store``, its bundle reference points into that store (a
+        process that imported the bundle for another store's run would otherwise name that store's copy)."""
         module = defn.module
         if module.startswith(BUNDLE_PREFIX):
             package, _, inner = module.partition(".")
             bundle = _bundles[package]
-            return CodeRef(inner, defn.qualname, bundle.uri, bundle.sha)
+            uri = store.object_uri(bundle.sha) if store is not None else bundle.uri
+            return CodeRef(inner, defn.qualname, uri, bundle.sha)
         # A module imported by its plain name from inside an extracted bundle (a rank process runs with
         # the bundle folder as its working directory) still belongs to that bundle.
         origin = source_file(defn)
         if origin:
             for bundle in list(_bundles.values()):
                 if Path(origin).is_relative_to(bundle.folder):
-                    return CodeRef(module, defn.qualname, bundle.uri, bundle.sha)
+                    uri = store.object_uri(bundle.sha) if store is not None else bundle.uri
+                    return CodeRef(module, defn.qualname, uri, bundle.sha)
         return CodeRef(module, defn.qualname)
 
 

@@ -2,8 +2,9 @@
 
 Layout under the root: ``cas/<sha[:2]>/<sha>`` for content-addressed data (files as they are,
 directories as deterministic tar archives, code bundles as zips) and ``logs/<run>/...`` for task logs.
-Readers keep a local cache keyed by sha256 (``$GANGFLOW_CACHE`` or ``~/.cache/gangflow``), so a value
-read twice is downloaded once. What is read is checked: a reference must point into this store's ``cas/``
+Readers keep a local cache per store (under ``$GANGFLOW_CACHE`` or ``~/.cache/gangflow``, see :func:`cache_path`), so
+a value read twice is downloaded once, and two stores (two tenants' roots) never share a cached copy, even of the
+same content. What is read is checked: a reference must point into this store's ``cas/``
 (not another store, not a path of its choosing), the downloaded bytes must have the reference's sha256 (files
 and directory archives alike), and a cached copy changed since it was fetched (a task writing into its input,
 say) is fetched again rather than handed out. A local directory is the default root; ``s3://``, ``gs://`` and the
@@ -20,22 +21,46 @@ import shutil
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import fsspec
 
 from engine.atomic import publishing, write_atomic
 from engine.types.files import Artifact, Directory
 
-__all__ = ["ArtifactStore", "cache_dir", "default_artifact_root"]
+__all__ = ["ArtifactStore", "CacheKind", "cache_dir", "cache_path", "default_artifact_root", "store_key"]
 
 _CHUNK = 1 << 20
 
 
+#: what a store's local cache holds: fetched files and directories, extracted code bundles
+CacheKind = Literal["artifacts", "bundles"]
+
+
 def cache_dir() -> Path:
+    """The machine's cache folder (``$GANGFLOW_CACHE`` or ``~/.cache/gangflow``): each store's cache lives under
+    it (:func:`cache_path`), a node agent's working folders too."""
     root = Path(os.environ.get("GANGFLOW_CACHE") or Path.home() / ".cache" / "gangflow")
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def store_key(root: str) -> str:
+    """The name of a store's cache folder: the first 16 hex digits of the sha256 of its root URI (as
+    ``ArtifactStore.uri_root`` spells it)."""
+    return hashlib.sha256(root.encode()).hexdigest()[:16]
+
+
+def cache_path(root: str, kind: CacheKind, sha: str, name: str = "") -> Path:
+    """Where the store rooted at ``root`` keeps its local copy of an object: the one home of the cache layout.
+
+    ``stores/<key>/artifacts/<sha[:2]>/<sha>/<name>`` for a fetched file or directory, ``stores/<key>/bundles/<sha>``
+    for an extracted code bundle. Keyed by the store, not only by content: each tenant has its own root, so each
+    has its own cache, and a copy one tenant's code changed (or planted) is never handed to another tenant even
+    when both hold the same sha256. ``sha`` and ``name`` must already be checked (64 hex digits, a plain name).
+    """
+    base = cache_dir() / "stores" / store_key(root) / kind
+    return base / sha[:2] / sha / name if kind == "artifacts" else base / sha
 
 
 def default_artifact_root() -> str:
@@ -124,6 +149,14 @@ class ArtifactStore:
     def _uri(self, path: str) -> str:
         return path if self.local else self.fs.unstrip_protocol(path)
 
+    def object_uri(self, sha: str) -> str:
+        """The URI of this store's object for a sha256 (what a reference to it must say)."""
+        return self._uri(self._cas_path(sha))
+
+    def cache_path(self, kind: CacheKind, sha: str, name: str = "") -> Path:
+        """This store's local copy of an object (see :func:`cache_path`)."""
+        return cache_path(self.uri_root, kind, sha, name)
+
     def log_path(self, *parts: str) -> str:
         return "/".join([self.root, "logs", *parts])
 
@@ -170,12 +203,13 @@ class ArtifactStore:
             return handle.read()  # type: ignore[no-any-return]
 
     def fetch(self, art: Artifact) -> str:
-        """A local path holding the artifact's content, downloaded once per sha256 into the cache (and again
-        when the cached copy was changed). Raises ValueError (never retried) for a reference outside this store."""
+        """A local path holding the artifact's content, downloaded once per sha256 into this store's cache (and
+        again when the cached copy was changed). Raises ValueError (never retried) for a reference outside this
+        store."""
         if not art.uri or not art.sha256:
             raise ValueError(f"{art!r} is not an uploaded reference")
-        self._check_inside(art.uri, art.sha256)
-        target = cache_dir() / "artifacts" / art.sha256[:2] / art.sha256 / art.name
+        self.check_reference(art.uri, art.sha256)
+        target = self.cache_path("artifacts", art.sha256, art.name)
         if target.exists():
             if _stamp(target) == _read_stamp(target):
                 return str(target)
@@ -196,10 +230,10 @@ class ArtifactStore:
         write_atomic(_stamp_path(target), json.dumps(_stamp(target)).encode(), durable=False)
         return str(target)
 
-    def _check_inside(self, uri: str, sha: str) -> None:
+    def check_reference(self, uri: str, sha: str) -> None:
         """The reference must name this store's object for its sha256: not another store's (another tenant's),
-        not a path of the sender's choosing."""
-        expected = self._uri(self._cas_path(sha))
+        not a path of the sender's choosing. Raises ValueError (never retried) otherwise."""
+        expected = self.object_uri(sha)
         given = os.path.normpath(uri) if self.local and "://" not in uri else uri
         if given != expected:
             raise ValueError(f"refusing an artifact reference outside this run's store ({self.uri_root}): {uri}")

@@ -30,9 +30,9 @@ __all__ = ["main"]
 
 def _run(spec: dict[str, Any], rank: RankContext) -> None:
     envelope = Envelope.decode(spec["envelope"])
-    defn = LOADER.load(envelope.code)
-    assert isinstance(defn, TaskDefinition) and defn.plugin is not None
     store = ArtifactStore(envelope.run.artifacts)
+    defn = LOADER.load(envelope.code, store)
+    assert isinstance(defn, TaskDefinition) and defn.plugin is not None
     context = store.context()
     inputs = defn.interface.inputs_from_wire(envelope.inputs, context)
     defn.plugin.setup(rank)

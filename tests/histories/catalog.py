@@ -9,14 +9,12 @@ Shared by ``record.py`` (which writes them) and ``tests/test_replay.py`` (which 
 
 A replay runs the *current* workflow code (workflows/) on each recorded history; the user's own code
 comes from the bundle the run was pinned to, installed where the worker's loader finds an extracted
-bundle (``cache_dir()/bundles/<sha>/``).
+bundle (the local cache of the store the bundle's URI points into, see engine.artifacts.loader.install_bundle).
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 
+from engine.artifacts.loader import install_bundle
 from engine.core.wire import CodeRef, Envelope
 
 __all__ = [
@@ -126,19 +125,19 @@ def bundle_refs(history: WorkflowHistory) -> dict[str, str]:
     return {ref.bundle_sha: ref.bundle for ref in code_refs(history) if ref.bundle_sha and ref.bundle}
 
 
-def install_bundles(cache: Path, shas: set[str], source: Path = BUNDLES) -> None:
-    """Extract the saved bundles into ``<cache>/bundles/<sha>/``, where the worker's loader looks for an
-    already extracted bundle before fetching it from the artifact store (gone since the recording)."""
-    missing = sorted(sha for sha in shas if not (source / f"{sha}.zip").is_file())
+def install_bundles(refs: dict[str, set[str]], source: Path = BUNDLES) -> None:
+    """Extract the saved bundles (sha → the URIs the histories name them by) where the worker's loader finds an
+    extracted bundle before fetching it from the artifact store (gone since the recording): the local cache of
+    the store each URI points into (``$GANGFLOW_CACHE``, set by the caller)."""
+    missing = sorted(sha for sha in refs if not (source / f"{sha}.zip").is_file())
     if missing:
         raise FileNotFoundError(
             f"code bundle(s) {', '.join(s[:12] for s in missing)} referenced by the recorded histories are not in "
             f"{source}: record again with 'python tests/histories/record.py'"
         )
-    for sha in sorted(shas):
+    for sha, uris in sorted(refs.items()):
         data = (source / f"{sha}.zip").read_bytes()
         if hashlib.sha256(data).hexdigest() != sha:
             raise ValueError(f"{source / sha}.zip is corrupt: its sha256 is not its name")
-        target = cache / "bundles" / sha
-        if not target.exists():
-            zipfile.ZipFile(io.BytesIO(data)).extractall(target)
+        for uri in sorted(uris):
+            install_bundle(uri, data)
