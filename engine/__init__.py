@@ -3,6 +3,7 @@
 from engine import task, workflow, Resources, Retry, File, Directory
 engine.now(), engine.random(), engine.uuid4(), await engine.sleep(s): replay-safe in a workflow body
 engine.preemption(): in a rank, the preemption notice (deadline, reason) or None
+@task(secrets=[Secret("hf-token", env="HF_TOKEN")]); engine.secret("hf-token") inside the task
 """
 
 from engine.checkpoint import Preemption, preemption
@@ -21,6 +22,7 @@ from engine.core.determinism import now, random, sleep, uuid4
 from engine.core.gang import GangPlugin, ProcessSpec, RankContext, current_rank
 from engine.core.guard import NonDeterministicCall
 from engine.core.plugins import available_plugins, plugin
+from engine.core.secrets import Secret, secret
 from engine.progress import report
 from engine.types import Directory, File
 
@@ -38,6 +40,7 @@ __all__ = [
     "RankContext",
     "Resources",
     "Retry",
+    "Secret",
     "TypeMismatchError",
     "available_plugins",
     "checkpoint",
@@ -48,6 +51,7 @@ __all__ = [
     "random",
     "report",
     "run_local",
+    "secret",
     "sleep",
     "task",
     "uuid4",

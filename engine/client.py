@@ -48,6 +48,7 @@ from engine.scheduling.config import QueueConfig, QueueConfigError, dump_queue_c
 from engine.scheduling.events import drain_request
 from engine.types.codec import unpack
 from workflows.gang import RUN_RANKS
+from workflows.platform import tenant_namespace
 from workflows.scheduler import SCHEDULER_ID, SCHEDULER_TYPE
 from workflows.shell import PROGRESS_QUERY
 
@@ -325,7 +326,12 @@ class Client:
     async def check_tenancy(self, defn: WorkflowDefinition, run: RunContext) -> None:
         """Refuse (TenancyError) a tenant or priority class the cluster's queue configuration lacks: the
         run's own, and those of the tasks the workflow calls (``task_priorities``). A Scheduler that does
-        not answer (GangflowError) lets only what needs no configuration through: tenant "default", no class."""
+        not answer (GangflowError) lets only what needs no configuration through: tenant "default", no class.
+        A run in its tenant's own namespace (the isolated layout) cannot see the Scheduler: the platform judges
+        its gangs when they ask for a placement."""
+        with contextlib.suppress(ValueError):
+            if self.temporal.namespace == tenant_namespace(run.tenant):
+                return
         try:
             queues = await self._scheduler_query("queues")
         except _NoScheduler:

@@ -7,6 +7,7 @@ passed; ``pytest_unconfigure`` below ends the process with the test run's own ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -299,3 +300,60 @@ def cluster(server: DevServer, worker: WorkerProcess, state_root: Path) -> Itera
 @pytest.fixture
 def artifacts(state_root: Path) -> str:
     return str(state_root / "artifacts")
+
+
+class AuthStack:
+    """``gangflow dev --auth`` run as a user runs it (the isolated layout: tenants' workers in their namespaces
+    behind the gateway, the platform and its node agents in gangflow-system)."""
+
+    def __init__(self, state: Path, port: int, proc: subprocess.Popen[str], log: Path) -> None:
+        self.state, self.port, self.proc, self.log = state, port, proc, log
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(cls, state: Path, queues: str, *extra: str) -> Iterator[AuthStack]:
+        from engine.runtime import free_port
+
+        port, log = free_port(), state.parent / "dev.log"
+        cmd = [sys.executable, "-m", "engine.cli", "dev", "--auth", "--queues", queues, *extra]
+        cmd += ["--headless", "--port", str(port), "--ui-port", str(free_port()), "--state-dir", str(state)]
+        with open(log, "w") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        deadline = time.monotonic() + 60
+        while "gangflow run" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        try:
+            yield cls(state, port, proc, log)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0, log.read_text()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def upstream(self) -> str:
+        """Temporal itself (the platform's way in), from the banner."""
+        line = next(x for x in self.log.read_text().splitlines() if "gangflow dev" in x and "Temporal on" in x)
+        return line.split("Temporal on ")[1].split(",")[0].strip()
+
+    def token(self, tenant: str) -> str:
+        return (self.state / "auth" / "tokens" / f"{tenant}.jwt").read_text().strip()
+
+    def env(self, tenant: str) -> dict[str, str]:
+        """What the banner tells a tenant to export."""
+        return {
+            **os.environ,
+            "GANGFLOW_ADDRESS": self.address,
+            "GANGFLOW_NAMESPACE": "gf-{tenant}",
+            "GANGFLOW_TENANT": tenant,
+            "GANGFLOW_ARTIFACTS": str(self.state / "artifacts" / tenant),
+            "GANGFLOW_API_KEY": self.token(tenant),
+        }
+
+    async def client(self, namespace: str, token: str | None) -> Any:
+        from temporalio.client import Client
+
+        return await Client.connect(self.address, namespace=namespace, api_key=token, tls=False)

@@ -6,18 +6,15 @@ publishes verifies its tokens (what a real server's default claim mapper would b
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import jwt
 import pytest
-from conftest import ROOT, gangflow_cli, run, until
+from conftest import ROOT, AuthStack, gangflow_cli, run, until
 from temporalio.api.command.v1 import Command, SignalExternalWorkflowExecutionCommandAttributes
 from temporalio.api.enums.v1 import CommandType
 from temporalio.api.workflowservice.v1 import (
@@ -28,45 +25,16 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from engine.runtime import free_port
 from engine.runtime.gateway import authorized
 from engine.runtime.tokens import Claims, DevKeys
 
 WORKFLOW = "gangflow.auth.NoWorkerNeeded"  # started by type name: nothing polls its queue
 
 
-class AuthStack:
-    def __init__(self, state: Path, port: int, proc: subprocess.Popen[str], log: Path) -> None:
-        self.state, self.port, self.proc, self.log = state, port, proc, log
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def token(self, tenant: str) -> str:
-        return (self.state / "auth" / "tokens" / f"{tenant}.jwt").read_text().strip()
-
-    async def client(self, namespace: str, token: str | None) -> Client:
-        return await Client.connect(self.address, namespace=namespace, api_key=token, tls=False)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthStack]:
-    state = tmp_path_factory.mktemp("auth") / "state"
-    port, log = free_port(), state.parent / "dev.log"
-    cmd = [sys.executable, "-m", "engine.cli", "dev", "--auth", "--queues", str(ROOT / "examples" / "queues.yaml")]
-    cmd += ["--headless", "--port", str(port), "--ui-port", str(free_port()), "--state-dir", str(state)]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=dict(os.environ))
-    deadline = time.monotonic() + 60
-    while "gangflow run" not in log.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.1)
-    try:
-        yield AuthStack(state, port, proc, log)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, log.read_text()
+    with AuthStack.start(tmp_path_factory.mktemp("auth") / "state", str(ROOT / "examples" / "queues.yaml")) as s:
+        yield s
 
 
 async def _denied(action: Callable[[], Awaitable[Any]]) -> None:
@@ -93,7 +61,7 @@ def test_banner_names_the_gateway_tokens_and_jwks(stack: AuthStack) -> None:
     text = stack.log.read_text()
     assert f"the gateway on {stack.address} checks" in text
     assert str(stack.state / "auth" / "jwks.json") in text
-    assert f"GANGFLOW_ADDRESS={stack.address} GANGFLOW_NAMESPACE=gf-team-a" in text
+    assert f"GANGFLOW_ADDRESS={stack.address} GANGFLOW_NAMESPACE='gf-{{tenant}}' GANGFLOW_TENANT=team-a" in text
 
 
 def test_a_tenant_acts_in_its_namespace_and_is_denied_in_another(stack: AuthStack) -> None:

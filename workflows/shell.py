@@ -34,6 +34,7 @@ from temporalio.exceptions import (
     ApplicationError,
     ChildWorkflowError,
     FailureError,
+    NexusOperationError,
     TimeoutError,
     TimeoutType,
     is_cancelled_exception,
@@ -44,10 +45,11 @@ from engine.core.definitions import TaskDefinition, WorkflowDefinition
 from engine.core.dispatch import using_dispatcher
 from engine.core.guard import guarding, rearm
 from engine.core.resources import NEVER_RETRIED, Retry
-from engine.core.wire import CodeRef, Envelope
+from engine.core.wire import CodeRef, Envelope, RunContext
 from engine.errors import GangflowError
 from engine.types.codec import check_payload_size, pack, unpack
 from workflows.gang import GANG_TYPE, GangSpec
+from workflows.platform import GangCall, GangService, TenantRoute
 
 __all__ = [
     "PROGRESS_QUERY",
@@ -72,12 +74,22 @@ class CodeResolver(Protocol):
 
 
 _resolver: CodeResolver | None = None
+#: set on a tenant's worker (the isolated layout): its tenant and artifact root win over the client's, and
+#: gangs go through the tenant's Nexus endpoint to the platform namespace instead of running as children here
+_route: TenantRoute | None = None
 
 
-def configure(resolver: CodeResolver) -> None:
+def configure(resolver: CodeResolver, route: TenantRoute | None = None) -> None:
     """Called once by the worker assembly (engine.runtime) before the worker starts."""
-    global _resolver
-    _resolver = resolver
+    global _resolver, _route
+    _resolver, _route = resolver, route
+
+
+def _pinned(run: RunContext) -> RunContext:
+    """The run as this worker runs it: on a tenant's worker, its own tenant and root, whatever the client said."""
+    if _route is None:
+        return run
+    return RunContext(run.run_id, run.pipeline, _route.tenant, _route.artifacts, run.priority)
 
 
 def _get_resolver() -> CodeResolver:
@@ -121,7 +133,7 @@ def _worker_lost(err: ActivityError) -> bool:
 
 def _describe_failure(err: FailureError) -> str:
     cause: BaseException | None = err.cause
-    while isinstance(cause, ActivityError | ChildWorkflowError) and cause.cause is not None:
+    while isinstance(cause, ActivityError | ChildWorkflowError | NexusOperationError) and cause.cause is not None:
         cause = cause.cause
     if isinstance(cause, ApplicationError):
         return f"{cause.type or 'Error'}: {cause.message}"
@@ -147,7 +159,7 @@ class _TemporalDispatcher:
         self.shell.task_started(task.name)
         try:
             result = await (self._run_gang(task, blob) if task.gang is not None else self._execute(task, blob))
-        except (ActivityError, ChildWorkflowError, _TaskFailed) as failed:
+        except (ActivityError, ChildWorkflowError, NexusOperationError, _TaskFailed) as failed:
             self.shell.task_finished(task.name, failed=True)
             err = failed.error if isinstance(failed, _TaskFailed) else failed
             if is_cancelled_exception(err):
@@ -155,7 +167,7 @@ class _TemporalDispatcher:
             if isinstance(failed, _TaskFailed):
                 tries = f" after {failed.tries} attempts" if failed.tries > 1 else ""
             else:
-                exhausted = task.retry.attempts > 1 and "MAXIMUM_ATTEMPTS" in str(err.retry_state)
+                exhausted = task.retry.attempts > 1 and "MAXIMUM_ATTEMPTS" in str(getattr(err, "retry_state", ""))
                 tries = f" after {task.retry.attempts} attempts" if exhausted else ""
             raise ApplicationError(
                 f"task {task.name!r} failed{tries}: {_describe_failure(err)}", type="TaskFailed", non_retryable=True
@@ -191,6 +203,18 @@ class _TemporalDispatcher:
             preemptible=task.preemptible,
             preemption_grace_s=task.preemption_grace.total_seconds() if task.preemption_grace else None,
         )
+        summary = f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)"
+        if _route is not None:
+            # The platform runs the GangRun in its namespace; a cancelled run cancels it (WAIT_COMPLETED: the
+            # task ends once the ranks are stopped and the GPUs are back). A *terminated* run cancels nothing:
+            # the platform's owner check finds the orphan.
+            nexus = workflow.create_nexus_client(service=GangService, endpoint=_route.endpoint)
+            return await nexus.execute_operation(
+                GangService.run_gang,
+                GangCall.of(spec, blob, info.workflow_id, info.run_id),
+                headers={"gangflow-task": task.name},
+                summary=summary,
+            )
         return await workflow.execute_child_workflow(  # type: ignore[no-any-return]
             GANG_TYPE,
             args=[spec, blob],
@@ -198,7 +222,7 @@ class _TemporalDispatcher:
             task_queue=info.task_queue,
             result_type=bytes,
             memo={"gangflow_task": task.name},
-            static_summary=f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)",
+            static_summary=summary,
             # a terminated or timed-out run cancels its gangs, so they stop their ranks and free their GPUs
             parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
         )
@@ -343,6 +367,15 @@ class UserWorkflow:
     async def run(self, args: Sequence[RawValue]) -> bytes:
         blob = workflow.payload_converter().from_payload(args[0].payload, bytes)
         envelope = Envelope.decode(blob)
+        envelope = Envelope(envelope.code, envelope.inputs, _pinned(envelope.run))
+        bundle = envelope.code.bundle
+        if _route is not None and bundle and not bundle.startswith(_route.artifacts.rstrip("/") + "/"):
+            raise ApplicationError(
+                f"the run's code bundle {bundle} is outside tenant {_route.tenant}'s artifact root "
+                f"{_route.artifacts} (set GANGFLOW_ARTIFACTS to it)",
+                type="ArtifactOutsideStore",
+                non_retryable=True,
+            )
         try:
             defn = _get_resolver().load(envelope.code)
         except Exception as exc:

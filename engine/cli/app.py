@@ -57,6 +57,7 @@ from .render import (
     show_runs,
     show_status,
 )
+from .secrets import add_secret_parser, add_secrets_dir_option, cmd_secret
 from .serve import DEMO_NODES, cmd_codec_server, cmd_demo, cmd_dev, cmd_node, cmd_worker
 
 __all__ = ["build_parser", "main", "run_options"]
@@ -70,6 +71,11 @@ def _connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca", metavar="FILE", help="the server's CA certificate, PEM (default $GANGFLOW_TLS_CA)")
     p.add_argument("--tls-cert", metavar="FILE", help="mutual TLS: our certificate (default $GANGFLOW_TLS_CERT)")
     p.add_argument("--tls-key", metavar="FILE", help="mutual TLS: its private key (default $GANGFLOW_TLS_KEY)")
+    p.add_argument(
+        "--tenant",
+        help="the tenant (default $GANGFLOW_TENANT or default); with GANGFLOW_NAMESPACE='gf-{tenant}' it picks the "
+        "tenant's namespace, and the credentials decide whether that is allowed",
+    )
 
 
 NODE_ACTIONS = ("drain", "undrain")
@@ -180,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, drain this node and wait this long for its gangs to checkpoint and leave before "
         f"stopping (default {DRAIN_TIMEOUT_S:g}; 0: stop at once). A supervisor's stop timeout must be longer",
     )
+    add_secrets_dir_option(p)
     _connection_args(p)
 
     p = command("codec-server", "serve the Web UI's codec endpoint (shows payloads as JSON)")
@@ -223,6 +230,25 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_args(p)
     p.add_argument("--load", action="append", default=[], metavar="PKG", help="preload a package of workflows")
     p.add_argument("--task-queue", default=TASK_QUEUE, help=f"queue to poll (default {TASK_QUEUE})")
+    add_secrets_dir_option(p)
+    p.add_argument(
+        "--artifacts",
+        help="with --tenant: the tenant's artifact root, pinned over what its clients name "
+        "(default $GANGFLOW_ARTIFACTS)",
+    )
+    p.add_argument(
+        "--platform",
+        action="store_true",
+        help="the platform's worker (namespace gangflow-system): the Scheduler, the gangs, and a Nexus handler "
+        "per tenant of --tenants",
+    )
+    p.add_argument("--tenants", metavar="A,B", help="with --platform: the tenants whose endpoints it serves")
+    p.add_argument(
+        "--tenant-artifacts",
+        metavar="TEMPLATE",
+        help="with --platform: each tenant's artifact root, e.g. 's3://bucket/{tenant}' (default "
+        "$GANGFLOW_ARTIFACTS/{tenant})",
+    )
 
     p = command(
         "run",
@@ -235,7 +261,6 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_args(p)
     p.add_argument("--input-json", help="inputs as one JSON object")
     p.add_argument("--artifacts", help="artifact store URI (default $GANGFLOW_ARTIFACTS or .gangflow/artifacts)")
-    p.add_argument("--tenant", help="the tenant the run belongs to (default $GANGFLOW_TENANT or default)")
     p.add_argument("--priority", metavar="CLASS", help="the priority class of the run's gangs (a task's own wins)")
     p.add_argument("--task-queue", default=TASK_QUEUE, help="the workers' queue (default %(default)s)")
     p.add_argument("--run-id", help="choose the run id (default <workflow>-<random>)")
@@ -284,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint (examples/queues.yaml, examples/multitenant.py); prints the timeline",
     )
     add_auth_parser(sub)
+    add_secret_parser(sub)
     return parser
 
 
@@ -552,6 +578,7 @@ _COMMANDS = {
     "dev": cmd_dev,
     "demo": cmd_demo,
     "auth": cmd_auth,
+    "secret": cmd_secret,
 }
 
 

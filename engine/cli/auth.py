@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.executor.process import spawn
 from engine.scheduling.config import QueueConfig
+from workflows.platform import PLATFORM_NAMESPACE, tenant_namespace
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError
 from .render import print_unwrapped
@@ -38,8 +42,6 @@ def _need_extra(what: str) -> None:
 
 
 def _namespace(tenant: str) -> str:
-    from engine.runtime.tokens import tenant_namespace
-
     try:
         return tenant_namespace(tenant)
     except ValueError as exc:
@@ -56,8 +58,6 @@ class DevAuth:
 
     @property
     def namespaces(self) -> tuple[str, ...]:
-        from engine.runtime.tokens import PLATFORM_NAMESPACE
-
         return (*(_namespace(t) for t in self.tenants), PLATFORM_NAMESPACE)
 
     async def start_gateway(self, upstream: str, port: int) -> Gateway:
@@ -69,20 +69,35 @@ class DevAuth:
         except RuntimeError as exc:  # grpc: the port is taken
             raise CliError(f"the auth gateway cannot listen on port {port}: {exc}") from None
 
-    def show(self, gateway: Gateway, upstream: str, state_dir: str) -> None:
+    def show(self, gateway: Gateway, upstream: str, state: Path) -> None:
         first = self.tenants[0]
         print_unwrapped(
             f"--auth (dev only): the gateway on {gateway.address} checks Temporal's JWT permissions; as a tenant:"
         )
+        # one line: the namespace follows --tenant, the root and the token are the first tenant's
         print_unwrapped(
-            f"  export GANGFLOW_ADDRESS={gateway.address} GANGFLOW_NAMESPACE={_namespace(first)} "
-            f"GANGFLOW_API_KEY=$(cat {self.tokens / f'{first}.jwt'})"
+            f"  export GANGFLOW_ADDRESS={gateway.address} GANGFLOW_NAMESPACE='gf-{{tenant}}' GANGFLOW_TENANT={first} "
+            f"GANGFLOW_ARTIFACTS={state / 'artifacts' / first} GANGFLOW_API_KEY=$(cat {self.tokens / f'{first}.jwt'})"
         )
         print_unwrapped(
             f"  tokens: {self.tokens}/<tenant>.jwt (another: gangflow auth token TENANT [--role read] --state-dir "
-            f"{state_dir}); JWKS: {self.keys.jwks_file}"
+            f"{state}); JWKS: {self.keys.jwks_file}"
         )
-        print_unwrapped(f"  {upstream} is Temporal itself: the platform's way in (this worker, the node agents)")
+        print_unwrapped(
+            f"  {upstream} is Temporal itself: the platform's way in (the Scheduler and gangs in gangflow-system, "
+            "the node agents)"
+        )
+
+    def spawn_workers(self, gateway: str, state: Path) -> list[subprocess.Popen[bytes]]:
+        """One worker per tenant, in its namespace, through the gateway with the tenant's own token (in the
+        environment, not on a command line ``ps`` shows), its artifact root pinned under the state dir."""
+        workers = []
+        for tenant in self.tenants:
+            env = {**os.environ, "GANGFLOW_API_KEY": (self.tokens / f"{tenant}.jwt").read_text().strip()}
+            command = [sys.executable, "-m", "engine.cli", "worker", "--tenant", tenant, "--address", gateway]
+            command += ["--namespace", _namespace(tenant), "--artifacts", str(state / "artifacts" / tenant)]
+            workers.append(spawn(command, log=state / f"worker-{tenant}.log", env=env))
+        return workers
 
 
 def dev_auth(args: argparse.Namespace, queues: QueueConfig | None) -> DevAuth | None:

@@ -53,6 +53,7 @@ def endpoint_for(args: argparse.Namespace) -> Endpoint:
             tls_ca=args.tls_ca,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
+            tenant=getattr(args, "tenant", None),
         )
     except InputError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None

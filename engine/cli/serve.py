@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from temporalio.client import Client as TemporalClient
@@ -20,6 +21,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError
 
+from engine.artifacts.store import default_artifact_root
 from engine.client import DEFAULT_TENANT, Client, load_workflow_file, prepare_run
 from engine.core.definitions import WorkflowDefinition
 from engine.core.resources import parse_memory
@@ -32,7 +34,10 @@ from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connec
 from engine.runtime.codec_server import CodecServer
 from engine.runtime.encryption import keys_from_env
 from engine.runtime.node import DRAIN_TIMEOUT_S, NodeConfig, run_node
+from engine.runtime.platform import artifacts_for, build_gang_workers, ensure_endpoints
+from engine.runtime.secrets import SECRETS_DIR_ENV
 from engine.scheduling.config import QueueConfig, QueueConfigError
+from workflows.platform import PLATFORM_NAMESPACE, TenantRoute, tenant_namespace
 
 from .auth import dev_auth
 from .common import (
@@ -48,6 +53,7 @@ from .common import (
 )
 from .demo_tenants import TenantsDemo
 from .render import console, err_console, print_unwrapped, show_failure, show_status
+from .secrets import configure_secrets_dir
 
 __all__ = ["DEMO_GPUS", "DEMO_NODES", "cmd_codec_server", "cmd_demo", "cmd_dev", "cmd_node", "cmd_worker"]
 
@@ -65,28 +71,77 @@ async def _connect(endpoint: Endpoint) -> TemporalClient:
         raise CliError(f"cannot reach Temporal at {endpoint.address}: {exc}") from None
 
 
+@dataclass(frozen=True)
+class _Platform:
+    """``gangflow worker --platform``: the Nexus handlers for these tenants, with the roots pinned for them."""
+
+    tenants: tuple[str, ...]
+    artifacts: Callable[[str], str]
+
+
 async def _serve(
     temporal: TemporalClient,
     modules: Sequence[str] = (),
     task_queue: str = TASK_QUEUE,
     ready: Callable[[], Awaitable[None]] | None = None,
+    *,
+    route: TenantRoute | None = None,
+    platform: _Platform | None = None,
 ) -> None:
     """Run a worker until SIGINT / SIGTERM; ``ready`` runs once the worker polls (what needs one of its
     workflows to answer, such as the Scheduler taking a queue configuration)."""
     await ensure_search_attributes(temporal)
     preload(modules)
-    async with build_worker(temporal, task_queue=task_queue):
+    workers = [build_worker(temporal, task_queue=task_queue, route=route)]
+    if platform is not None:
+        await ensure_endpoints(temporal, platform.tenants)
+        workers += build_gang_workers(temporal, platform.tenants, platform.artifacts)
+    async with contextlib.AsyncExitStack() as running:
+        for worker in workers:
+            await running.enter_async_context(worker)
         stopped = stop_event()
         if ready is not None:
             await ready()
         await stopped.wait()
 
 
+def _worker_layout(args: argparse.Namespace) -> tuple[TenantRoute | None, _Platform | None]:
+    """``--tenant`` (a tenant's worker) or ``--platform`` (the platform's), checked before anything connects."""
+    if args.tenant and args.platform:
+        raise CliError("--tenant and --platform exclude each other: a worker serves one namespace", EXIT_BAD_INPUT)
+    if (args.tenants or args.tenant_artifacts) and not args.platform:
+        raise CliError("--tenants and --tenant-artifacts go with --platform", EXIT_BAD_INPUT)
+    try:
+        if args.tenant:
+            tenant_namespace(args.tenant)
+            return TenantRoute(args.tenant, args.artifacts or default_artifact_root()), None
+        if args.platform:
+            tenants = tuple(t for t in (args.tenants or "").split(",") if t)
+            if not tenants:
+                raise CliError("--platform needs --tenants a,b,... (one Nexus handler per tenant)", EXIT_BAD_INPUT)
+            for tenant in tenants:
+                tenant_namespace(tenant)
+            return None, _Platform(
+                tenants, artifacts_for(args.tenant_artifacts or f"{default_artifact_root()}/{{tenant}}")
+            )
+    except (ValueError, GangflowError) as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    return None, None
+
+
 async def cmd_worker(args: argparse.Namespace) -> int:
+    configure_secrets_dir(args)
+    route, platform = _worker_layout(args)
+    if args.namespace is None and not os.environ.get("GANGFLOW_NAMESPACE"):
+        args.namespace = tenant_namespace(route.tenant) if route else PLATFORM_NAMESPACE if platform else None
     endpoint = endpoint_for(args)
     temporal = await _connect(endpoint)
-    console.print(f"gangflow worker on {endpoint.address} (namespace {endpoint.namespace}, queue {args.task_queue})")
-    await _serve(temporal, args.load, args.task_queue)
+    role = f", tenant {route.tenant}, artifacts {route.artifacts}" if route else ""
+    role += f", platform for {', '.join(platform.tenants)}" if platform else ""
+    console.print(
+        f"gangflow worker on {endpoint.address} (namespace {endpoint.namespace}, queue {args.task_queue}{role})"
+    )
+    await _serve(temporal, args.load, args.task_queue, route=route, platform=platform)
     return EXIT_OK
 
 
@@ -126,6 +181,7 @@ def _node_config(args: argparse.Namespace) -> NodeConfig:
 
 
 async def cmd_node(args: argparse.Namespace) -> int:
+    configure_secrets_dir(args)
     try:
         config = _node_config(args)
     except ValueError as exc:
@@ -166,10 +222,13 @@ async def cmd_codec_server(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _spawn_nodes(address: str, count: int, gpus: int, state: Path) -> list[subprocess.Popen[bytes]]:
+def _spawn_nodes(
+    address: str, count: int, gpus: int, state: Path, namespace: str = "default"
+) -> list[subprocess.Popen[bytes]]:
     """Node agents beside the dev worker, each a real ``gangflow node`` process standing in for a server. They
     stop at once (no drain): the whole stack is stopping, its worker first, so no Scheduler would answer."""
     node = [sys.executable, "-m", "engine.cli", "node", "--gpus", str(gpus), "--address", address]
+    node += ["--namespace", namespace]
     node += ["--drain-timeout", "0"]
     return [
         spawn([*node, "--node-id", f"node-{i}", "--advertise-addr", "127.0.0.1"], log=state / f"node-{i}.log")
@@ -191,6 +250,8 @@ async def _apply_queues(temporal: TemporalClient, file: str, config: QueueConfig
 
 async def cmd_dev(args: argparse.Namespace) -> int:
     state = Path(args.state_dir).resolve()
+    # what `gangflow secret set TENANT NAME` writes: this worker, its tenants' workers and node agents read it
+    os.environ.setdefault(SECRETS_DIR_ENV, str(state / "secrets"))
     # checked before anything starts: a bad file is bad input (exit 2), not a stack that half came up
     queues = read_queue_file(args.queues) if args.queues else None
     auth = dev_auth(args, queues)
@@ -211,32 +272,43 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         server.stop()
         codec.stop()
         raise exc if isinstance(exc, CliError) else CliError(str(exc)) from None
+    # --auth is the isolated layout: the platform (this process's worker, the node agents) in gangflow-system,
+    # one worker per tenant in its own namespace, reaching Temporal through the gateway with its own token
+    namespace = PLATFORM_NAMESPACE if auth else "default"
+    helpers: list[subprocess.Popen[bytes]] = []
     try:
         console.print(
             f"[bold]gangflow dev[/]: Temporal on {server.address}"
             + ("" if args.headless else f", Web UI {server.ui_url}")
         )
         print_unwrapped(f"state in {state}; in another shell:")
-        # one line however narrow the terminal: a wrapped second line would be pasted as a separate command
-        print_unwrapped(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
         if auth and gateway:
-            auth.show(gateway, server.address, args.state_dir)
+            auth.show(gateway, server.address, state)
+        else:
+            # one line however narrow the terminal: a wrapped second line would be pasted as a separate command
+            print_unwrapped(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
         console.print("  gangflow run examples/quickstart.py:pipeline")
-        nodes = _spawn_nodes(server.address, args.nodes, args.gpus_per_node, state)
-        if nodes:
+        helpers += _spawn_nodes(server.address, args.nodes, args.gpus_per_node, state, namespace)
+        if args.nodes:
             console.print(
-                f"{len(nodes)} node agent(s) with {args.gpus_per_node} GPU slot(s) each; see 'gangflow queue'"
+                f"{args.nodes} node agent(s) with {args.gpus_per_node} GPU slot(s) each; see 'gangflow queue'"
             )
-        temporal = await _connect(Endpoint.resolve(server.address, "default"))
+        temporal = await _connect(Endpoint.resolve(server.address, namespace))
+        if auth and gateway:
+            # registering search attributes takes an admin: the platform does it for the tenants' namespaces
+            for tenant_ns in auth.namespaces:
+                await ensure_search_attributes(await _connect(Endpoint.resolve(server.address, tenant_ns)))
+            helpers += auth.spawn_workers(gateway.address, state)
+        platform = _Platform(auth.tenants, artifacts_for(f"{state / 'artifacts'}/{{tenant}}")) if auth else None
 
         async def ready() -> None:
             if queues is not None:
                 await _apply_queues(temporal, args.queues, queues)
 
         try:
-            await _serve(temporal, ready=ready)
+            await _serve(temporal, ready=ready, platform=platform)
         finally:
-            stop_processes(nodes, _NODE_STOP_GRACE_S)
+            stop_processes(helpers, _NODE_STOP_GRACE_S)
     finally:
         if gateway is not None:
             await gateway.stop()

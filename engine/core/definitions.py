@@ -12,7 +12,7 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, overload
@@ -21,6 +21,7 @@ from engine.core.dispatch import DirectDispatcher, current_dispatcher, using_dis
 from engine.core.gang import GangShape, gang_shape
 from engine.core.interface import Interface
 from engine.core.resources import Resources, Retry, to_timedelta
+from engine.core.secrets import Secret, check_secrets
 from engine.errors import DefinitionError
 
 __all__ = [
@@ -84,6 +85,8 @@ class TaskDefinition:
     preemptible: bool = True
     #: how long a preempted gang has between the notice and SIGKILL; None: the cluster's default (120 s)
     preemption_grace: timedelta | None = None
+    #: the secrets the task's process gets (names only: values are resolved where it runs)
+    secrets: tuple[Secret, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ def task(
     priority: str | None = None,
     preemptible: bool | None = None,
     preemption_grace: float | timedelta | None = None,
+    secrets: Sequence[Secret] | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -156,6 +160,7 @@ def task(
     priority: str | None = None,
     preemptible: bool | None = None,
     preemption_grace: float | timedelta | None = None,
+    secrets: Sequence[Secret] | None = None,
 ) -> Any:
     """Declare a typed task.
 
@@ -177,6 +182,8 @@ def task(
     ``preemption_grace`` (seconds) is how long a preempted gang's ranks have to checkpoint and exit after
     the notice before they are killed (default: the cluster's ``policy.preemption_grace``, 120 s); ranks
     that exit earlier release the GPUs at once.
+    ``secrets`` lists the :class:`~engine.Secret` names the task needs: a plain task with secrets runs in a
+    process of its own that alone gets their values (``engine.secret(name)``); ranks get them likewise.
     """
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -211,6 +218,9 @@ def task(
             raise DefinitionError(f"{owner}: preemption_grace applies to distributed tasks (plugin=...) only")
         if grace is not None and grace > MAX_PREEMPTION_GRACE:
             raise DefinitionError(f"{owner}: preemption_grace must be at most {MAX_PREEMPTION_GRACE}, got {grace}")
+        needs = check_secrets(owner, secrets)
+        if needs and lightweight:
+            raise DefinitionError(f"{owner}: a lightweight task runs in the workflow worker and cannot have secrets")
         defn = TaskDefinition(
             name=task_name,
             fn=func,
@@ -232,6 +242,7 @@ def task(
             priority=priority,
             preemptible=preemptible is not False,
             preemption_grace=grace,
+            secrets=needs,
         )
 
         @functools.wraps(func)

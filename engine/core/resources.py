@@ -9,7 +9,15 @@ from datetime import timedelta
 __all__ = ["MEMORY_UNITS", "NEVER_RETRIED", "Resources", "Retry", "parse_memory", "to_timedelta"]
 
 #: failure types that no retry can fix (gangflow's own error kinds, and code that cannot be found)
-NEVER_RETRIED = ("TypeMismatch", "InputError", "PayloadTooLarge", "DefinitionError", "CodeNotFound")
+NEVER_RETRIED = (
+    "TypeMismatch",
+    "InputError",
+    "PayloadTooLarge",
+    "DefinitionError",
+    "CodeNotFound",
+    "SecretNotFound",
+    "SecretError",
+)
 
 #: memory suffixes, case-insensitive, to bytes (decimal and binary, as Kubernetes quantities)
 MEMORY_UNITS = {

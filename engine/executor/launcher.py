@@ -3,7 +3,9 @@
 Each rank is its own process in its own process group (so a kill reaches the workers it forks), pinned
 to its GPUs through ``CUDA_VISIBLE_DEVICES``, with stdout and stderr captured to one log file. Ranks get
 SIGKILL from Linux if the node agent dies (parent-death signal), so no rank outlives its agent. A stop is
-SIGTERM to every rank's group ("save and exit"), a grace period, then SIGKILL.
+SIGTERM to every rank's group ("save and exit"), a grace period, then SIGKILL. A gang whose task has
+secrets gets a ``redact`` function: its processes' output then comes through a pipe, and a thread per
+process writes it redacted to the log (and no warm standby is used, its output already goes to a file).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,8 +133,12 @@ class NodeGang:
         cwd: str | None = None,
         hang_timeout: float | None = None,
         standby: StandbyPool | None = None,
+        redact: Callable[[str], str] | None = None,
     ) -> None:
         self.node_id = node_id
+        self.redact = redact
+        #: the threads that copy a process's output, redacted, to its log (by process index)
+        self.pumps: dict[int, threading.Thread] = {}
         self.standby = standby  # warm rank runners to take ranks from (see engine.executor.standby)
         self.ranks = list(ranks)
         self.workdir = workdir
@@ -155,7 +162,8 @@ class NodeGang:
     def add(self, launch: ProcessLaunch) -> subprocess.Popen[bytes]:
         """Start one more process of this gang: a warm standby rank runner when one waits, else a new one."""
         proc = None
-        if self.standby is not None and not launch.pipe_output:
+        pumped = self.redact is not None and not launch.pipe_output
+        if self.standby is not None and not launch.pipe_output and not pumped:
             Path(launch.log_path).parent.mkdir(parents=True, exist_ok=True)
             proc = self.standby.take(launch.command, launch.env, self.cwd, launch.log_path)
         if proc is None:
@@ -166,12 +174,32 @@ class NodeGang:
                 cwd=self.cwd,
                 new_session=True,
                 parent_death=signal.SIGKILL,
-                pipe_output=launch.pipe_output,
+                pipe_output=launch.pipe_output or pumped,
             )
+        if pumped:
+            pump = threading.Thread(target=self._pump, args=(proc, launch.log_path), daemon=True)
+            pump.start()
+            self.pumps[len(self.procs)] = pump
         self.ranks.append(launch)
         self.procs.append(proc)
         self.awaiting = max(0, self.awaiting - 1)
         return proc
+
+    def _pump(self, proc: subprocess.Popen[bytes], log_path: str) -> None:
+        redact = self.redact or str
+        if proc.stdout is None:
+            return
+        with open(log_path, "a", encoding="utf-8") as log:
+            for raw in iter(lambda: proc.stdout.readline(65536) if proc.stdout else b"", b""):
+                log.write(redact(raw.decode(errors="replace")))
+                log.flush()
+
+    def _join_pumps(self, indexes: Sequence[int], timeout: float = 2.0) -> None:
+        """Let the log of these processes catch up with what they wrote (their pipe ends when they exit)."""
+        deadline = time.monotonic() + timeout
+        for index in indexes:
+            if (pump := self.pumps.get(index)) is not None:
+                pump.join(max(0.0, deadline - time.monotonic()))
 
     @property
     def pids(self) -> list[int]:
@@ -228,6 +256,8 @@ class NodeGang:
         return not self.awaiting and finished == sum(1 for launch in self.ranks if launch.must_finish)
 
     def _failure(self, launch: ProcessLaunch, code: int | None, hung_for: float | None = None) -> RankFailure:
+        if code is not None:  # its last lines, for the tail below
+            self._join_pumps([i for i, other in enumerate(self.ranks) if other is launch])
         if launch.role:  # a launcher fails because one of its ranks did: show that rank's exception
             errors = sorted(self.error_dir.glob("rank*"))
             error_file = errors[0] if errors else self.error_dir / "none"
@@ -248,6 +278,7 @@ class NodeGang:
     def terminate(self, grace: float = 5.0) -> None:
         """SIGTERM every rank's process group, wait up to ``grace`` seconds, then SIGKILL what is left."""
         stop_processes(self.procs, grace, group=True)
+        self._join_pumps(list(self.pumps))
 
     def notify(self, sig: int) -> None:
         """Send ``sig`` (a preemption notice) to the process group of every process still running; nothing

@@ -32,8 +32,19 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
     The signal follows the *thread* that forked the child, so spawn from a long-lived thread (the
     agent's event loop thread), never from a short-lived pool thread.
     """
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def _load_prctl() -> Any:
+    # Looked up once, in the parent: a dlopen in a forked child can deadlock on the loader's lock when another
+    # thread held it at the fork (seen with gRPC's threads running: a child that never reached exec)
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    return None
+
+
+_prctl = _load_prctl()
 
 
 def spawn(

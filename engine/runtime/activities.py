@@ -4,6 +4,7 @@ Its activity type is the task's name (what the Web UI shows). It loads the task'
 bundle, downloads File / Directory inputs, runs the body in a thread while heartbeating (so a worker
 that dies is noticed within the heartbeat timeout and a cancel arrives promptly), captures the task's
 output into the run's log folder, validates and encodes the result, and uploads File / Directory outputs.
+A task that declares secrets runs in a process of its own instead (engine.runtime.isolated).
 """
 
 from __future__ import annotations
@@ -11,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import inspect
 import os
 import tempfile
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any
+from typing import IO
 
 from temporalio import activity
 from temporalio.common import RawValue
@@ -27,7 +27,9 @@ from engine.artifacts.store import ArtifactStore
 from engine.core.definitions import TaskDefinition
 from engine.core.wire import Envelope
 from engine.errors import GangflowError
+from engine.executor.task import call_body
 from engine.runtime import logs
+from engine.runtime.isolated import TaskProcess, run_in_process
 from engine.types.codec import check_payload_size, pack
 
 __all__ = ["configure_threads", "run_task", "store_for"]
@@ -47,21 +49,6 @@ def configure_threads(count: int) -> None:
     global _threads
     if _threads is None or _threads._max_workers != count:
         _threads = ThreadPoolExecutor(max_workers=count, thread_name_prefix="gangflow-task")
-
-
-def _call(defn: TaskDefinition, inputs: dict[str, Any]) -> Any:
-    """The task body, with its own event loop if it is async."""
-    if defn.is_async:
-        return asyncio.run(defn.fn(**inputs))
-    result = defn.fn(**inputs)
-    if inspect.isawaitable(result):
-        return asyncio.run(_awaited(result))
-    return result
-
-
-async def _awaited(value: Awaitable[Any]) -> Any:
-    """asyncio.run takes a coroutine; a sync body may return any awaitable."""
-    return await value
 
 
 class _TaskLog:
@@ -100,14 +87,20 @@ def _non_retryable(exc: GangflowError | CodeNotFoundError) -> ApplicationError:
     return ApplicationError(str(exc), type=kind, non_retryable=True)
 
 
-def _execute(envelope: Envelope, info: activity.Info) -> bytes:
+def _execute(envelope: Envelope, info: activity.Info, blob: bytes, child: TaskProcess) -> bytes:
     """Everything that blocks, on a task thread, so the worker's event loop (which also runs workflows
     and heartbeats) never waits on code loading, downloads, the task body or uploads."""
     try:
-        defn = LOADER.load(envelope.code)
+        store = store_for(envelope.run.artifacts)
+        defn = LOADER.load(envelope.code, store)  # the bundle must be in the run's store; cached in its cache
         if not isinstance(defn, TaskDefinition):
             raise CodeNotFoundError(f"{envelope.code.qualname} is not a @task")
-        store = store_for(envelope.run.artifacts)
+        if defn.secrets:  # its own process, the only one that gets the values (engine.runtime.isolated)
+            log = _TaskLog(store, envelope.run.run_id, defn.name, info)
+            try:
+                return run_in_process(envelope, blob, defn, log, child)
+            finally:
+                log.close()
         context = store.context()
         inputs = defn.interface.inputs_from_wire(envelope.inputs, context)
     except (GangflowError, CodeNotFoundError) as exc:
@@ -115,7 +108,7 @@ def _execute(envelope: Envelope, info: activity.Info) -> bytes:
     log = _TaskLog(store, envelope.run.run_id, defn.name, info)
     try:
         with logs.capture(log):
-            result = _call(defn, inputs)
+            result = call_body(defn, inputs)
     finally:
         log.close()
     try:
@@ -127,15 +120,21 @@ def _execute(envelope: Envelope, info: activity.Info) -> bytes:
 
 @activity.defn(dynamic=True)
 async def run_task(args: Sequence[RawValue]) -> bytes:
-    envelope = Envelope.decode(activity.payload_converter().from_payload(args[0].payload, bytes))
+    blob = activity.payload_converter().from_payload(args[0].payload, bytes)
+    envelope = Envelope.decode(blob)
     info = activity.info()
     loop = asyncio.get_running_loop()
-    work = loop.run_in_executor(_threads, contextvars.copy_context().run, _execute, envelope, info)
-    if info.is_local or not info.heartbeat_timeout:
-        return await work
-    interval = max(0.5, min(5.0, info.heartbeat_timeout.total_seconds() / 4))
-    while True:
-        done, _ = await asyncio.wait({work}, timeout=interval)
-        if done:
-            return work.result()
-        activity.heartbeat()
+    child = TaskProcess()  # a task with secrets runs in it: a cancel stops it (a thread cannot be stopped)
+    work = loop.run_in_executor(_threads, contextvars.copy_context().run, _execute, envelope, info, blob, child)
+    try:
+        if info.is_local or not info.heartbeat_timeout:
+            return await work
+        interval = max(0.5, min(5.0, info.heartbeat_timeout.total_seconds() / 4))
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=interval)
+            if done:
+                return work.result()
+            activity.heartbeat()
+    except asyncio.CancelledError:
+        await asyncio.shield(asyncio.to_thread(child.stop))
+        raise

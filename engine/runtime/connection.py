@@ -21,6 +21,7 @@ from temporalio.service import TLSConfig
 
 from engine.errors import InputError
 from engine.runtime.encryption import encrypting_converter, keys_from_env
+from workflows.platform import tenant_namespace
 
 __all__ = [
     "CREDENTIAL_ENV",
@@ -77,11 +78,22 @@ class Endpoint:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        tenant: str | None = None,
     ) -> Endpoint:
         """Flags first, then ``GANGFLOW_ADDRESS``, ``GANGFLOW_NAMESPACE``, ``GANGFLOW_API_KEY``, ``GANGFLOW_TLS``
         (1/true), ``GANGFLOW_TLS_CA``, ``GANGFLOW_TLS_CERT``, ``GANGFLOW_TLS_KEY``. Raises InputError naming
-        the problem (a certificate without its key, a file that cannot be read) before anything connects."""
+        the problem (a certificate without its key, a file that cannot be read) before anything connects.
+        A namespace with ``{tenant}`` in it (``GANGFLOW_NAMESPACE='gf-{tenant}'``) is the tenant's: ``tenant``,
+        else ``GANGFLOW_TENANT``, else ``default``."""
         env = os.environ
+        space = namespace or env.get("GANGFLOW_NAMESPACE") or DEFAULT_NAMESPACE
+        if "{tenant}" in space:
+            who = tenant or env.get("GANGFLOW_TENANT") or "default"
+            try:
+                tenant_namespace(who)  # the same names as a queue configuration's
+            except ValueError as exc:
+                raise InputError(str(exc)) from None
+            space = space.replace("{tenant}", who)
         key = api_key or env.get("GANGFLOW_API_KEY") or None
         ca, cert, private = (
             tls_ca or env.get("GANGFLOW_TLS_CA"),
@@ -102,7 +114,7 @@ class Endpoint:
             config = True
         return cls(
             address or env.get("GANGFLOW_ADDRESS") or DEFAULT_ADDRESS,
-            namespace or env.get("GANGFLOW_NAMESPACE") or DEFAULT_NAMESPACE,
+            space,
             key,
             config,
             tuple((keys_from_env() or {}).items()),

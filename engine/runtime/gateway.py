@@ -38,6 +38,7 @@ from google.protobuf.message import DecodeError, Message
 from temporalio.api.enums.v1 import CommandType
 
 from engine.runtime.tokens import ROLES, Claims, TokenError, TokenVerifier
+from workflows.platform import gang_endpoint
 
 __all__ = ["UNAUTHORIZED", "Gateway", "authorized", "required_role"]
 
@@ -109,6 +110,14 @@ def authorized(claims: Claims, full_method: str, request: Message | None) -> boo
         return False
     if isinstance(request, workflow_api.RespondWorkflowTaskCompletedRequest):
         for command in request.commands:
+            if command.command_type == CommandType.COMMAND_TYPE_SCHEDULE_NEXUS_OPERATION:
+                # An endpoint acts in the platform namespace as the tenant its target queue names: a tenant's
+                # namespace may use its own endpoint only (self-hosted Temporal has no endpoint allowlist of
+                # its own: docs/security.md says what a production server needs instead)
+                endpoint = command.schedule_nexus_operation_command_attributes.endpoint
+                if not namespace or endpoint != gang_endpoint(namespace.removeprefix("gf-")):
+                    return False
+                continue
             target = _CROSS_NAMESPACE.get(command.command_type)
             if target is None:
                 continue

@@ -146,6 +146,20 @@ async def read_tasks(
             rec.status, rec.finished = status, when
             if et == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_FAILED:
                 rec.error = format_failure(await _open(closed.failure, codec))
+        elif et == EventType.EVENT_TYPE_NEXUS_OPERATION_SCHEDULED:  # a gang in the platform (isolated layout)
+            op = event.nexus_operation_scheduled_event_attributes
+            name = op.nexus_header.get("gangflow-task") or op.operation
+            records[event.event_id] = TaskRecord(name, "gang", scheduled=when)
+        elif et == EventType.EVENT_TYPE_NEXUS_OPERATION_STARTED:
+            rec = records[event.nexus_operation_started_event_attributes.scheduled_event_id]
+            rec.status, rec.started = "running", when
+        elif et in _NEXUS_CLOSED:
+            status, attr = _NEXUS_CLOSED[et]
+            closed = getattr(event, attr)
+            rec = records[closed.scheduled_event_id]
+            rec.status, rec.finished = status, when
+            if et in (EventType.EVENT_TYPE_NEXUS_OPERATION_FAILED, EventType.EVENT_TYPE_NEXUS_OPERATION_TIMED_OUT):
+                rec.error = format_failure(await _open(closed.failure, codec))
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
             failure = format_failure(await _open(event.workflow_execution_failed_event_attributes.failure, codec))
     return list({id(r): r for r in records.values()}.values()), failure
@@ -172,4 +186,10 @@ _CHILD_CLOSED = {
         "terminated",
         "child_workflow_execution_terminated_event_attributes",
     ),
+}
+_NEXUS_CLOSED = {
+    EventType.EVENT_TYPE_NEXUS_OPERATION_COMPLETED: ("completed", "nexus_operation_completed_event_attributes"),
+    EventType.EVENT_TYPE_NEXUS_OPERATION_FAILED: ("failed", "nexus_operation_failed_event_attributes"),
+    EventType.EVENT_TYPE_NEXUS_OPERATION_CANCELED: ("cancelled", "nexus_operation_canceled_event_attributes"),
+    EventType.EVENT_TYPE_NEXUS_OPERATION_TIMED_OUT: ("timed out", "nexus_operation_timed_out_event_attributes"),
 }

@@ -4,6 +4,8 @@ It registers the machine's capacity with the Scheduler (and re-registers periodi
 liveness signal), polls its own task queue ``node/<id>``, and runs the ranks GangRun places on it:
 one process per rank with the plugin's environment and command, pinned GPUs, one log per rank in the
 artifact store, heartbeats while they run, and SIGTERM → grace → SIGKILL of the whole gang on cancel.
+A task's secrets are resolved here for the envelope's tenant (engine/runtime/secrets.py), given to its
+processes only, and redacted from their logs and failure messages.
 
 A *preemption notice* (the activity ``gangflow.notice``, sent by GangRun when the Scheduler preempts the
 gang) is different from a cancel: the agent writes the notice file every rank can read
@@ -49,12 +51,14 @@ from engine.atomic import write_atomic
 from engine.checkpoint import NOTICE_FILE_ENV, NOTICE_SIGNAL_ENV
 from engine.core.definitions import TaskDefinition
 from engine.core.gang import NodeLaunch, base_rank_env
+from engine.core.secrets import SecretError
 from engine.core.wire import Envelope
 from engine.executor.launcher import NodeGang, ProcessLaunch, RankFailure, runner_command
 from engine.executor.ports import free_port
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
 from engine.runtime.connection import CREDENTIAL_ENV, TASK_QUEUE
+from engine.runtime.secrets import Redactor, materialize, resolve, task_environment
 from engine.types.codec import pack
 from workflows.gang import NOTICE, PING, PREEMPTED_TYPE, REMOTE_COMMAND, RESERVE_PORT, RUN_RANKS, node_queue
 from workflows.scheduler import SCHEDULER_ID, SCHEDULER_TYPE
@@ -135,13 +139,19 @@ class NodeActivities:
     @activity.defn(name=RUN_RANKS)
     async def run_ranks(self, launch: NodeLaunch, envelope_blob: bytes) -> bytes:
         envelope = Envelope.decode(envelope_blob)
-        defn = await asyncio.to_thread(LOADER.load, envelope.code)
+        store = store_for(envelope.run.artifacts)
+        # the bundle must be in the run's store, and the ranks run in that store's (tenant's) cached copy
+        defn = await asyncio.to_thread(LOADER.load, envelope.code, store)
         if not isinstance(defn, TaskDefinition) or defn.plugin is None:
             raise ApplicationError(
                 f"{envelope.code.qualname} is not a distributed task", type="CodeNotFound", non_retryable=True
             )
         run_id = envelope.run.run_id
-        store = store_for(envelope.run.artifacts)
+        try:  # the run's tenant is the one the platform pinned in the envelope (never the client's say)
+            values = resolve(defn.secrets, envelope.run.tenant)
+        except SecretError as exc:
+            raise ApplicationError(str(exc), {"error_type": exc.kind}, type=exc.kind, non_retryable=True) from None
+        redact = Redactor(values)
         workdir = self.workdir / _safe(f"{launch.gang_id}.a{launch.attempt}.n{launch.node_rank}")
         shutil.rmtree(workdir, ignore_errors=True)
         (workdir / "progress").mkdir(parents=True)
@@ -161,16 +171,26 @@ class NodeActivities:
             name = f"{launch.log_name}.{what}.attempt{launch.attempt}.log"
             return str(workdir / name) if local_logs else store.log_path(run_id, name)
 
-        plan = _Plan(launch, defn.plugin, run_id, workdir, spec_path, log_path)
-        folder = LOADER.folder_for(envelope.code)
-        gang = NodeGang(
-            self.config.node_id,
-            plan.processes,
-            workdir,
-            cwd=str(folder) if folder else None,
-            hang_timeout=launch.hang_timeout_s,
-            standby=self.standby,
-        )
+        secrets = contextlib.ExitStack()  # the ranks' private secret files: removed when the attempt ends
+        try:
+            secret_env = secrets.enter_context(materialize(defn.secrets, values)) if defn.secrets else {}
+            plan = _Plan(launch, defn.plugin, run_id, workdir, spec_path, log_path, secret_env)
+            folder = await asyncio.to_thread(LOADER.folder_for, envelope.code, store)
+            gang = NodeGang(
+                self.config.node_id,
+                plan.processes,
+                workdir,
+                cwd=str(folder) if folder else None,
+                hang_timeout=launch.hang_timeout_s,
+                standby=self.standby,
+                redact=redact if redact else None,
+            )
+        except SecretError as exc:
+            secrets.close()
+            raise ApplicationError(str(exc), {"error_type": exc.kind}, type=exc.kind, non_retryable=True) from None
+        except BaseException:
+            secrets.close()
+            raise
         key = (launch.gang_id, launch.attempt)
         relay: _LauncherRelay | None = None
         noticed: _Noticed | None = None
@@ -207,7 +227,7 @@ class NodeActivities:
             if isinstance(state, RankFailure):
                 await asyncio.to_thread(gang.terminate, STOP_GRACE_S)
                 raise ApplicationError(
-                    state.describe(),
+                    redact(state.describe()),
                     {
                         "rank": state.rank,
                         "node": state.node_id,
@@ -233,6 +253,7 @@ class NodeActivities:
             self.notices.pop(key, None)
             if relay is not None:
                 relay.close()
+            secrets.close()
             if local_logs:
                 for path in workdir.glob("*.log"):
                     store.fs.put_file(str(path), store.log_path(run_id, path.name))
@@ -251,9 +272,19 @@ class _Plan:
     launcher's per-node helpers, which arrive later."""
 
     def __init__(
-        self, launch: NodeLaunch, plugin: Any, run_id: str, workdir: Path, spec_path: Path, log_path: Any
+        self,
+        launch: NodeLaunch,
+        plugin: Any,
+        run_id: str,
+        workdir: Path,
+        spec_path: Path,
+        log_path: Any,
+        secret_env: dict[str, str] | None = None,
     ) -> None:
         self.launch, self.plugin, self.log_path = launch, plugin, log_path
+        # what every process of the gang starts from: the agent's environment less its credentials and where
+        # secrets come from, plus this task's own secrets
+        base_env = task_environment(_own_env(), secret_env or {})
         contexts = launch.contexts(run_id)
         self.rank0 = contexts[0]
         cpus = launch.cpus_per_node / launch.nproc_per_node
@@ -271,7 +302,7 @@ class _Plan:
             node_ctx = replace(self.rank0, gpu_ids=tuple(launch.gpu_ids))
             env = {k: v for k, v in base_rank_env(node_ctx, cpus_per_rank=cpus).items() if k not in _PER_RANK}
             self.node_env = {
-                **_own_env(),
+                **base_env,
                 **env,
                 **plugin.rank_env(node_ctx),
                 "GANGFLOW_NODE_GPU_IDS": ",".join(map(str, launch.gpu_ids)),
@@ -280,13 +311,15 @@ class _Plan:
                 "GANGFLOW_RANK_LOG": log_path("rank{rank}"),
                 **notice_env,
             }
+            if secret_env:  # a rank's own log would bypass the redaction: its output goes through the launcher's
+                del self.node_env["GANGFLOW_RANK_LOG"]
             if launch.node_rank == 0:
                 self.processes.append(replace(self.helper(spec.name, spec.command, spec.env), pipe_output=True))
             return
         for ctx in contexts:
             own = plugin.command(ctx)
             progress = str(progress_dir / f"rank{ctx.rank}.json")
-            env = {**_own_env(), **base_rank_env(ctx, cpus_per_rank=cpus), **plugin.rank_env(ctx), **notice_env}
+            env = {**base_env, **base_rank_env(ctx, cpus_per_rank=cpus), **plugin.rank_env(ctx), **notice_env}
             self.processes.append(
                 ProcessLaunch(
                     context=ctx,
@@ -376,7 +409,7 @@ class _LauncherRelay:
         with open(log_path, "a") as log:
             for raw in proc.stdout:
                 line = raw.decode(errors="replace")
-                log.write(line)
+                log.write(self.gang.redact(line) if self.gang.redact else line)
                 log.flush()
                 self.lines.put(line)
 

@@ -15,7 +15,6 @@ import base64
 import hashlib
 import json
 import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
 from engine.atomic import write_atomic
+from workflows.platform import PLATFORM_NAMESPACE, tenant_namespace
 
 __all__ = [
     "DEFAULT_TTL_S",
@@ -46,18 +46,8 @@ __all__ = [
 ROLES = {"worker": 1, "read": 2, "write": 4, "admin": 8}
 #: permissions on this "namespace" are the caller's roles on the whole cluster (the claim mapper's rule)
 SYSTEM_NAMESPACE = "temporal-system"
-#: where the Scheduler, the gangs and the node agents' queues live (DESIGN.md, "Sharing a cluster")
-PLATFORM_NAMESPACE = "gangflow-system"
 DEFAULT_TTL_S = 86400
 _KEY_FILE, _JWKS_FILE = "dev-key.pem", "jwks.json"
-_TENANT = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-
-
-def tenant_namespace(tenant: str) -> str:
-    """The Temporal namespace of a tenant (its name, as in a queue configuration, checked)."""
-    if not _TENANT.fullmatch(tenant) or len(tenant) > 60:
-        raise ValueError(f"tenant {tenant!r}: lowercase letters, digits and '-' only (as in a queue configuration)")
-    return f"gf-{tenant}"
 
 
 class TokenError(Exception):

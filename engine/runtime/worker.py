@@ -17,6 +17,7 @@ from engine.runtime.guard import GuardedWorkflowRunner
 from engine.runtime.owners import closed_owners
 from engine.runtime.prefetch import prefetching_client, prefetching_converter
 from workflows.gang import GangRun
+from workflows.platform import TenantRoute
 from workflows.scheduler import Scheduler
 from workflows.shell import UserWorkflow, configure
 
@@ -38,14 +39,17 @@ def build_worker(
     task_queue: str = TASK_QUEUE,
     max_concurrent_activities: int = 100,
     max_concurrent_workflow_tasks: int = 100,
+    route: TenantRoute | None = None,
 ) -> Worker:
     """A worker that runs user workflows and plain tasks from the same queue.
 
     Sharing one queue lets Temporal hand a task to this worker in the same round trip that scheduled it
     (eager activity dispatch), which roughly halves the per-task latency. User workflows run under the
     determinism guard, and their code is loaded before their first workflow task is timed (prefetch).
+    ``route``: a tenant's worker in the isolated layout (its tenant and artifact root pinned, gangs through
+    its Nexus endpoint).
     """
-    configure(LOADER)
+    configure(LOADER, route)
     configure_threads(max_concurrent_activities)
     logs.install()
     return Worker(

@@ -1,0 +1,115 @@
+"""The platform side of the isolated layout: the Nexus handler tenants' runs reach the gangs through, the
+workers that serve it, the endpoints, and the orphan check for gangs whose caller was terminated.
+
+The Scheduler's owner check (``engine.runtime.owners``) cancels the gangs whose caller is closed.
+
+The handler trusts nothing a tenant sends about who it is: the tenant comes from the task queue its endpoint
+targets (``gangs/<tenant>``, set by the operator), and the run's tenant and artifact root in the task's
+envelope are overwritten with that tenant and the root the platform pins for it before the GangRun starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import nexusrpc
+from nexusrpc.handler import service_handler
+from temporalio import nexus
+from temporalio.api.nexus.v1 import EndpointSpec, EndpointTarget
+from temporalio.api.operatorservice.v1 import CreateNexusEndpointRequest, ListNexusEndpointsRequest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from engine.core.wire import Envelope, RunContext
+from engine.errors import GangflowError
+from engine.runtime.connection import TASK_QUEUE
+from engine.runtime.owners import CALLER_MEMO
+from workflows.gang import GANG_TYPE
+from workflows.platform import (
+    PLATFORM_NAMESPACE,
+    GangCall,
+    GangService,
+    gang_endpoint,
+    gangs_queue,
+    tenant_namespace,
+    tenant_of_queue,
+)
+
+__all__ = [
+    "GangServiceHandler",
+    "artifacts_for",
+    "build_gang_workers",
+    "ensure_endpoints",
+]
+
+
+def artifacts_for(template: str) -> Callable[[str], str]:
+    """``--tenant-artifacts '/srv/artifacts/{tenant}'``: each tenant's root, pinned by the platform."""
+    if "{tenant}" not in template:
+        raise GangflowError(f"--tenant-artifacts {template!r} must contain {{tenant}} (one root per tenant)")
+    return lambda tenant: template.replace("{tenant}", tenant)
+
+
+def _refuse(message: str) -> nexusrpc.OperationError:
+    return nexusrpc.OperationError(message, state=nexusrpc.OperationErrorState.FAILED)
+
+
+@service_handler(service=GangService)
+class GangServiceHandler:
+    def __init__(self, artifacts: Callable[[str], str], task_queue: str = TASK_QUEUE) -> None:
+        self.artifacts = artifacts
+        self.task_queue = task_queue
+
+    @nexus.workflow_run_operation
+    async def run_gang(self, ctx: nexus.WorkflowRunOperationContext, call: GangCall) -> nexus.WorkflowHandle[bytes]:
+        tenant = tenant_of_queue(nexus.info().task_queue)
+        if tenant is None:
+            raise _refuse(f"task queue {nexus.info().task_queue!r} belongs to no tenant")
+        try:
+            envelope = Envelope.decode(call.blob())
+        except (GangflowError, ValueError) as exc:
+            raise _refuse(f"the task's envelope cannot be read: {exc}") from None
+        run = envelope.run
+        pinned = RunContext(run.run_id, run.pipeline, tenant, self.artifacts(tenant), run.priority)
+        blob = Envelope(envelope.code, envelope.inputs, pinned).encode(f"the inputs of task {call.spec.task!r}")
+        spec = replace(call.spec, tenant=tenant)
+        return await ctx.start_workflow(
+            GANG_TYPE,
+            args=[spec, blob],
+            # the tenant first: two tenants' runs may have the same id, their gangs never do
+            id=f"{tenant}:{call.caller_id}.{spec.call}",
+            task_queue=self.task_queue,
+            result_type=bytes,
+            memo={
+                "gangflow_task": spec.task,
+                CALLER_MEMO: {
+                    "namespace": tenant_namespace(tenant),
+                    "workflow_id": call.caller_id,
+                    "run_id": call.caller_run_id,
+                },
+            },
+            static_summary=f"{tenant}: {spec.task}: {spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)",
+        )
+
+
+def build_gang_workers(client: Client, tenants: Sequence[str], artifacts: Callable[[str], str]) -> list[Worker]:
+    """One worker per tenant's queue (a worker polls one queue), all sharing one handler."""
+    handler = GangServiceHandler(artifacts)
+    return [Worker(client, task_queue=gangs_queue(t), nexus_service_handlers=[handler]) for t in tenants]
+
+
+async def ensure_endpoints(client: Client, tenants: Sequence[str]) -> None:
+    """Create each tenant's endpoint (``gf-<tenant>-gangs`` → ``gangs/<tenant>`` in the platform namespace)
+    unless it exists. The dev stack calls this; in production the operator does (docs/security.md)."""
+    existing = await client.operator_service.list_nexus_endpoints(ListNexusEndpointsRequest(page_size=1000))
+    names = {e.spec.name for e in existing.endpoints}
+    for tenant in tenants:
+        if gang_endpoint(tenant) in names:
+            continue
+        target = EndpointTarget(
+            worker=EndpointTarget.Worker(namespace=PLATFORM_NAMESPACE, task_queue=gangs_queue(tenant))
+        )
+        await client.operator_service.create_nexus_endpoint(
+            CreateNexusEndpointRequest(spec=EndpointSpec(name=gang_endpoint(tenant), target=target))
+        )

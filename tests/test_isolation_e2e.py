@@ -1,0 +1,235 @@
+"""The isolated layout end to end: `gangflow dev --auth` with two node agents, two teams each with its own
+namespace, token and artifact root, gangs in the platform namespace reached only through each team's Nexus
+endpoint.
+
+What a tenant relies on: its pipeline with a 2-node gang runs from the CLI with its token; the platform
+decides whose gang it is and where its artifacts live (a client declaring another tenant or root changes
+neither); its credentials reach nothing of the platform (no Scheduler, no node registration); a cancelled
+or terminated run frees its GPUs; `gangflow status` shows the gang task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, AuthStack, run, until
+from temporalio.api.command.v1 import Command, ScheduleNexusOperationCommandAttributes
+from temporalio.api.enums.v1 import CommandType
+from temporalio.api.workflowservice.v1 import RespondWorkflowTaskCompletedRequest
+from temporalio.client import Client as TemporalClient
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.service import RPCError, RPCStatusCode
+
+from engine.client import Client, prepare_run
+from engine.runtime.gateway import authorized
+from engine.runtime.tokens import Claims
+from workflows.scheduler import SCHEDULER_ID
+
+pytestmark = pytest.mark.slow
+
+FLOW = str(ROOT / "examples" / "two_teams" / "pipeline.py")
+GPUS = 4
+TOKENS = {"team-a": "a-data-token-5f1e2c", "team-b": "b-data-token-77d0aa"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthStack]:
+    queues = str(ROOT / "examples" / "queues.yaml")
+    with AuthStack.start(tmp_path_factory.mktemp("iso") / "state", queues, "--nodes", "2", "--gpus-per-node", "2") as s:
+        for tenant in ("team-a", "team-b"):  # each team's own token for its data (examples/two_teams/README.md)
+            command = [sys.executable, "-m", "engine.cli", "secret", "set", tenant, "data-token"]
+            secret = subprocess.run(
+                [*command, "--state-dir", str(s.state)], input=TOKENS[tenant], text=True, capture_output=True
+            )
+            assert secret.returncode == 0, secret.stderr
+        run(_platform_idle(s, timeout=90))
+        yield s
+
+
+async def _platform(stack: AuthStack) -> Client:
+    return Client(await TemporalClient.connect(stack.upstream, namespace="gangflow-system"))
+
+
+async def _platform_idle(stack: AuthStack, timeout: float) -> float:
+    platform = await _platform(stack)
+
+    async def idle() -> bool | None:
+        try:
+            q = await platform.queue()
+        except RPCError:
+            return None
+        totals = q["totals"]
+        return True if totals["alive_nodes"] == 2 and totals["gpus_free"] == GPUS and not q["running"] else None
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await until("every GPU free", idle, timeout=timeout)
+    return loop.time() - started
+
+
+def _cli(stack: AuthStack, tenant: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args],
+        env=stack.env(tenant),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+async def _gangs(stack: AuthStack) -> list[Any]:
+    platform = await TemporalClient.connect(stack.upstream, namespace="gangflow-system")
+    return [w async for w in platform.list_workflows("WorkflowType = 'GangRun'")]
+
+
+def test_a_team_runs_a_gang_through_its_endpoint_and_the_platform_pins_who_and_where(stack: AuthStack) -> None:
+    done = _cli(stack, "team-a", "run", FLOW + ":pipeline", "--n", "10", "--run-id", "a-first", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["result"] == {"total": 45, "world": 2}
+
+    async def check() -> None:
+        gangs = [g.id for g in await _gangs(stack)]
+        assert "team-a:a-first.train-1" in gangs, gangs
+        # the run's own namespace holds no GangRun: the gang ran in the platform's
+        a = await stack.client("gf-team-a", stack.token("team-a"))
+        assert [w.id async for w in a.list_workflows("WorkflowType = 'GangRun'")] == []
+        # the ranks wrote their logs and checkpoint folder into team-a's root (pinned by the platform)
+        root = stack.state / "artifacts" / "team-a"
+        logged = {p.name for p in (root / "logs" / "a-first").iterdir()}
+        assert {"train-1.rank0.attempt0.log", "train-1.rank1.attempt0.log"} <= logged, logged
+        assert (root / "checkpoints" / "a-first").is_dir()
+        assert not (stack.state / "artifacts" / "team-b" / "logs" / "a-first").exists()
+        # the plain task got team-a's secret, and its log shows it redacted
+        logs = _cli(stack, "team-a", "logs", "a-first", "--task", "prepare")
+        assert "reading the dataset with token [secret:data-token]" in logs.stdout, logs.stdout + logs.stderr
+        assert TOKENS["team-a"] not in logs.stdout
+        status = _cli(stack, "team-a", "status", "a-first")
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "train" in status.stdout and "completed" in status.stdout
+
+    run(check())
+
+
+def test_a_client_cannot_declare_another_tenant_or_root(stack: AuthStack, tmp_path: Path) -> None:
+    """A hostile client in gf-team-a names team-b as the run's tenant: the gang is still team-a's (what the
+    Scheduler charges, where its artifacts go). One naming a root of its own is refused before any task."""
+    sys.path.insert(0, str(ROOT / "examples" / "two_teams"))
+    import pipeline
+
+    async def start(run_id: str, tenant: str, artifacts: str) -> Any:
+        temporal = await stack.client("gf-team-a", stack.token("team-a"))
+        defn, envelope = prepare_run(pipeline.pipeline, {"n": 4}, artifacts=artifacts, tenant=tenant, run_id=run_id)
+        # straight to Temporal, past the client's own checks, as a hostile client would
+        return await temporal.start_workflow(defn.name, envelope.encode("inputs"), id=run_id, task_queue="gangflow")
+
+    async def go() -> None:
+        forged = await start("a-as-b", "team-b", str(stack.state / "artifacts" / "team-a"))
+        await forged.result()
+        platform = await TemporalClient.connect(stack.upstream, namespace="gangflow-system")
+        first = (await platform.get_workflow_handle("team-a:a-as-b.train-1").fetch_history()).events[0]
+        spec = json.loads(first.workflow_execution_started_event_attributes.input.payloads[0].data)
+        assert spec["tenant"] == "team-a"
+
+        elsewhere = await start("a-elsewhere", "team-a", str(tmp_path / "elsewhere"))
+        with pytest.raises(WorkflowFailureError) as caught:
+            await elsewhere.result()
+        assert "outside tenant team-a's artifact root" in str(caught.value.cause)
+        assert "team-a:a-elsewhere.train-1" not in [g.id for g in await _gangs(stack)]
+
+    run(go())
+
+
+def test_tenant_credentials_reach_nothing_of_the_platform(stack: AuthStack, tmp_path: Path) -> None:
+    async def go() -> None:
+        system = await stack.client("gangflow-system", stack.token("team-a"))
+        for action in (
+            lambda: system.get_workflow_handle(SCHEDULER_ID).query("describe"),
+            lambda: system.get_workflow_handle(SCHEDULER_ID).signal("release", "team-b:x.train-1"),
+            lambda: system.get_workflow_handle("team-b:b.train-1").cancel(),
+        ):
+            with pytest.raises(RPCError) as caught:
+                await action()
+            assert caught.value.status == RPCStatusCode.PERMISSION_DENIED
+
+    run(go())
+    # a node agent with a tenant's token: registers nowhere, gets no gang (exits naming the refusal)
+    env = {**stack.env("team-a"), "GANGFLOW_NAMESPACE": "gangflow-system"}
+    node = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "node", "--node-id", "fake", "--gpus", "8", "--drain-timeout", "0"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert node.returncode != 0
+    assert "unauthorized" in (node.stdout + node.stderr).lower() or "permission" in (node.stdout + node.stderr).lower()
+
+    async def no_fake() -> None:
+        q = await (await _platform(stack)).queue()
+        assert "fake" not in [n.get("node_id") for n in q["nodes"]]
+
+    run(no_fake())
+
+
+def test_a_namespace_may_use_its_own_endpoint_only() -> None:
+    """The gateway's rule for Nexus (Temporal's default authorizer has none): gf-team-a's workflows may call
+    gf-team-a-gangs, never gf-team-b-gangs, which would act in the platform as team-b."""
+    claims = Claims("team-a", 0, {"gf-team-a": 4})
+
+    def completing(endpoint: str) -> RespondWorkflowTaskCompletedRequest:
+        attrs = ScheduleNexusOperationCommandAttributes(
+            endpoint=endpoint, service="gangflow.Gangs", operation="run_gang"
+        )
+        command = Command(
+            command_type=CommandType.COMMAND_TYPE_SCHEDULE_NEXUS_OPERATION,
+            schedule_nexus_operation_command_attributes=attrs,
+        )
+        return RespondWorkflowTaskCompletedRequest(namespace="gf-team-a", commands=[command])
+
+    method = "/temporal.api.workflowservice.v1.WorkflowService/RespondWorkflowTaskCompleted"
+    assert authorized(claims, method, completing("gf-team-a-gangs"))
+    assert not authorized(claims, method, completing("gf-team-b-gangs"))
+    assert not authorized(claims, method, completing("anything-else"))
+
+
+@pytest.mark.parametrize("how", ["cancel", "terminate"])
+def test_a_stopped_run_frees_its_gangs_gpus(stack: AuthStack, how: str) -> None:
+    """Cancel reaches the GangRun through Nexus; terminate cancels nothing (Temporal's rule), so the platform's
+    owner check finds the orphan and cancels it."""
+    run_id = f"b-{how}"
+    started = _cli(stack, "team-b", "run", FLOW + ":pipeline", "--seconds", "300", "--run-id", run_id, "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+
+    async def go() -> None:
+        platform = await _platform(stack)
+
+        async def running() -> bool | None:
+            q = await platform.queue()
+            return True if any(r.get("gang_id") == f"team-b:{run_id}.train-1" for r in q["running"]) else None
+
+        await until("the gang placed", running, timeout=120)
+        b = await stack.client("gf-team-b", stack.token("team-b"))
+        handle = b.get_workflow_handle(run_id)
+        if how == "cancel":
+            await handle.cancel()
+        else:
+            await handle.terminate("stopped by its team")
+        seconds = await _platform_idle(stack, timeout=120)
+        gang = (
+            await (await TemporalClient.connect(stack.upstream, namespace="gangflow-system"))
+            .get_workflow_handle(f"team-b:{run_id}.train-1")
+            .describe()
+        )
+        assert gang.status in (WorkflowExecutionStatus.CANCELED, WorkflowExecutionStatus.COMPLETED), gang.status
+        print(f"{how}: GPUs free {seconds:.1f} s after")
+
+    run(go())
