@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -131,9 +131,12 @@ def server(state_root: Path) -> Iterator[DevServer]:
 class WorkerProcess:
     """``gangflow worker`` as a real child process (its own code cache, so it loads bundles itself)."""
 
-    def __init__(self, address: str, queue: str, home: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, address: str, queue: str, home: Path, env: dict[str, str] | None = None, args: Sequence[str] = ()
+    ) -> None:
         self.address, self.queue, self.home = address, queue, home
         self.env = dict(env or {})  # more environment, e.g. GANGFLOW_ENCRYPTION_KEYS
+        self.args = list(args)  # more options, e.g. --tenant team-a
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = home / f"worker-{queue}.log"
 
@@ -142,6 +145,7 @@ class WorkerProcess:
         env = dict(os.environ, GANGFLOW_CACHE=str(self.home / "cache"), PYTHONUNBUFFERED="1", TMPDIR=str(self.home))
         env.update(self.env)
         cmd = [sys.executable, "-m", "engine.cli", "worker", "--address", self.address, "--task-queue", self.queue]
+        cmd += self.args
         self.proc = spawn(cmd, log=self.log, env=env, cwd=self.home, new_session=True, parent_death=None)
         deadline = time.monotonic() + 30
         while b"gangflow worker on" not in self.log.read_bytes():

@@ -68,7 +68,7 @@ def test_recorded_code_loads(bundle_cache: Path) -> None:
 
 @pytest.mark.parametrize("recorded", HISTORIES, ids=[r.test_id for r in HISTORIES])
 def test_recorded_history_replays_with_current_code(recorded: catalog.Recorded, bundle_cache: Path) -> None:
-    replayer = build_replayer()  # the worker's own workflows, runner and code loader
+    replayer = build_replayer(recorded.route())  # the worker's own workflows, runner, code loader and layout
     result = asyncio.run(replayer.replay_workflow(recorded.history(), raise_on_replay_failure=False))
     if result.replay_failure is not None:
         pytest.fail(

@@ -70,11 +70,11 @@ def build_worker(
     )
 
 
-def build_replayer() -> Replayer:
+def build_replayer(route: TenantRoute | None = None) -> Replayer:
     """Replays recorded histories the way :func:`build_worker`'s worker runs them (same workflows, same
     runner, same code loader), without a server: ``tests/test_replay.py`` uses it so a workflow change
-    that would break runs in flight fails there."""
-    configure(LOADER)
+    that would break runs in flight fails there. ``route``: replay as a tenant's worker does."""
+    configure(LOADER, route)
     return Replayer(
         workflows=list(WORKFLOWS),
         unsandboxed_workflow_runner=GuardedWorkflowRunner(),

@@ -24,6 +24,7 @@ from temporalio.client import WorkflowHistory
 
 from engine.artifacts.loader import install_bundle
 from engine.core.wire import CodeRef, Envelope
+from workflows.platform import TenantRoute
 
 __all__ = [
     "BUNDLES",
@@ -60,7 +61,12 @@ SCENARIOS: dict[str, str] = {
     "reclaim": "two tenants: team-a borrows, team-b reclaims (a gang preempted, resumed from its checkpoint)",
     "drain": "a node drained under a gang: preemption notice, checkpoint at the notice, resumed on the other node",
     "scheduler_continue_as_new": "two gangs while the Scheduler continues as new every few events",
+    "isolated": "the isolated layout: team-a's runs in gf-team-a, their gangs in gangflow-system through Nexus "
+    "(one completes, one is cancelled while its ranks run)",
 }
+
+#: scenarios recorded in the isolated layout (record.py's ``isolated=True``)
+ISOLATED = frozenset({"isolated"})
 
 _SCANNED = {
     EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED: "workflow_execution_started_event_attributes",
@@ -86,6 +92,16 @@ class Recorded:
 
     def history(self) -> WorkflowHistory:
         return WorkflowHistory.from_json(self.workflow_id, self.path.read_text())
+
+    def route(self) -> TenantRoute | None:
+        """A user run recorded in the isolated layout replays on a tenant's worker: that worker's tenant and
+        root, which the recording's client named too (a worker's are pinned; the bundle lies under them)."""
+        if self.scenario not in ISOLATED:
+            return None
+        first = next(_envelopes(WorkflowHistory(self.workflow_id, self.history().events[:1])), None)
+        if first is None:  # the Scheduler or a GangRun: the platform's
+            return None
+        return TenantRoute(first.run.tenant, first.run.artifacts)
 
 
 def workflow_id_of(path: Path) -> str:

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,11 @@ from temporalio.service import RPCError  # noqa: E402
 
 from engine.client import Client  # noqa: E402
 from engine.runtime import DevServer, Endpoint, connect  # noqa: E402
+from workflows.platform import PLATFORM_NAMESPACE, tenant_namespace  # noqa: E402
 from workflows.scheduler import SCHEDULER_ID  # noqa: E402
+
+#: the tenant of the isolated scenario
+TENANT = "team-a"
 
 SCENARIO_TIMEOUT_S = 300.0
 SETTLE_TIMEOUT_S = 60.0
@@ -72,31 +76,49 @@ def _check(condition: bool, message: str) -> None:
 
 # -- the stack -------------------------------------------------------------------------------------
 class Stack:
-    """A dev server, a worker process and ``nodes`` node agents (2 GPU slots each), all throwaway."""
+    """A dev server, a worker process and ``nodes`` node agents (2 GPU slots each), all throwaway. ``isolated``:
+    the isolated layout instead (a tenant's worker in gf-team-a, the platform's worker and the node agents in
+    gangflow-system, gangs through team-a's Nexus endpoint)."""
 
-    def __init__(self, root: Path, nodes: int) -> None:
+    def __init__(self, root: Path, nodes: int, isolated: bool = False) -> None:
         self.root = root
-        self.artifacts = str(root / "artifacts")
-        self.server = DevServer(root / "server", ui=False).start()
+        self.isolated = isolated
+        self.artifacts = str(root / "artifacts" / TENANT) if isolated else str(root / "artifacts")
+        #: where the user's runs are, and where the Scheduler and the gangs are
+        self.namespace = tenant_namespace(TENANT) if isolated else "default"
+        self.platform_namespace = PLATFORM_NAMESPACE if isolated else "default"
+        spaces = (self.namespace, PLATFORM_NAMESPACE) if isolated else ()
+        self.server = DevServer(root / "server", ui=False, namespaces=spaces).start()
         self.nodes: dict[str, NodeAgent] = {}
-        self.worker: WorkerProcess | None = None
+        self.workers: list[WorkerProcess] = []
+        platform = {"GANGFLOW_NAMESPACE": self.platform_namespace}
         try:
             # node agents first: they load while the worker starts (their registrations wait for it)
             self.nodes = {
-                f"node-{i}": NodeAgent(self.server.address, f"node-{i}", 2, root / "nodes") for i in range(nodes)
+                f"node-{i}": NodeAgent(self.server.address, f"node-{i}", 2, root / "nodes", env=platform)
+                for i in range(nodes)
             }
-            self.worker = WorkerProcess(self.server.address, "gangflow", root / "worker").start()
+            if isolated:
+                roots = ["--tenant-artifacts", f"{root / 'artifacts'}/{{tenant}}"]
+                self._worker("platform", env=platform, args=["--platform", "--tenants", TENANT, *roots])
+                self._worker("worker", args=["--tenant", TENANT, "--artifacts", self.artifacts])
+            else:
+                self._worker("worker")
         except BaseException:
             self.close()
             raise
 
-    async def client(self) -> Client:
-        return Client(await connect(Endpoint.resolve(self.server.address)), self.artifacts)
+    def _worker(self, home: str, env: dict[str, str] | None = None, args: Sequence[str] = ()) -> None:
+        self.workers.append(WorkerProcess(self.server.address, "gangflow", self.root / home, env, args).start())
+
+    async def client(self, namespace: str | None = None) -> Client:
+        endpoint = Endpoint.resolve(self.server.address, namespace or self.namespace)
+        return Client(await connect(endpoint), self.artifacts)
 
     async def wait_nodes(self) -> None:
         if not self.nodes:
             return
-        client = await self.client()
+        client = await self.client(self.platform_namespace)
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -120,11 +142,11 @@ class Stack:
                 node.stop()
             except Exception:
                 node.stop(signal.SIGKILL)
-        if self.worker is not None:
+        for worker in self.workers:
             try:
-                self.worker.stop()
+                worker.stop()
             except Exception:
-                self.worker.kill()
+                worker.kill()
         self.server.stop()
 
 
@@ -143,14 +165,17 @@ class Spec:
     run: Scenario
     nodes: int
     env: dict[str, str]  # for the stack's processes
+    isolated: bool = False
 
 
 SCENARIOS: dict[str, Spec] = {}
 
 
-def scenario(name: str, nodes: int = 0, env: dict[str, str] | None = None) -> Callable[[Scenario], Scenario]:
+def scenario(
+    name: str, nodes: int = 0, env: dict[str, str] | None = None, isolated: bool = False
+) -> Callable[[Scenario], Scenario]:
     def register(fn: Scenario) -> Scenario:
-        SCENARIOS[name] = Spec(fn, nodes, dict(env or {}))
+        SCENARIOS[name] = Spec(fn, nodes, dict(env or {}), isolated)
         return fn
 
     return register
@@ -206,6 +231,21 @@ async def _ddp(ctx: Context) -> None:
     run_id = await ctx.client.start(ddp_pipeline.pipeline, {"rows": 2000, "epochs": 1}, run_id="ddp")
     report = await ctx.client.result(run_id, ddp_pipeline.pipeline)
     _check(report.metrics.world_size == 4, f"ddp: world size {report.metrics.world_size}")
+
+
+@scenario("isolated", nodes=2, isolated=True)
+async def _isolated(ctx: Context) -> None:
+    platform = await ctx.stack.client(PLATFORM_NAMESPACE)
+    await platform.apply_queues(_QUEUES)
+    run_id = await ctx.client.start(ddp_pipeline.pipeline, {"rows": 2000, "epochs": 1}, run_id="iso", tenant=TENANT)
+    report = await ctx.client.result(run_id, ddp_pipeline.pipeline)
+    _check(report.metrics.world_size == 4, f"isolated: world size {report.metrics.world_size}")
+    cancelled = await ctx.client.start(
+        ddp_pipeline.pipeline, {"rows": 2000, "epochs": 50}, run_id="iso-cancel", tenant=TENANT
+    )
+    await _gang_running(platform, f"{TENANT}:{cancelled}.train-1", 4)
+    await ctx.client.cancel(cancelled)
+    await _must_fail(ctx, cancelled, "CANCELED")
 
 
 @scenario("jax_pipeline", nodes=2)
@@ -377,20 +417,27 @@ async def _drain(ctx: Context) -> None:
 
 
 # -- export -------------------------------------------------------------------------------------------
+async def _clients(ctx: Context) -> list[Any]:
+    """The Temporal clients of every namespace the stack uses (one, or the tenant's and the platform's)."""
+    spaces = dict.fromkeys((ctx.stack.namespace, ctx.stack.platform_namespace))
+    return [(await ctx.stack.client(space)).temporal for space in spaces]
+
+
 async def _settle(ctx: Context) -> None:
     """Wait until every execution but the Scheduler has closed and the Scheduler has handled its last
     signals (the releases of the gangs), so the exported histories end where the scenario did."""
-    temporal = ctx.client.temporal
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while True:
-        open_ = [wf.id async for wf in temporal.list_workflows("ExecutionStatus = 'Running'") if wf.id != SCHEDULER_ID]
-        if not open_:
-            break
-        _check(time.monotonic() < deadline, f"still running {SETTLE_TIMEOUT_S:.0f} s after the scenario: {open_}")
-        await asyncio.sleep(0.2)
+    for temporal in await _clients(ctx):
+        while True:
+            query = "ExecutionStatus = 'Running'"
+            open_ = [wf.id async for wf in temporal.list_workflows(query) if wf.id != SCHEDULER_ID]
+            if not open_:
+                break
+            _check(time.monotonic() < deadline, f"still running {SETTLE_TIMEOUT_S:.0f} s after the scenario: {open_}")
+            await asyncio.sleep(0.2)
     if not ctx.stack.nodes:
         return
-    scheduler = temporal.get_workflow_handle(SCHEDULER_ID)
+    scheduler = (await ctx.stack.client(ctx.stack.platform_namespace)).temporal.get_workflow_handle(SCHEDULER_ID)
     quiet_since: float | None = None
     while time.monotonic() < deadline:
         raw = (await scheduler.describe()).raw_description
@@ -405,20 +452,20 @@ async def _settle(ctx: Context) -> None:
 
 async def _export(ctx: Context, folder: Path) -> dict[str, str]:
     """Write every execution's history into ``folder``; returns the bundles they reference (sha → uri)."""
-    temporal = ctx.client.temporal
-    runs: dict[str, list[tuple[Any, str]]] = {}
-    async for wf in temporal.list_workflows():
-        runs.setdefault(wf.id, []).append((wf.start_time, wf.run_id))
     bundles: dict[str, str] = {}
-    for workflow_id, found in sorted(runs.items()):
-        found.sort()
-        _check(not set(workflow_id) & set("/~\\"), f"workflow id {workflow_id!r} cannot be a file name here")
-        for n, (_, run_id) in enumerate(found, start=1):
-            history = await temporal.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
-            _check(bool(history.events), f"{workflow_id} ({run_id}) has an empty history")
-            name = workflow_id if len(found) == 1 else f"{workflow_id}~{n}"
-            (folder / f"{name}.json").write_text(history.to_json())
-            bundles.update(catalog.bundle_refs(history))
+    for temporal in await _clients(ctx):
+        runs: dict[str, list[tuple[Any, str]]] = {}
+        async for wf in temporal.list_workflows():
+            runs.setdefault(wf.id, []).append((wf.start_time, wf.run_id))
+        for workflow_id, found in sorted(runs.items()):
+            found.sort()
+            _check(not set(workflow_id) & set("/~\\"), f"workflow id {workflow_id!r} cannot be a file name here")
+            for n, (_, run_id) in enumerate(found, start=1):
+                history = await temporal.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+                _check(bool(history.events), f"{workflow_id} ({run_id}) has an empty history")
+                name = workflow_id if len(found) == 1 else f"{workflow_id}~{n}"
+                (folder / f"{name}.json").write_text(history.to_json())
+                bundles.update(catalog.bundle_refs(history))
     return bundles
 
 
@@ -475,7 +522,7 @@ def record(name: str, work: Path) -> bool:
     saved = {key: os.environ.get(key) for key in spec.env}
     os.environ.update(spec.env)  # the stack's processes inherit it
     try:
-        stack = Stack(root, spec.nodes)
+        stack = Stack(root, spec.nodes, spec.isolated)
         count = asyncio.run(_run(name, spec, stack, scratch, partial))
     except Exception as exc:
         print(f"FAILED {name} after {time.monotonic() - started:.0f} s: {type(exc).__name__}: {exc}", flush=True)
