@@ -233,3 +233,43 @@ def test_a_stopped_run_frees_its_gangs_gpus(stack: AuthStack, how: str) -> None:
         print(f"{how}: GPUs free {seconds:.1f} s after")
 
     run(go())
+
+
+def test_a_command_for_another_tenant_is_refused_in_one_line(stack: AuthStack) -> None:
+    listed = _cli(stack, "team-a", "list", "--tenant", "team-b")
+    assert listed.returncode == 1
+    assert "Temporal refused: Request unauthorized." in listed.stderr and "namespace gf-team-b" in listed.stderr
+    assert "Traceback" not in listed.stderr
+    bad = _cli(stack, "team-a", "list", "--tenant", "Team_B")
+    assert bad.returncode == 2 and "tenant 'Team_B'" in bad.stderr
+
+
+def test_quotas_and_reclaim_apply_across_namespaces(stack: AuthStack) -> None:
+    """team-a fills the cluster (its quota and team-b's idle one, borrowed); team-b's run takes its quota back:
+    the Scheduler preempts a team-a gang living in the same platform namespace, whatever namespace each run is
+    in. Every run completes; the preempted gang ran again."""
+    runs = ["a-fill-1", "a-fill-2"]
+    for run_id in runs:
+        started = _cli(stack, "team-a", "run", FLOW + ":pipeline", "--seconds", "20", "--run-id", run_id, "--detach")
+        assert started.returncode == 0, started.stderr
+
+    async def go() -> None:
+        platform = await _platform(stack)
+
+        async def full() -> bool | None:
+            q = await platform.queue()
+            return True if q["totals"]["gpus_free"] == 0 and len(q["running"]) == 2 else None
+
+        await until("team-a holding all 4 GPUs", full, timeout=120)
+        claimed = _cli(stack, "team-b", "run", FLOW + ":pipeline", "--run-id", "b-reclaim", "--json")
+        assert claimed.returncode == 0, claimed.stdout + claimed.stderr
+        system = await TemporalClient.connect(stack.upstream, namespace="gangflow-system")
+        preempted = 0
+        for run_id in runs:
+            a = await stack.client("gf-team-a", stack.token("team-a"))
+            await a.get_workflow_handle(run_id).result()
+            status = await system.get_workflow_handle(f"team-a:{run_id}.train-1").query("status")
+            preempted += status["preemptions"]
+        assert preempted >= 1
+
+    run(go())

@@ -22,7 +22,7 @@ from typing import Any
 from rich.markup import escape
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import TemporalError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from engine.client import Client, TenancyError, load_workflow_file, log_rank, prepare_run, to_jsonable
 from engine.core.plugins import available_plugins, load_plugin
@@ -39,6 +39,7 @@ from .common import (
     EXIT_OK,
     CliError,
     client_for,
+    endpoint_for,
     follow,
     queue_file_error,
     read_queue_file,
@@ -600,6 +601,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         # one line however long: it may quote a command to paste
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         code = exc.code
+    except RPCError as exc:
+        if exc.status not in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+            raise
+        # the credentials do not cover that namespace: a token of another tenant, a read token, none
+        where = "this namespace"
+        with contextlib.suppress(CliError):
+            where = f"namespace {endpoint_for(args).namespace}" if hasattr(args, "api_key") else where
+        err_console.print(
+            f"[bold red]error:[/] Temporal refused: {escape(exc.message)} Your credentials (--api-key / "
+            f"GANGFLOW_API_KEY) do not allow this in {where}.",
+            soft_wrap=True,
+        )
+        code = EXIT_FAILED
     except KeyboardInterrupt:
         code = 130
     # The temporalio core can abort during interpreter shutdown (sdk-python#300); exit directly with
