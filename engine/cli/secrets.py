@@ -35,16 +35,15 @@ def add_secrets_dir_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def configure_secrets_dir(args: argparse.Namespace) -> None:
-    """``--secrets-dir`` for this process (a worker or node agent), checked before anything starts."""
+def configure_secrets_dir(args: argparse.Namespace, tenant: str | None = None) -> None:
+    """``--secrets-dir`` for this process (a worker or node agent), checked before anything starts;
+    ``tenant``: the one tenant a tenant's worker serves (its environment holds that tenant's secrets)."""
     from engine.runtime.secrets import configure
 
     folder = getattr(args, "secrets_dir", None)
-    if folder is None:
-        return
-    if not folder or (os.path.exists(folder) and not os.path.isdir(folder)):
+    if folder is not None and (not folder or (os.path.exists(folder) and not os.path.isdir(folder))):
         raise CliError(f"--secrets-dir {folder!r} is not a directory", EXIT_BAD_INPUT)
-    configure(os.path.abspath(folder))
+    configure(os.path.abspath(folder) if folder else None, tenant)
 
 
 def add_secret_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,8 +24,10 @@ from workflows.platform import tenant_namespace
 
 __all__ = [
     "SECRETS_DIR_ENV",
+    "SECRET_ENV_PREFIX",
     "Redactor",
     "configure",
+    "env_name",
     "materialize",
     "resolve",
     "secrets_dir",
@@ -35,13 +38,24 @@ SECRETS_DIR_ENV = "GANGFLOW_SECRETS_DIR"
 #: shorter values are not redacted: replacing every "abc" in a log would hide more than it protects
 MIN_REDACTED = 4
 
+#: a tenant's worker also takes its tenant's secrets from its own environment: ``GANGFLOW_SECRET_HF_TOKEN``
+SECRET_ENV_PREFIX = "GANGFLOW_SECRET_"
+
 _configured: str | None = None
+_own_tenant: str | None = None
 
 
-def configure(directory: str | None) -> None:
-    """This process's secrets directory (``--secrets-dir``), which wins over ``$GANGFLOW_SECRETS_DIR``."""
-    global _configured
-    _configured = directory
+def configure(directory: str | None, tenant: str | None = None) -> None:
+    """This process's secrets directory (``--secrets-dir``), which wins over ``$GANGFLOW_SECRETS_DIR``, and
+    the one tenant it serves, if it serves one (``gangflow worker --tenant``): only such a process reads
+    secrets from its environment, where nothing says whose they are otherwise."""
+    global _configured, _own_tenant
+    _configured, _own_tenant = directory, tenant
+
+
+def env_name(name: str) -> str:
+    """``hf-token`` → ``GANGFLOW_SECRET_HF_TOKEN`` (a Kubernetes Secret's key through ``envFrom``, say)."""
+    return SECRET_ENV_PREFIX + re.sub(r"[-.]", "_", name).upper()
 
 
 def secrets_dir() -> Path | None:
@@ -65,6 +79,10 @@ def resolve(secrets: Sequence[Secret], tenant: str, root: Path | None = None) ->
     values: dict[str, str] = {}
     for item in secrets:
         where = f"secret {item.name!r} of tenant {tenant!r}"
+        from_env = os.environ.get(env_name(item.name)) if tenant == _own_tenant else None
+        if from_env:
+            values[item.name] = from_env
+            continue
         if root is None:
             raise SecretNotFoundError(
                 f"{where}: this worker or node agent has no secrets directory (--secrets-dir or ${SECRETS_DIR_ENV})"
@@ -161,4 +179,5 @@ def task_environment(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[
     """A task process's environment: ``base`` without where secrets come from (and without another task's
     secret folders), plus ``extra``."""
     dropped = {SECRETS_DIR_ENV, VALUES_ENV, MOUNTS_ENV}
-    return {**{k: v for k, v in base.items() if k not in dropped}, **extra}
+    kept = {k: v for k, v in base.items() if k not in dropped and not k.startswith(SECRET_ENV_PREFIX)}
+    return {**kept, **extra}

@@ -14,7 +14,15 @@ import pytest
 from engine import DefinitionError, Secret, secret, task
 from engine.core.definitions import definition_of
 from engine.core.secrets import MOUNTS_ENV, VALUES_ENV, SecretError, SecretNotFoundError
-from engine.runtime.secrets import SECRETS_DIR_ENV, Redactor, materialize, resolve, task_environment
+from engine.runtime.secrets import (
+    SECRETS_DIR_ENV,
+    Redactor,
+    configure,
+    env_name,
+    materialize,
+    resolve,
+    task_environment,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,6 +153,25 @@ def test_resolve_without_a_secrets_dir_or_with_an_empty_value(tmp_path, monkeypa
     with pytest.raises(SecretNotFoundError, match="empty"):
         resolve([Secret("hf-token")], "team-a", tmp_path)
     assert resolve([], "team-a") == {}  # nothing declared: nothing to resolve, anywhere
+
+
+def test_a_tenants_worker_also_reads_its_tenants_secrets_from_its_environment(tmp_path, monkeypatch):
+    """``GANGFLOW_SECRET_HF_TOKEN`` on the worker of team-a (``gangflow worker --tenant team-a``): team-a's,
+    never another tenant's, and never read by a process that serves no single tenant (a node agent)."""
+    monkeypatch.setenv(env_name("hf-token"), "from-the-env")
+    assert env_name("hf.token") == env_name("hf-token") == "GANGFLOW_SECRET_HF_TOKEN"
+    try:
+        configure(None, "team-a")
+        assert resolve([Secret("hf-token")], "team-a", tmp_path) == {"hf-token": "from-the-env"}
+        with pytest.raises(SecretNotFoundError):
+            resolve([Secret("hf-token")], "team-b", tmp_path)
+        configure(None)
+        with pytest.raises(SecretNotFoundError):
+            resolve([Secret("hf-token")], "team-a", tmp_path)
+    finally:
+        configure(None)
+    # and a task's own process never inherits the worker's secret variables
+    assert task_environment({"PATH": "/bin", env_name("hf-token"): "x"}, {}) == {"PATH": "/bin"}
 
 
 # -- redaction --------------------------------------------------------------------------------------
