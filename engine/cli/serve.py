@@ -132,7 +132,7 @@ def _worker_layout(args: argparse.Namespace) -> tuple[TenantRoute | None, _Platf
 async def cmd_worker(args: argparse.Namespace) -> int:
     route, platform = _worker_layout(args)
     configure_secrets_dir(args, route.tenant if route else None)
-    if args.namespace is None and not os.environ.get("GANGFLOW_NAMESPACE"):
+    if args.namespace is None:  # a role names its namespace (GANGFLOW_NAMESPACE is a client's, maybe a template)
         args.namespace = tenant_namespace(route.tenant) if route else PLATFORM_NAMESPACE if platform else None
     endpoint = endpoint_for(args)
     temporal = await _connect(endpoint)
