@@ -22,7 +22,7 @@ from typing import Any
 from rich.markup import escape
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import TemporalError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
 from engine.client import Client, TenancyError, load_workflow_file, log_rank, prepare_run, to_jsonable
 from engine.core.plugins import available_plugins, load_plugin
@@ -39,10 +39,10 @@ from .common import (
     EXIT_OK,
     CliError,
     client_for,
-    endpoint_for,
     follow,
     queue_file_error,
     read_queue_file,
+    refused,
 )
 from .params import RunArgv, check_collisions, check_missing, parse_params, split_run_argv
 from .render import (
@@ -59,7 +59,7 @@ from .render import (
     show_status,
 )
 from .secrets import add_secret_parser, add_secrets_dir_option, cmd_secret
-from .serve import DEMO_NODES, cmd_codec_server, cmd_demo, cmd_dev, cmd_node, cmd_worker
+from .serve import DEMO_NODES, add_layout_options, cmd_codec_server, cmd_demo, cmd_dev, cmd_node, cmd_worker
 
 __all__ = ["build_parser", "main", "run_options"]
 
@@ -232,24 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load", action="append", default=[], metavar="PKG", help="preload a package of workflows")
     p.add_argument("--task-queue", default=TASK_QUEUE, help=f"queue to poll (default {TASK_QUEUE})")
     add_secrets_dir_option(p)
-    p.add_argument(
-        "--artifacts",
-        help="with --tenant: the tenant's artifact root, pinned over what its clients name "
-        "(default $GANGFLOW_ARTIFACTS)",
-    )
-    p.add_argument(
-        "--platform",
-        action="store_true",
-        help="the platform's worker (namespace gangflow-system): the Scheduler, the gangs, and a Nexus handler "
-        "per tenant of --tenants",
-    )
-    p.add_argument("--tenants", metavar="A,B", help="with --platform: the tenants whose endpoints it serves")
-    p.add_argument(
-        "--tenant-artifacts",
-        metavar="TEMPLATE",
-        help="with --platform: each tenant's artifact root, e.g. 's3://bucket/{tenant}' (default "
-        "$GANGFLOW_ARTIFACTS/{tenant})",
-    )
+    add_layout_options(p)
 
     p = command(
         "run",
@@ -597,23 +580,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             code = asyncio.run(cmd_run(args, split, options))
         else:
             code = asyncio.run(_COMMANDS[args.command](args))
-    except CliError as exc:
+    except (CliError, RPCError) as exc:
+        failure = exc if isinstance(exc, CliError) else refused(exc, args)
         # one line however long: it may quote a command to paste
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
-        code = exc.code
-    except RPCError as exc:
-        if exc.status not in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
-            raise
-        # the credentials do not cover that namespace: a token of another tenant, a read token, none
-        where = "this namespace"
-        with contextlib.suppress(CliError):
-            where = f"namespace {endpoint_for(args).namespace}" if hasattr(args, "api_key") else where
-        err_console.print(
-            f"[bold red]error:[/] Temporal refused: {escape(exc.message)} Your credentials (--api-key / "
-            f"GANGFLOW_API_KEY) do not allow this in {where}.",
-            soft_wrap=True,
-        )
-        code = EXIT_FAILED
+        err_console.print(f"[bold red]error:[/] {escape(str(failure))}", soft_wrap=True)
+        code = failure.code
     except KeyboardInterrupt:
         code = 130
     # The temporalio core can abort during interpreter shutdown (sdk-python#300); exit directly with

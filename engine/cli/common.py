@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 from pathlib import Path
 from typing import Any
+
+from temporalio.service import RPCError, RPCStatusCode
 
 from engine.client import Client
 from engine.errors import InputError
@@ -26,6 +29,7 @@ __all__ = [
     "follow",
     "queue_file_error",
     "read_queue_file",
+    "refused",
     "stop_event",
     "until_signalled",
 ]
@@ -57,6 +61,19 @@ def endpoint_for(args: argparse.Namespace) -> Endpoint:
         )
     except InputError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
+
+
+def refused(exc: RPCError, args: argparse.Namespace) -> CliError:
+    """Temporal refused a call for the caller's credentials (a token of another tenant, a read token, none):
+    one line naming the namespace. Any other RPC error is not for this: raised again."""
+    if exc.status not in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+        raise exc
+    where = "this namespace"
+    with contextlib.suppress(CliError):
+        where = f"namespace {endpoint_for(args).namespace}" if hasattr(args, "api_key") else where
+    return CliError(
+        f"Temporal refused: {exc.message} Your credentials (--api-key / GANGFLOW_API_KEY) do not allow this in {where}."
+    )
 
 
 async def client_for(args: argparse.Namespace, artifacts: str | None = None) -> Client:

@@ -55,7 +55,16 @@ from .demo_tenants import TenantsDemo
 from .render import console, err_console, print_unwrapped, show_failure, show_status
 from .secrets import configure_secrets_dir
 
-__all__ = ["DEMO_GPUS", "DEMO_NODES", "cmd_codec_server", "cmd_demo", "cmd_dev", "cmd_node", "cmd_worker"]
+__all__ = [
+    "DEMO_GPUS",
+    "DEMO_NODES",
+    "add_layout_options",
+    "cmd_codec_server",
+    "cmd_demo",
+    "cmd_dev",
+    "cmd_node",
+    "cmd_worker",
+]
 
 #: the demo stands in for a 2-server cluster with 2 GPUs each
 DEMO_NODES, DEMO_GPUS = 2, 2
@@ -103,6 +112,28 @@ async def _serve(
         if ready is not None:
             await ready()
         await stopped.wait()
+
+
+def add_layout_options(p: argparse.ArgumentParser) -> None:
+    """``gangflow worker``'s role in the isolated layout (docs/security.md): a tenant's, or the platform's."""
+    p.add_argument(
+        "--artifacts",
+        help="with --tenant: the tenant's artifact root, pinned over what its clients name "
+        "(default $GANGFLOW_ARTIFACTS)",
+    )
+    p.add_argument(
+        "--platform",
+        action="store_true",
+        help="the platform's worker (namespace gangflow-system): the Scheduler, the gangs, and a Nexus handler "
+        "per tenant of --tenants",
+    )
+    p.add_argument("--tenants", metavar="A,B", help="with --platform: the tenants whose endpoints it serves")
+    p.add_argument(
+        "--tenant-artifacts",
+        metavar="TEMPLATE",
+        help="with --platform: each tenant's artifact root, e.g. 's3://bucket/{tenant}' (default "
+        "$GANGFLOW_ARTIFACTS/{tenant})",
+    )
 
 
 def _worker_layout(args: argparse.Namespace) -> tuple[TenantRoute | None, _Platform | None]:
