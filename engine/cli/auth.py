@@ -69,14 +69,12 @@ class DevAuth:
         except RuntimeError as exc:  # grpc: the port is taken
             raise CliError(f"the auth gateway cannot listen on port {port}: {exc}") from None
 
-    def show(self, gateway: Gateway, upstream: str, state: Path) -> None:
+    def show(self, gateway: str, upstream: str, state: Path) -> None:
         first = self.tenants[0]
-        print_unwrapped(
-            f"--auth (dev only): the gateway on {gateway.address} checks Temporal's JWT permissions; as a tenant:"
-        )
+        print_unwrapped(f"--auth (dev only): the gateway on {gateway} checks Temporal's JWT permissions; as a tenant:")
         # one line: the namespace follows --tenant, the root and the token are the first tenant's
         print_unwrapped(
-            f"  export GANGFLOW_ADDRESS={gateway.address} GANGFLOW_NAMESPACE='gf-{{tenant}}' GANGFLOW_TENANT={first} "
+            f"  export GANGFLOW_ADDRESS={gateway} GANGFLOW_NAMESPACE='gf-{{tenant}}' GANGFLOW_TENANT={first} "
             f"GANGFLOW_ARTIFACTS={state / 'artifacts' / first} GANGFLOW_API_KEY=$(cat {self.tokens / f'{first}.jwt'})"
         )
         print_unwrapped(

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from temporalio.client import Client as TemporalClient
 from temporalio.client import WorkflowFailureError
@@ -28,6 +29,7 @@ from engine.core.resources import parse_memory
 from engine.core.wire import Envelope
 from engine.errors import GangflowError, InputError
 from engine.executor.gpus import detect_gpus
+from engine.executor.ports import free_port
 from engine.executor.process import spawn, stop_processes
 from engine.executor.standby import default_warm_modules
 from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
@@ -40,6 +42,9 @@ from engine.scheduling.config import QueueConfig, QueueConfigError
 from workflows.platform import PLATFORM_NAMESPACE, TenantRoute, tenant_namespace
 
 from .auth import dev_auth
+
+if TYPE_CHECKING:
+    from engine.runtime.gateway import Gateway
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -279,10 +284,17 @@ async def _apply_queues(temporal: TemporalClient, file: str, config: QueueConfig
     console.print(f"queue configuration {file} applied: tenants {tenants}; see 'gangflow queues show'")
 
 
+#: the banner's last line: what to try first
+_TRY = "  gangflow run examples/quickstart.py:pipeline"
+
+
 async def cmd_dev(args: argparse.Namespace) -> int:
     state = Path(args.state_dir).resolve()
     # what `gangflow secret set TENANT NAME` writes: this worker, its tenants' workers and node agents read it
     os.environ.setdefault(SECRETS_DIR_ENV, str(state / "secrets"))
+    # --auth runs gRPC's own threads here (the gateway): a child forked while they run can hang in gRPC's
+    # fork handlers before it reaches exec. The helpers are started before the gateway, and without handlers.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     # checked before anything starts: a bad file is bad input (exit 2), not a stack that half came up
     queues = read_queue_file(args.queues) if args.queues else None
     auth = dev_auth(args, queues)
@@ -298,49 +310,50 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     )
     try:
         server.start()
-        gateway = await auth.start_gateway(server.address, args.port) if auth else None
-    except (OSError, RuntimeError, TimeoutError, CliError) as exc:
-        server.stop()
+    except (OSError, RuntimeError, TimeoutError) as exc:
         codec.stop()
-        raise exc if isinstance(exc, CliError) else CliError(str(exc)) from None
+        raise CliError(str(exc)) from None
     # --auth is the isolated layout: the platform (this process's worker, the node agents) in gangflow-system,
     # one worker per tenant in its own namespace, reaching Temporal through the gateway with its own token
     namespace = PLATFORM_NAMESPACE if auth else "default"
+    gateway_port = (args.port or free_port()) if auth else 0
     helpers: list[subprocess.Popen[bytes]] = []
+    gateway: Gateway | None = None
     try:
         console.print(
             f"[bold]gangflow dev[/]: Temporal on {server.address}"
             + ("" if args.headless else f", Web UI {server.ui_url}")
         )
         print_unwrapped(f"state in {state}; in another shell:")
-        if auth and gateway:
-            auth.show(gateway, server.address, state)
+        if auth:
+            auth.show(f"127.0.0.1:{gateway_port}", server.address, state)
         else:
             # one line however narrow the terminal: a wrapped second line would be pasted as a separate command
             print_unwrapped(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
-        console.print("  gangflow run examples/quickstart.py:pipeline")
+            console.print(_TRY)
         helpers += _spawn_nodes(server.address, args.nodes, args.gpus_per_node, state, namespace)
         if args.nodes:
             console.print(
                 f"{args.nodes} node agent(s) with {args.gpus_per_node} GPU slot(s) each; see 'gangflow queue'"
             )
         temporal = await _connect(Endpoint.resolve(server.address, namespace))
-        if auth and gateway:
+        platform = None
+        if auth:
             # registering search attributes takes an admin: the platform does it for the tenants' namespaces
             for tenant_ns in auth.namespaces:
                 await ensure_search_attributes(await _connect(Endpoint.resolve(server.address, tenant_ns)))
-            helpers += auth.spawn_workers(gateway.address, state)
-        platform = _Platform(auth.tenants, artifacts_for(f"{state / 'artifacts'}/{{tenant}}")) if auth else None
+            helpers += auth.spawn_workers(f"127.0.0.1:{gateway_port}", state)  # they wait for the gateway
+            gateway = await auth.start_gateway(server.address, gateway_port)
+            console.print(_TRY)  # once tenants can connect
+            platform = _Platform(auth.tenants, artifacts_for(f"{state / 'artifacts'}/{{tenant}}"))
 
         async def ready() -> None:
             if queues is not None:
                 await _apply_queues(temporal, args.queues, queues)
 
-        try:
-            await _serve(temporal, ready=ready, platform=platform)
-        finally:
-            stop_processes(helpers, _NODE_STOP_GRACE_S)
+        await _serve(temporal, ready=ready, platform=platform)
     finally:
+        stop_processes(helpers, _NODE_STOP_GRACE_S)
         if gateway is not None:
             await gateway.stop()
         server.stop()
