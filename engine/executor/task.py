@@ -55,10 +55,11 @@ def _fail(spec: dict[str, Any], kind: str, message: str, non_retryable: bool) ->
 def _run(spec: dict[str, Any]) -> int:
     envelope = Envelope.decode(spec["envelope"])
     try:
-        defn = LOADER.load(envelope.code)
+        store = ArtifactStore(envelope.run.artifacts)
+        defn = LOADER.load(envelope.code, store)  # the store's own cached copy, as the worker's thread loads it
         if not isinstance(defn, TaskDefinition):
             raise CodeNotFoundError(f"{envelope.code.qualname} is not a @task")
-        context = ArtifactStore(envelope.run.artifacts).context()
+        context = store.context()
         inputs = defn.interface.inputs_from_wire(envelope.inputs, context)
     except (GangflowError, CodeNotFoundError) as exc:
         _fail(spec, exc.kind if isinstance(exc, GangflowError) else "CodeNotFound", str(exc), True)

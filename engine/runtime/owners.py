@@ -39,12 +39,16 @@ async def _closed(client: Client, workflow_id: str, run_id: str | None = None) -
     return described.status != WorkflowExecutionStatus.RUNNING
 
 
-async def _cancel_if_orphaned(client: Client, gang_id: str, described: WorkflowExecutionDescription) -> None:
+async def _cancel_if_orphaned(
+    client: Client, gang_id: str, described: WorkflowExecutionDescription, tenants: dict[str, Client]
+) -> None:
     caller: Any = await described.memo_value(CALLER_MEMO, None)
     if not isinstance(caller, dict) or not caller.get("namespace") or not caller.get("workflow_id"):
         return  # a child of a run in this namespace: the run's close policy cancels it
-    tenant_side = Client(client.service_client, namespace=str(caller["namespace"]))
-    if await _closed(tenant_side, str(caller["workflow_id"]), caller.get("run_id") or None):
+    namespace = str(caller["namespace"])
+    if namespace not in tenants:  # the same connection, another namespace
+        tenants[namespace] = Client(client.service_client, namespace=namespace)
+    if await _closed(tenants[namespace], str(caller["workflow_id"]), caller.get("run_id") or None):
         activity.logger.warning("gang %s: its run %s is closed; cancelling the gang", gang_id, caller["workflow_id"])
         await client.get_workflow_handle(gang_id).cancel()
 
@@ -53,6 +57,7 @@ async def _cancel_if_orphaned(client: Client, gang_id: str, described: WorkflowE
 async def closed_owners(gang_ids: list[str]) -> list[str]:
     client = activity.client()
     limit = asyncio.Semaphore(_CONCURRENCY)
+    tenants: dict[str, Client] = {}
 
     async def closed(gang_id: str) -> bool:
         async with limit:
@@ -63,7 +68,7 @@ async def closed_owners(gang_ids: list[str]) -> list[str]:
             if described.status != WorkflowExecutionStatus.RUNNING:
                 return True
             try:
-                await _cancel_if_orphaned(client, gang_id, described)
+                await _cancel_if_orphaned(client, gang_id, described, tenants)
             except RPCError as exc:  # checked again next time
                 activity.logger.warning("orphan check of gang %s failed: %s", gang_id, exc)
             return False
