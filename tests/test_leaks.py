@@ -54,6 +54,24 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LeakStack]:
     s.close()
 
 
+@pytest.fixture(autouse=True)
+def _nothing_left_running(stack: LeakStack) -> Iterator[None]:
+    """A test that fails midway may leave its runs holding GPUs, which would fail every test after it: cancel
+    what is still running (the Scheduler aside) and wait for the cluster to be whole again."""
+    yield
+
+    async def cancel_leftovers() -> None:
+        client = await stack.client()
+        query = f'ExecutionStatus="Running" AND WorkflowId!="{SCHEDULER_ID}"'
+        left = [wf.id async for wf in client.temporal.list_workflows(query) if "." not in wf.id]
+        for run_id in left:
+            await client.cancel(run_id)
+        if left:
+            await stack.all_free(90)
+
+    run(cancel_leftovers())
+
+
 def _pids(marker_dir: Path) -> list[int]:
     return [int(p.name.split(".")[1]) for p in marker_dir.glob("pid.*")]
 
@@ -70,7 +88,8 @@ async def _wait_phase(client: Client, gang_id: str, text: str, timeout: float = 
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if text in (await client.gang(gang_id))["phase"]:
+            # a gang whose first workflow task has not run yet answers no status query: no phase yet
+            if text in (await client.gang(gang_id)).get("phase", ""):
                 return
         except RPCError:
             pass
