@@ -9,20 +9,24 @@ Each process gets Kubeflow Trainer's names (``JAX_COORDINATOR_ADDRESS``, ``JAX_N
 environment) and a bounded heartbeat: JAX's default of 100 s keeps a survivor alive long after its
 peer died. gangflow stops the gang itself as soon as any process dies, whatever JAX's timeouts say.
 A preemption notice comes as SIGUSR1, since JAX traps SIGTERM (``notice_signal``).
+``script="train.py"`` runs an existing JAX script unchanged instead of the body: its own
+``jax.distributed.initialize()``, without arguments, joins the gang.
 jax is imported only inside a rank.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from engine.core.gang import GangPlugin, RankContext
+from plugins.script import Scripted
 
 __all__ = ["Jax"]
 
 
 @dataclass(frozen=True)
-class Jax(GangPlugin):
+class Jax(Scripted, GangPlugin):
     """JAX multi-process: jax.distributed initialised before the body, with a bounded heartbeat."""
 
     nnodes: int = 1
@@ -37,10 +41,16 @@ class Jax(GangPlugin):
     #: ``jax.experimental.multihost_utils.reached_preemption_sync_point`` (Orbax); ``engine.preemption()``
     #: still reads the notice file then.
     notice_signal: str = "SIGUSR1"
+    #: run this script (path relative to the code bundle's root) on every process instead of the task body;
+    #: its own bare ``jax.distributed.initialize()`` joins the gang (``plugins.jax.script``)
+    script: str | None = None
+    args: tuple[str, ...] = field(default=())
+    _script_module: ClassVar[str | None] = "plugins.jax.script"
 
     def __post_init__(self) -> None:
         if self.heartbeat_timeout <= 0 or self.init_timeout <= 0:
             raise ValueError("Jax heartbeat_timeout and init_timeout must be positive")
+        self._check_script()
 
     def rank_env(self, rank: RankContext) -> dict[str, str]:
         env = {

@@ -10,6 +10,11 @@ agents run each on its own node (the engine passes the command through the gang'
 node 0's. Hosts in the hostfile are gangflow node ids (``node:slots``, MPICH's format); hydra never
 resolves them in manual mode, and the proxies connect back to node 0's advertised address.
 
+``MPI(script="solve.py", args=(...))`` runs an existing mpi4py program as every rank instead of the body,
+and ``MPI(command=["./solver", "--n", "10"])`` any executable (C, Fortran, a shell script, ``hostname``);
+hydra passes every rank's output to mpiexec, whose log (``gangflow logs RUN --task T``) then holds it,
+each line prefixed with its rank (``[3] ...``), and a rank that exits non-zero fails the task with it.
+
 Only MPICH is supported (``pip install mpi4py mpich``, the ``gangflow[mpi]`` extra). Open MPI 5 would
 use ``--prtemca plm_ssh_agent`` with a gangflow remote-exec helper; it is not wired up yet.
 """
@@ -19,10 +24,13 @@ from __future__ import annotations
 import re
 import shutil
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.core.gang import GangPlugin, ProcessSpec, RankContext
+from engine.errors import DefinitionError
+from plugins.script import Scripted, check_command
 
 __all__ = ["MPI"]
 
@@ -46,25 +54,69 @@ _PROXY_OPTIONS = {
 }
 
 
-@dataclass(frozen=True)
-class MPI(GangPlugin):
+@dataclass(frozen=True, init=False)
+class MPI(Scripted, GangPlugin):
     """MPI (MPICH): mpiexec on node rank 0, its proxies started by the node agents, no ssh."""
 
     nnodes: int = 1
     slots_per_node: int = 1
     implementation: str = "mpich"
+    #: run this Python script (path relative to the code bundle's root) as every MPI rank, e.g. an mpi4py program
+    script: str | None = None
+    args: tuple[str, ...] = field(default=())
+    #: any executable and its arguments as every MPI rank (``command=`` when building the plugin); a
+    #: relative program path is looked up in the code bundle's root
+    program: tuple[str, ...] = field(default=())
+
+    # written out because ``command`` is both the option users pass and the plugin hook ``command(rank)``
+    def __init__(
+        self,
+        nnodes: int = 1,
+        slots_per_node: int = 1,
+        implementation: str = "mpich",
+        *,
+        script: str | None = None,
+        args: Sequence[str] = (),
+        command: Sequence[str] | None = None,
+    ) -> None:
+        for name, value in (
+            ("nnodes", nnodes),
+            ("slots_per_node", slots_per_node),
+            ("implementation", implementation),
+            ("script", script),
+            ("args", args),
+        ):
+            object.__setattr__(self, name, value)
+        if command is not None:
+            if script is not None:
+                raise DefinitionError(
+                    f"MPI: give either script= or command=, not both (got {script!r} and {command!r})"
+                )
+            if args:
+                raise DefinitionError("MPI: args= go with script=; with command= put the arguments in the command")
+        object.__setattr__(self, "program", () if command is None else check_command("MPI", command))
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if self.implementation != "mpich":
             raise ValueError(f"MPI implementation {self.implementation!r} is not supported; use 'mpich'")
         if self.slots_per_node < 1:
             raise ValueError("MPI slots_per_node must be >= 1")
+        self._check_script()
+
+    def command(self, rank: RankContext) -> list[str] | None:
+        """What each rank runs: the program, the script, or (None) the task body. Under ``mpiexec`` it is the
+        launcher's; ``engine.run_local`` runs it as a single process."""
+        return list(self.program) if self.program else super().command(rank)
 
     @property
     def nproc_per_node(self) -> int:  # type: ignore[override]
         return self.slots_per_node
 
     def launcher(self, rank0: RankContext, hosts: list[tuple[str, int]], rank_command: list[str]) -> ProcessSpec:
+        own = self.command(rank0)
+        # an own program's output reaches only mpiexec's log (the rank runner writes one log per rank): say whose
+        labels = ["-prepend-rank"] if own else []
         mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or "mpiexec"
         hostlist = ",".join(f"{name}:{slots}" for name, slots in hosts)
         return ProcessSpec(
@@ -78,7 +130,8 @@ class MPI(GangPlugin):
                 "-n",
                 str(sum(s for _, s in hosts)),
                 "-genvnone",
-                *rank_command,
+                *labels,
+                *(own or rank_command),
             ],
             # hydra's control port is the gang's fresh rendezvous port, reserved on this node
             {"MPIEXEC_PORT_RANGE": f"{rank0.master_port}:{rank0.master_port}"},

@@ -6,18 +6,19 @@
 Each rank gets torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) and
 Kubeflow Trainer's PET_* names; the process group is initialised before the body (``env://``, with a
 bounded timeout so a hung peer cannot stall the gang for torch's default 30 minutes) and destroyed after.
-``script="train.py"`` runs an existing torchrun-style script unchanged as the rank command instead.
+``script="train.py"`` runs an existing torchrun-style script unchanged as the rank command instead
+(``plugins.script``).
 torch is imported only inside a rank.
 """
 
 from __future__ import annotations
 
 import gc
-import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from engine.core.gang import GangPlugin, RankContext
+from plugins.script import Scripted
 
 __all__ = ["PyTorch"]
 
@@ -25,7 +26,7 @@ _BACKENDS = ("auto", "nccl", "gloo")
 
 
 @dataclass(frozen=True)
-class PyTorch(GangPlugin):
+class PyTorch(Scripted, GangPlugin):
     """PyTorch distributed: torchrun's environment, the process group ready before the body."""
 
     nnodes: int = 1
@@ -42,16 +43,13 @@ class PyTorch(GangPlugin):
             raise ValueError(f"PyTorch backend must be one of {', '.join(_BACKENDS)}, got {self.backend!r}")
         if self.timeout <= 0:
             raise ValueError(f"PyTorch timeout must be positive, got {self.timeout!r}")
-        object.__setattr__(self, "args", tuple(self.args))
+        self._check_script()
 
     def rank_env(self, rank: RankContext) -> dict[str, str]:
         env = {"GANGFLOW_TORCH_BACKEND": self.backend, "GANGFLOW_TORCH_TIMEOUT": str(self.timeout)}
         if rank.gpu_ids:
             env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"  # fail a collective on a dead peer instead of hanging
         return env
-
-    def command(self, rank: RankContext) -> list[str] | None:
-        return [sys.executable, self.script, *self.args] if self.script else None
 
     def resolved_backend(self, rank: RankContext) -> str:
         if self.backend != "auto":

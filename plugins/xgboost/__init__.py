@@ -10,6 +10,8 @@ on the gang's fresh port, and gives every worker Kubeflow Trainer's names (``DML
 model together; ``engine.current_rank()`` tells the worker which shard is its own. Waits are bounded:
 a dead worker never leaves the tracker or its peers waiting forever. xgboost is imported only inside a
 worker (use ``xgboost-cpu`` where no GPU is wanted: the plain package pulls 350 MB of NCCL).
+``script="train.py"`` runs an existing worker script unchanged instead of the body, beside the same
+tracker: it opens ``CommunicatorContext`` itself from the ``DMLC_*`` variables.
 """
 
 from __future__ import annotations
@@ -19,18 +21,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core.gang import GangPlugin, ProcessSpec, RankContext
+from plugins.script import Scripted
 
 __all__ = ["XGBoost"]
 
 
 @dataclass(frozen=True)
-class XGBoost(GangPlugin):
+class XGBoost(Scripted, GangPlugin):
     """Distributed XGBoost: a fresh tracker per attempt, the body inside the communicator."""
 
     n_workers: int = 1
     workers_per_node: int = 1
     #: seconds a worker waits on a peer (XGBoost's ``dmlc_timeout``) and the tracker waits for workers
     timeout: int = 300
+    #: run this script (path relative to the code bundle's root) on every worker instead of the task body; it
+    #: opens ``xgboost.collective.CommunicatorContext`` itself from the ``DMLC_*`` variables
+    script: str | None = None
+    args: tuple[str, ...] = field(default=())
     _context: list[Any] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -39,6 +46,7 @@ class XGBoost(GangPlugin):
                 f"XGBoost n_workers={self.n_workers} must be a positive multiple of workers_per_node="
                 f"{self.workers_per_node}"
             )
+        self._check_script()
 
     @property
     def nnodes(self) -> int:  # type: ignore[override]
