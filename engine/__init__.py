@@ -24,7 +24,7 @@ from engine.core.guard import NonDeterministicCall
 from engine.core.plugins import available_plugins, plugin
 from engine.core.secrets import Secret, secret
 from engine.progress import report
-from engine.types import Directory, File
+from engine.types import Directory, File, Schema
 
 __all__ = [
     "DefinitionError",
@@ -40,6 +40,7 @@ __all__ = [
     "RankContext",
     "Resources",
     "Retry",
+    "Schema",
     "Secret",
     "TypeMismatchError",
     "available_plugins",

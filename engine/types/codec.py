@@ -23,6 +23,8 @@ import msgpack
 from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
 from engine.errors import PayloadTooLargeError, TypeMismatchError
+from engine.types import data
+from engine.types.schema import SchemaViolation
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",
@@ -83,6 +85,16 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"cannot encode a value of type {type(value).__name__}")
 
 
+def _data_violation(exc: ValidationError) -> str | None:
+    """The message of a data value's check (engine.types.data), complete on its own: it names the column."""
+    err = exc.errors(include_url=False)[0]
+    cause = (err.get("ctx") or {}).get("error")
+    if not isinstance(cause, SchemaViolation):
+        return None
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    return f"{cause}" + (f" (at {loc})" if loc else "")
+
+
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors(include_url=False)[0]
     loc = ".".join(str(p) for p in err.get("loc", ()))
@@ -98,7 +110,8 @@ class ValueCodec:
         self.annotation = annotation
         self.name = type_name(annotation)
         try:
-            self.adapter: TypeAdapter[Any] = TypeAdapter(annotation)
+            # DataFrames, arrays, tensors: an Annotated form that passes them by reference (engine.types.data)
+            self.adapter: TypeAdapter[Any] = TypeAdapter(data.prepare(annotation))
         except (PydanticSchemaGenerationError, TypeError, NameError) as exc:
             raise TypeError(f"unsupported type {self.name}: {exc}".splitlines()[0]) from None
 
@@ -106,7 +119,10 @@ class ValueCodec:
         try:
             return self.adapter.validate_python(value, context=context)
         except ValidationError as exc:
-            shown = repr(value)
+            violation = _data_violation(exc)
+            if violation is not None:
+                raise TypeMismatchError(f"{where}: {violation}") from None
+            shown = data.brief(value) or repr(value)
             shown = shown if len(shown) <= 80 else shown[:77] + "..."
             raise TypeMismatchError(
                 f"{where}: expected {self.name}, got {shown} ({type(value).__name__}): {_first_error(exc)}"
