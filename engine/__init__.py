@@ -4,6 +4,9 @@ from engine import task, workflow, Resources, Retry, File, Directory
 engine.now(), engine.random(), engine.uuid4(), await engine.sleep(s): replay-safe in a workflow body
 engine.preemption(): in a rank, the preemption notice (deadline, reason) or None
 @task(secrets=[Secret("hf-token", env="HF_TOKEN")]); engine.secret("hf-token") inside the task
+@task(cache=True, cache_version="1"); await engine.map(task, items, concurrency=16, min_success_ratio=1.0)
+await engine.approve("promote?"), await engine.wait_for_input("threshold", float) in a workflow body
+Annotated[pd.DataFrame, Schema(x="float64")] for a checked DataFrame input or output
 """
 
 from engine.checkpoint import Preemption, preemption
@@ -21,12 +24,15 @@ from engine.core import (
 from engine.core.determinism import now, random, sleep, uuid4
 from engine.core.gang import GangPlugin, ProcessSpec, RankContext, current_rank
 from engine.core.guard import NonDeterministicCall
+from engine.core.mapping import map as map  # not in __all__: `from engine import *` keeps the builtin map
 from engine.core.plugins import available_plugins, plugin
 from engine.core.secrets import Secret, secret
+from engine.core.waits import Approval, Rejected, WaitTimedOut, approve, wait_for_input
 from engine.progress import report
 from engine.types import Directory, File, Schema
 
 __all__ = [
+    "Approval",
     "DefinitionError",
     "Directory",
     "File",
@@ -38,11 +44,14 @@ __all__ = [
     "Preemption",
     "ProcessSpec",
     "RankContext",
+    "Rejected",
     "Resources",
     "Retry",
     "Schema",
     "Secret",
     "TypeMismatchError",
+    "WaitTimedOut",
+    "approve",
     "available_plugins",
     "checkpoint",
     "current_rank",
@@ -56,6 +65,7 @@ __all__ = [
     "sleep",
     "task",
     "uuid4",
+    "wait_for_input",
     "workflow",
 ]
 

@@ -39,6 +39,7 @@ from temporalio.exceptions import ApplicationError, TemporalError
 from temporalio.service import RPCError, RPCStatusCode
 
 from engine.artifacts import ArtifactStore, default_artifact_root, pack_code
+from engine.core.cache_key import check_cache_mode
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, source_file
 from engine.core.wire import CodeRef, Envelope, RunContext
 from engine.errors import GangflowError, InputError, NodeNotFoundError
@@ -63,6 +64,7 @@ __all__ = [
     "load_workflow_file",
     "log_rank",
     "prepare_run",
+    "start_options",
     "task_priorities",
     "to_jsonable",
 ]
@@ -156,10 +158,12 @@ def prepare_run(
     tenant: str | None = None,
     priority: str | None = None,
     bundle: bool = True,
+    cache: str = "use",
 ) -> tuple[WorkflowDefinition, Envelope]:
     """Validate the inputs and pack the code, without contacting Temporal: raises InputError (or
     TypeMismatchError) for bad input, so nothing is started. ``tenant`` defaults to ``default_tenant()``;
-    whether the cluster has that tenant (and the ``priority`` class) is checked by ``Client.start``."""
+    whether the cluster has that tenant (and the ``priority`` class) is checked by ``Client.start``.
+    ``cache``: how ``@task(cache=True)`` calls use the cache, "use", "skip" or "overwrite" (engine.core.cache_key)."""
     defn = wf if isinstance(wf, WorkflowDefinition) else definition_of(wf)
     if not isinstance(defn, WorkflowDefinition):
         raise InputError(f"{wf!r} is not a @workflow")
@@ -167,6 +171,7 @@ def prepare_run(
     for option, value in (("tenant", tenant), ("priority", priority)):
         if value is not None and (not isinstance(value, str) or not value or value != value.strip()):
             raise InputError(f"{option} must be a name (a non-empty str without surrounding spaces), got {value!r}")
+    cache = check_cache_mode(cache)
     store = ArtifactStore(artifacts or default_artifact_root())
     wire = defn.interface.inputs_to_wire(dict(inputs or {}), store.context(fetch=False))
     code = CodeRef(defn.module, defn.qualname)
@@ -175,8 +180,30 @@ def prepare_run(
         packed = pack_code(source)
         uri, sha = store.put_bytes(packed.data)
         code = CodeRef(packed.module, defn.qualname, uri, sha)
-    run = RunContext(run_id or f"{defn.name}-{uuid.uuid4().hex[:8]}", defn.name, tenant, store.uri_root, priority)
+    run = RunContext(
+        run_id or f"{defn.name}-{uuid.uuid4().hex[:8]}", defn.name, tenant, store.uri_root, priority, cache
+    )
     return defn, Envelope(code, wire, run)
+
+
+def start_options(defn: WorkflowDefinition, envelope: Envelope) -> dict[str, Any]:
+    """Temporal's start options for a prepared run (argument, id, memo, search attributes, summary), apart from
+    the workflow type and task queue: one place, so a scheduled run (engine.schedules) starts what ``start`` does."""
+    memo: dict[str, Any] = {"artifacts": envelope.run.artifacts, "bundle": envelope.code.bundle_sha}
+    if envelope.run.priority is not None:
+        memo["priority"] = envelope.run.priority
+    return {
+        "arg": envelope.encode(f"the inputs of workflow {defn.name!r}"),
+        "id": envelope.run.run_id,
+        "execution_timeout": defn.timeout,
+        "memo": {"gangflow": memo},
+        "search_attributes": TypedSearchAttributes(
+            [SearchAttributePair(PIPELINE, defn.name), SearchAttributePair(TENANT, envelope.run.tenant)]
+        ),
+        "static_summary": f"gangflow pipeline {defn.name}",
+        "static_details": f"code: {envelope.code.module}.{envelope.code.qualname}"
+        + (f" (bundle {envelope.code.bundle_sha[:12]})" if envelope.code.bundle_sha else ""),
+    }
 
 
 def task_priorities(defn: WorkflowDefinition) -> dict[str, str]:
@@ -301,10 +328,18 @@ class Client:
         tenant: str | None = None,
         priority: str | None = None,
         bundle: bool = True,
+        cache: str = "use",
     ) -> tuple[WorkflowDefinition, Envelope]:
         """``prepare_run`` with this client's artifact store: validated and packed, nothing started."""
         return prepare_run(
-            wf, inputs, artifacts=self.artifacts, run_id=run_id, tenant=tenant, priority=priority, bundle=bundle
+            wf,
+            inputs,
+            artifacts=self.artifacts,
+            run_id=run_id,
+            tenant=tenant,
+            priority=priority,
+            bundle=bundle,
+            cache=cache,
         )
 
     async def start(
@@ -316,11 +351,16 @@ class Client:
         tenant: str | None = None,
         priority: str | None = None,
         bundle: bool = True,
+        cache: str = "use",
     ) -> str:
         """Validate, pack and start a run; returns its id (the Temporal workflow id). ``tenant`` defaults
         to ``$GANGFLOW_TENANT``, else ``default``; ``priority`` names a priority class for the run's gangs
-        (a task's own ``priority=`` wins). An unknown tenant or class raises TenancyError, nothing started."""
-        defn, envelope = self.prepare(wf, inputs, run_id=run_id, tenant=tenant, priority=priority, bundle=bundle)
+        (a task's own ``priority=`` wins). An unknown tenant or class raises TenancyError, nothing started.
+        ``cache``: "use" (default), "skip" (neither read nor write the task cache) or "overwrite" (do not read it,
+        replace its entries on success)."""
+        defn, envelope = self.prepare(
+            wf, inputs, run_id=run_id, tenant=tenant, priority=priority, bundle=bundle, cache=cache
+        )
         return await self.start_prepared(defn, envelope)
 
     async def check_tenancy(self, defn: WorkflowDefinition, run: RunContext) -> None:
@@ -344,23 +384,7 @@ class Client:
 
     async def start_prepared(self, defn: WorkflowDefinition, envelope: Envelope) -> str:
         await self.check_tenancy(defn, envelope.run)
-        memo: dict[str, Any] = {"artifacts": envelope.run.artifacts, "bundle": envelope.code.bundle_sha}
-        if envelope.run.priority is not None:
-            memo["priority"] = envelope.run.priority
-        await self.temporal.start_workflow(
-            defn.name,
-            envelope.encode(f"the inputs of workflow {defn.name!r}"),
-            id=envelope.run.run_id,
-            task_queue=self.task_queue,
-            execution_timeout=defn.timeout,
-            memo={"gangflow": memo},
-            search_attributes=TypedSearchAttributes(
-                [SearchAttributePair(PIPELINE, defn.name), SearchAttributePair(TENANT, envelope.run.tenant)]
-            ),
-            static_summary=f"gangflow pipeline {defn.name}",
-            static_details=f"code: {envelope.code.module}.{envelope.code.qualname}"
-            + (f" (bundle {envelope.code.bundle_sha[:12]})" if envelope.code.bundle_sha else ""),
-        )
+        await self.temporal.start_workflow(defn.name, task_queue=self.task_queue, **start_options(defn, envelope))
         return envelope.run.run_id
 
     # -- waiting --------------------------------------------------------------------------------

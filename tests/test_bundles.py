@@ -206,6 +206,17 @@ def test_an_edited_sibling_module_is_used_by_the_next_run_on_the_same_worker(ser
         run(replayer.replay_workflow(WorkflowHistory(history.workflow_id, wrong)))
 
 
+def test_the_same_code_run_into_two_stores_on_one_worker(server, worker, artifacts, tmp_path):
+    """Two teams (or two roots) uploading identical code get the same bundle sha; the worker, which loaded it
+    first for one store, must name each run's own copy in its task calls (a task refuses a reference outside
+    its run's store)."""
+    project = make_project(tmp_path / "project")
+    first = gangflow_run(project, "flow.py:edited", server, str(tmp_path / "store-a"), "one")
+    second = gangflow_run(project, "flow.py:edited", server, str(tmp_path / "store-b"), "two")
+    assert first["result"]["task"] == expected("v1", "task one")
+    assert second["result"]["task"] == expected("v1", "task two")
+
+
 def envelope_of(history: WorkflowHistory) -> Envelope:
     started = history.events[0].workflow_execution_started_event_attributes
     return Envelope.decode(started.input.payloads[0].data)

@@ -224,6 +224,22 @@ def _record(order: list[int], index: int, _: object) -> None:
     order.append(index)
 
 
+def _rank_map(nodes: list[NodeAssignment], nproc_per_node: int, run_id: str) -> str:
+    """The Web UI's current details of a running attempt: which ranks run where (markdown). Their pids and
+    reports reach the node activities' heartbeats only, never this workflow: the UI shows them there."""
+    lines = ["", "", "| node | node rank | ranks |", "|---|---|---|"]
+    for node in nodes:
+        first = node.node_rank * nproc_per_node
+        ranks = str(first) if nproc_per_node == 1 else f"{first}–{first + nproc_per_node - 1}"
+        lines.append(f"| {node.node_id} | {node.node_rank} | {ranks} |")
+    lines += [
+        "",
+        "Each rank's pid, last step, loss and report age: the *summary* in the heartbeat details of this "
+        f"gang's pending activities, or `gangflow status {run_id}`.",
+    ]
+    return "\n".join(lines)
+
+
 def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else text
 
@@ -301,9 +317,9 @@ class GangRun:
             "failed_attempts": self.attempts,
         }
 
-    def _say(self, text: str) -> None:
+    def _say(self, text: str, more: str = "") -> None:
         self.phase = text
-        workflow.set_current_details(text)
+        workflow.set_current_details(text + more)  # (not in history: free to change between versions)
 
     @workflow.run
     async def run(self, spec: GangSpec, envelope: bytes) -> bytes:
@@ -472,7 +488,10 @@ class GangRun:
                     summary=f"{spec.task} attempt {attempt}: ranks on {node.node_id} (node rank {node.node_rank})",
                 )
             )
-        self._say(f"attempt {attempt}: {spec.shape.nnodes * spec.shape.nproc_per_node} ranks running on {where}")
+        self._say(
+            f"attempt {attempt}: {spec.shape.nnodes * spec.shape.nproc_per_node} ranks running on {where}",
+            _rank_map(nodes, spec.shape.nproc_per_node, run.run_id),
+        )
         finished: list[int] = []  # node indexes in the order their activities ended (deterministic on replay)
         for index, handle in enumerate(handles):
             handle.add_done_callback(functools.partial(_record, finished, index))

@@ -21,22 +21,21 @@ from __future__ import annotations
 import asyncio
 import traceback
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from random import Random
-from typing import Any, Protocol
+from typing import Any
 from uuid import UUID
 
 from temporalio import workflow
-from temporalio.common import RawValue, RetryPolicy
+from temporalio.common import RawValue
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
     ChildWorkflowError,
     FailureError,
     NexusOperationError,
-    TimeoutError,
-    TimeoutType,
     is_cancelled_exception,
 )
 from temporalio.workflow import ParentClosePolicy
@@ -44,100 +43,29 @@ from temporalio.workflow import ParentClosePolicy
 from engine.core.definitions import TaskDefinition, WorkflowDefinition
 from engine.core.dispatch import using_dispatcher
 from engine.core.guard import guarding, rearm
-from engine.core.resources import NEVER_RETRIED, Retry
-from engine.core.wire import CodeRef, Envelope, RunContext
+from engine.core.waits import WaitRequest
+from engine.core.wire import Envelope
 from engine.errors import GangflowError
 from engine.types.codec import check_payload_size, pack, unpack
+from workflows.caching import cached_call
+from workflows.calls import (
+    CodeResolver,
+    TaskFailed,
+    code_ref,
+    configure,
+    describe_failure,
+    execute_plain,
+    load_code,
+    route,
+)
 from workflows.gang import GANG_TYPE, GangSpec
-from workflows.platform import GangCall, GangService, TenantRoute
+from workflows.platform import GangCall, GangService
+from workflows.scheduled import scheduled_run_context
+from workflows.waits import APPROVE_UPDATE, INPUT_UPDATE, Waits
 
-__all__ = [
-    "PROGRESS_QUERY",
-    "SYSTEM_RETRIES",
-    "CodeResolver",
-    "UserWorkflow",
-    "configure",
-    "retry_policy",
-]
+__all__ = ["PROGRESS_QUERY", "CodeResolver", "UserWorkflow", "configure"]
 
 PROGRESS_QUERY = "gangflow_progress"
-#: a task whose worker died (heartbeat timeout) is started again this many times, apart from its retries
-SYSTEM_RETRIES = 3
-
-
-class CodeResolver(Protocol):
-    """Loads code by reference (the worker's bundle cache) and says how to reference a definition."""
-
-    def load(self, ref: CodeRef) -> TaskDefinition | WorkflowDefinition: ...
-
-    def ref_for(self, defn: TaskDefinition | WorkflowDefinition) -> CodeRef: ...
-
-
-_resolver: CodeResolver | None = None
-#: set on a tenant's worker (the isolated layout): its tenant and artifact root win over the client's, and
-#: gangs go through the tenant's Nexus endpoint to the platform namespace instead of running as children here
-_route: TenantRoute | None = None
-
-
-def configure(resolver: CodeResolver, route: TenantRoute | None = None) -> None:
-    """Called once by the worker assembly (engine.runtime) before the worker starts."""
-    global _resolver, _route
-    _resolver, _route = resolver, route
-
-
-def _pinned(run: RunContext) -> RunContext:
-    """The run as this worker runs it: on a tenant's worker, its own tenant and root, whatever the client said."""
-    if _route is None:
-        return run
-    return RunContext(run.run_id, run.pipeline, _route.tenant, _route.artifacts, run.priority)
-
-
-def _get_resolver() -> CodeResolver:
-    if _resolver is None:
-        raise ApplicationError("gangflow worker not configured: no code resolver", non_retryable=True)
-    return _resolver
-
-
-def retry_policy(retry: Retry) -> RetryPolicy:
-    """Temporal's policy for what Temporal retries itself: lightweight tasks (local activities), which
-    run inside the workflow worker and so cannot lose a worker of their own."""
-    return RetryPolicy(
-        initial_interval=retry.delay(1),
-        backoff_coefficient=2.0,
-        maximum_interval=retry.max_interval if isinstance(retry.max_interval, timedelta) else None,
-        maximum_attempts=retry.attempts,
-        non_retryable_error_types=[*NEVER_RETRIED, *retry.non_retryable_names],
-    )
-
-
-def _failure_type(err: FailureError) -> str | None:
-    """The exception type (or gangflow error kind) a task body failed with, as its activity reported it."""
-    cause = err.cause
-    if isinstance(cause, ApplicationError):
-        return cause.type
-    return None
-
-
-class _TaskFailed(Exception):
-    """A plain task call failed for good after ``tries`` tries of its body."""
-
-    def __init__(self, error: ActivityError, tries: int) -> None:
-        super().__init__(str(error))
-        self.error, self.tries = error, tries
-
-
-def _worker_lost(err: ActivityError) -> bool:
-    cause = err.cause
-    return isinstance(cause, TimeoutError) and cause.type == TimeoutType.HEARTBEAT
-
-
-def _describe_failure(err: FailureError) -> str:
-    cause: BaseException | None = err.cause
-    while isinstance(cause, ActivityError | ChildWorkflowError | NexusOperationError) and cause.cause is not None:
-        cause = cause.cause
-    if isinstance(cause, ApplicationError):
-        return f"{cause.type or 'Error'}: {cause.message}"
-    return str(cause or err)
 
 
 class _TemporalDispatcher:
@@ -146,34 +74,45 @@ class _TemporalDispatcher:
     def __init__(self, shell: UserWorkflow, envelope: Envelope) -> None:
         self.shell = shell
         self.envelope = envelope
-        self.resolver = _get_resolver()
         self.child_seq = 0
         self.calls: dict[str, int] = {}
 
     async def run_task(self, task: TaskDefinition, inputs: dict[str, Any]) -> Any:
         rearm()
         wire = task.interface.inputs_to_wire(inputs)
-        blob = Envelope(self.resolver.ref_for(task), wire, self.envelope.run).encode(
+        blob = Envelope(code_ref(task, self.envelope), wire, self.envelope.run).encode(
             f"the inputs of task {task.name!r}"
         )
         self.shell.task_started(task.name)
         try:
-            result = await (self._run_gang(task, blob) if task.gang is not None else self._execute(task, blob))
-        except (ActivityError, ChildWorkflowError, NexusOperationError, _TaskFailed) as failed:
+            if task.cache:  # the lookup, a hit, or the call and its record: workflows/caching.py
+                result = await cached_call(
+                    self.envelope.run,
+                    task,
+                    wire,
+                    lambda: f"{task.name}-{self.calls.get(task.name, 0) + 1}",  # the id _call_id gives it next
+                    lambda: self._launch(task, blob),
+                )
+            else:
+                result = await self._launch(task, blob)
+        except (ActivityError, ChildWorkflowError, NexusOperationError, TaskFailed) as failed:
             self.shell.task_finished(task.name, failed=True)
-            err = failed.error if isinstance(failed, _TaskFailed) else failed
+            err = failed.error if isinstance(failed, TaskFailed) else failed
             if is_cancelled_exception(err):
                 raise failed  # the run was cancelled: let Temporal record it as cancelled, not failed
-            if isinstance(failed, _TaskFailed):
+            if isinstance(failed, TaskFailed):
                 tries = f" after {failed.tries} attempts" if failed.tries > 1 else ""
             else:
                 exhausted = task.retry.attempts > 1 and "MAXIMUM_ATTEMPTS" in str(getattr(err, "retry_state", ""))
                 tries = f" after {task.retry.attempts} attempts" if exhausted else ""
             raise ApplicationError(
-                f"task {task.name!r} failed{tries}: {_describe_failure(err)}", type="TaskFailed", non_retryable=True
+                f"task {task.name!r} failed{tries}: {describe_failure(err)}", type="TaskFailed", non_retryable=True
             ) from err
         self.shell.task_finished(task.name, failed=False)
         return task.interface.output_from_wire(unpack(result))
+
+    def _launch(self, task: TaskDefinition, blob: bytes) -> Awaitable[bytes]:
+        return self._run_gang(task, blob) if task.gang is not None else self._execute(task, blob)
 
     async def _run_gang(self, task: TaskDefinition, blob: bytes) -> bytes:
         """A distributed task: a GangRun child workflow places and launches its ranks."""
@@ -204,11 +143,12 @@ class _TemporalDispatcher:
             preemption_grace_s=task.preemption_grace.total_seconds() if task.preemption_grace else None,
         )
         summary = f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)"
-        if _route is not None:
+        tenant_route = route()
+        if tenant_route is not None:
             # The platform runs the GangRun in its namespace; a cancelled run cancels it (WAIT_COMPLETED: the
             # task ends once the ranks are stopped and the GPUs are back). A *terminated* run cancels nothing:
             # the platform's owner check finds the orphan.
-            nexus = workflow.create_nexus_client(service=GangService, endpoint=_route.endpoint)
+            nexus = workflow.create_nexus_client(service=GangService, endpoint=tenant_route.endpoint)
             return await nexus.execute_operation(
                 GangService.run_gang,
                 GangCall.of(spec, blob, info.workflow_id, info.run_id),
@@ -233,51 +173,20 @@ class _TemporalDispatcher:
         return f"{task.name}-{self.calls[task.name]}"
 
     async def _execute(self, task: TaskDefinition, blob: bytes) -> bytes:
-        summary = task.name if task.version is None else f"{task.name} (v{task.version})"
-        if task.lightweight:
-            return await workflow.execute_local_activity(  # type: ignore[no-any-return]
-                task.name,
-                blob,
-                result_type=bytes,
-                start_to_close_timeout=task.timeout,
-                retry_policy=retry_policy(task.retry),
-                summary=summary,
-            )
-        # Gangflow retries plain tasks itself, one activity per try, rather than through Temporal's retry
-        # policy: Temporal counts a heartbeat timeout (the worker died) as a try, which would spend the
-        # user's retries on a system failure. Each try's activity id is "<call>#<try>" (read_tasks joins them).
-        call = self._call_id(task)
-        failures = lost = 0
-        while True:
-            tries = failures + lost + 1
-            label = (
-                summary if tries == 1 else f"{summary} (try {tries}{': worker lost' if lost and not failures else ''})"
-            )
-            try:
-                return await workflow.execute_activity(  # type: ignore[no-any-return]
-                    task.name,
-                    blob,
-                    result_type=bytes,
-                    activity_id=f"{call}#{tries}",
-                    task_queue=workflow.info().task_queue,
-                    start_to_close_timeout=task.timeout,
-                    heartbeat_timeout=task.heartbeat_timeout,
-                    retry_policy=RetryPolicy(maximum_attempts=1),
-                    summary=label,
-                )
-            except ActivityError as err:
-                if is_cancelled_exception(err):
-                    raise
-                if _worker_lost(err):
-                    lost += 1
-                    if lost > SYSTEM_RETRIES:
-                        raise _TaskFailed(err, failures + 1) from err
-                    workflow.logger.warning("task %s lost its worker; starting it again", task.name)
-                    continue
-                failures += 1
-                if not task.retry.retries(_failure_type(err), failures):
-                    raise _TaskFailed(err, failures) from err
-                await workflow.sleep(task.retry.delay(failures))
+        return await execute_plain(task, blob, None if task.lightweight else self._call_id(task))
+
+    async def map_task(
+        self,
+        task: TaskDefinition,
+        items: list[dict[str, Any]],
+        concurrency: int,
+        min_success_ratio: float,
+        chunk_size: int | None = None,
+    ) -> list[Any]:
+        from workflows.mapping import run_map  # workflows.mapping builds on this module
+
+        rearm()
+        return await run_map(self, task, items, concurrency, min_success_ratio, chunk_size)
 
     # -- engine.now() / random() / uuid4() / sleep(): answered from history, the same on every replay --
     def now(self) -> datetime:
@@ -296,10 +205,14 @@ class _TemporalDispatcher:
         else:
             await asyncio.sleep(0)  # Temporal has no zero-length timer: just let other tasks run
 
+    async def wait_for(self, request: WaitRequest) -> Any:
+        rearm()
+        return await self.shell.waits.wait_for(request)  # workflows/waits.py
+
     async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any:
         rearm()
         wire = wf.interface.inputs_to_wire(inputs)
-        blob = Envelope(self.resolver.ref_for(wf), wire, self.envelope.run).encode(
+        blob = Envelope(code_ref(wf, self.envelope), wire, self.envelope.run).encode(
             f"the inputs of workflow {wf.name!r}"
         )
         self.child_seq += 1
@@ -321,7 +234,7 @@ class _TemporalDispatcher:
             if is_cancelled_exception(err):
                 raise
             raise ApplicationError(
-                f"workflow {wf.name!r} failed: {_describe_failure(err)}", type="WorkflowFailed", non_retryable=True
+                f"workflow {wf.name!r} failed: {describe_failure(err)}", type="WorkflowFailed", non_retryable=True
             ) from err
         self.shell.task_finished(wf.name, failed=False)
         return wf.interface.output_from_wire(unpack(result))
@@ -335,6 +248,7 @@ class UserWorkflow:
         self.running: Counter[str] = Counter()  # task name -> calls in flight
         self.done = 0
         self.failed = 0
+        self.waits = Waits(self._details)  # engine.approve / engine.wait_for_input (workflows/waits.py)
 
     def task_started(self, name: str) -> None:
         self.running[name] += 1
@@ -352,7 +266,11 @@ class UserWorkflow:
 
     def _details(self) -> None:
         now = ", ".join(f"{n} ×{c}" if c > 1 else n for n, c in sorted(self.running.items())) or "—"
-        workflow.set_current_details(f"**running:** {now} · **done:** {self.done} · **failed:** {self.failed}")
+        waiting = self.waits.details()
+        workflow.set_current_details(
+            f"**running:** {now} · **done:** {self.done} · **failed:** {self.failed}"
+            + (f" · **{waiting}**" if waiting else "")
+        )
 
     @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> dict[str, Any]:
@@ -361,31 +279,33 @@ class UserWorkflow:
             "in_flight": sum(self.running.values()),
             "done": self.done,
             "failed": self.failed,
+            "waiting": self.waits.describe(),
         }
+
+    # answers to engine.approve / engine.wait_for_input: the validators refuse (the sender gets the reason and
+    # the run keeps waiting), the handlers never raise
+    @workflow.update(name=INPUT_UPDATE)
+    def gangflow_input(self, message: dict[str, Any]) -> dict[str, Any]:
+        return self.waits.receive_input(message)
+
+    @gangflow_input.validator
+    def _check_input(self, message: dict[str, Any]) -> None:
+        self.waits.check_input(message)
+
+    @workflow.update(name=APPROVE_UPDATE)
+    def gangflow_approve(self, message: dict[str, Any]) -> dict[str, Any]:
+        return self.waits.receive_approval(message)
+
+    @gangflow_approve.validator
+    def _check_approval(self, message: dict[str, Any]) -> None:
+        self.waits.check_approval(message)
 
     @workflow.run
     async def run(self, args: Sequence[RawValue]) -> bytes:
         blob = workflow.payload_converter().from_payload(args[0].payload, bytes)
         envelope = Envelope.decode(blob)
-        envelope = Envelope(envelope.code, envelope.inputs, _pinned(envelope.run))
-        bundle = envelope.code.bundle
-        if _route is not None and bundle and not bundle.startswith(_route.artifacts.rstrip("/") + "/"):
-            raise ApplicationError(
-                f"the run's code bundle {bundle} is outside tenant {_route.tenant}'s artifact root "
-                f"{_route.artifacts} (set GANGFLOW_ARTIFACTS to it)",
-                type="ArtifactOutsideStore",
-                non_retryable=True,
-            )
-        try:
-            defn = _get_resolver().load(envelope.code)
-        except Exception as exc:
-            raise ApplicationError(
-                f"cannot load workflow code: {exc}", type="CodeNotFound", non_retryable=True
-            ) from exc
-        if not isinstance(defn, WorkflowDefinition):
-            raise ApplicationError(
-                f"{envelope.code.qualname} is not a @workflow", type="CodeNotFound", non_retryable=True
-            )
+        envelope = replace(envelope, run=scheduled_run_context(envelope.run))
+        defn, envelope = load_code(envelope, WorkflowDefinition)
         try:
             inputs = defn.interface.inputs_from_wire(envelope.inputs)
             with using_dispatcher(_TemporalDispatcher(self, envelope)), guarding(defn.name, defn.module) as scope:

@@ -24,7 +24,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError
 
-from engine.client import Client, TenancyError, load_workflow_file, log_rank, prepare_run, to_jsonable
+from engine.client import TenancyError, load_workflow_file, prepare_run, to_jsonable
 from engine.core.plugins import available_plugins, load_plugin
 from engine.errors import DefinitionError, GangflowError, InputError, NodeNotFoundError
 from engine.runtime import TASK_QUEUE
@@ -33,6 +33,7 @@ from engine.scheduling.config import QueueConfigError
 from engine.scheduling.events import drain_request
 
 from .auth import add_auth_parser, cmd_auth
+from .cache import add_cache_parser, add_cache_run_options, cache_mode, cmd_cache
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -44,7 +45,9 @@ from .common import (
     read_queue_file,
     refused,
 )
+from .logs import add_follow_option, cmd_logs
 from .params import RunArgv, check_collisions, check_missing, parse_params, split_run_argv
+from .ranks import rank_views, with_ranks
 from .render import (
     console,
     err_console,
@@ -54,12 +57,15 @@ from .render import (
     show_failure,
     show_queue,
     show_queues,
+    show_ranks,
     show_release,
     show_runs,
     show_status,
 )
+from .schedules import add_schedule_parser, cmd_schedule
 from .secrets import add_secret_parser, add_secrets_dir_option, cmd_secret
 from .serve import DEMO_NODES, add_layout_options, cmd_codec_server, cmd_demo, cmd_dev, cmd_node, cmd_worker
+from .waits import add_waits_parser, cmd_approve, cmd_input
 
 __all__ = ["build_parser", "main", "run_options"]
 
@@ -246,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-json", help="inputs as one JSON object")
     p.add_argument("--artifacts", help="artifact store URI (default $GANGFLOW_ARTIFACTS or .gangflow/artifacts)")
     p.add_argument("--priority", metavar="CLASS", help="the priority class of the run's gangs (a task's own wins)")
+    add_cache_run_options(p)
     p.add_argument("--task-queue", default=TASK_QUEUE, help="the workers' queue (default %(default)s)")
     p.add_argument("--run-id", help="choose the run id (default <workflow>-<random>)")
     p.add_argument("--json", action="store_true", help="print one JSON object: run_id, status, result")
@@ -271,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id")
     p.add_argument("--task", help="only this task")
     p.add_argument("--rank", type=int, help="only this rank of a distributed task")
+    add_follow_option(p)
     _connection_args(p)
 
     p = command("release", "operators: free a gang's placement or withdraw its queued request")
@@ -294,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_auth_parser(sub)
     add_secret_parser(sub)
+    add_cache_parser(sub)
+    add_waits_parser(sub, _connection_args)
+    add_schedule_parser(sub, _connection_args)
     return parser
 
 
@@ -310,6 +321,7 @@ async def cmd_run(args: argparse.Namespace, argv: RunArgv, options: dict[str, bo
             run_id=args.run_id,
             tenant=args.tenant,
             priority=args.priority,
+            cache=cache_mode(args),
         )
     except (GangflowError, DefinitionError) as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
@@ -351,10 +363,12 @@ async def cmd_status(args: argparse.Namespace) -> int:
         info = await client.status(args.run_id)
     except RPCError as exc:
         raise CliError(f"run {args.run_id!r}: {exc.message}") from None
+    views = await rank_views(client, info)
     if args.json:
-        print_json(run_json(info))
+        print_json(with_ranks(run_json(info), views))
     else:
         show_status(info)
+        show_ranks(info, views)
     return EXIT_OK
 
 
@@ -379,52 +393,6 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
         raise CliError(f"run {args.run_id!r}: {exc.message}") from None
     console.print(f"cancel requested for {args.run_id}")
     return EXIT_OK
-
-
-async def cmd_logs(args: argparse.Namespace) -> int:
-    client = await client_for(args)
-    try:
-        files = await client.logs(args.run_id, args.task, args.rank)
-    except RPCError as exc:
-        raise CliError(f"run {args.run_id!r}: {exc.message}") from None
-    if not any(text for _, text in files):
-        # Three different answers hide behind "no output": a task the run does not have, one that has not
-        # started, and one that ran and printed nothing (its log file is only created on the first write).
-        err_console.print(escape(await _why_no_output(client, args, bool(files))))
-        return EXIT_OK
-    for name, text in files:
-        console.rule(escape(name))
-        sys.stdout.write(text)
-    sys.stdout.flush()
-    return EXIT_OK
-
-
-async def _why_no_output(client: Client, args: argparse.Namespace, empty_files: bool) -> str:
-    """Why ``logs`` found no output (raising CliError when the question named something that is not
-    there); ``empty_files``: log files were found but all were empty."""
-    tasks, _ = await client.tasks(args.run_id)
-    names = list(dict.fromkeys(t.name for t in tasks))
-    if args.task and args.task not in names:
-        known = ", ".join(names) or "none has started yet"
-        raise CliError(f"run {args.run_id!r} has no task {args.task!r}; its tasks: {known}")
-    chosen = [t for t in tasks if not args.task or t.name == args.task]
-    what = f"task {args.task!r} of run {args.run_id}" if args.task else f"run {args.run_id}"
-    if not chosen:
-        return f"{what}: no task has started yet, so nothing was printed yet"
-    gangs = [t for t in chosen if t.kind == "gang"]
-    if args.rank is not None and not gangs:
-        raise CliError(f"{what} has no ranks: --rank is for distributed tasks")
-    if all(t.status == "scheduled" for t in chosen):
-        return f"{what}: not started yet, so nothing was printed yet"
-    if not empty_files and len(gangs) == len(chosen):
-        # a rank's log file is created when the rank starts, however little it prints
-        if args.rank is not None:  # (without --rank, every rank's log was looked for already)
-            ranks = {n for name, _ in await client.logs(args.run_id, args.task) if (n := log_rank(name)) is not None}
-            if ranks:
-                raise CliError(f"{what} has no rank {args.rank}; its ranks: {', '.join(map(str, sorted(ranks)))}")
-        return f"{what}: no rank has started yet, so nothing was printed yet"
-    who = f"rank {args.rank}" if args.rank is not None else ("it" if args.task else "its tasks")
-    return f"{what}: {who} ran and printed nothing (no output on stdout or stderr)"
 
 
 async def cmd_release(args: argparse.Namespace) -> int:
@@ -563,6 +531,10 @@ _COMMANDS = {
     "demo": cmd_demo,
     "auth": cmd_auth,
     "secret": cmd_secret,
+    "cache": cmd_cache,
+    "approve": cmd_approve,
+    "input": cmd_input,
+    "schedule": cmd_schedule,
 }
 
 

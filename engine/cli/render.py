@@ -6,6 +6,7 @@ import json
 import math
 import time
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from rich.console import Console
@@ -14,6 +15,9 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from engine.client import RunInfo, to_jsonable
+from engine.core.waits import duration_text
+from engine.rankview import format_age, format_metrics
+from engine.runtime.history import TaskRecord
 
 __all__ = [
     "console",
@@ -25,9 +29,11 @@ __all__ = [
     "show_failure",
     "show_queue",
     "show_queues",
+    "show_ranks",
     "show_release",
     "show_runs",
     "show_status",
+    "waiting_lines",
 ]
 
 console = Console(highlight=False)
@@ -47,6 +53,7 @@ _STYLE = {
     "cancelled": "yellow",
     "TERMINATED": "yellow",
     "terminated": "yellow",
+    "cached": "blue",
 }
 
 
@@ -76,6 +83,7 @@ def run_json(info: RunInfo) -> dict[str, Any]:
         "result": to_jsonable(info.result),
         "error": info.error,
         "progress": info.progress,
+        "waiting": (info.progress or {}).get("waiting") or [],
         "tasks": [
             {
                 "name": t.name,
@@ -85,10 +93,37 @@ def run_json(info: RunInfo) -> dict[str, Any]:
                 "seconds": t.seconds,
                 "error": t.error,
                 "detail": t.detail,
+                "cached_from": t.cached_from,
             }
             for t in info.tasks
         ],
     }
+
+
+def _task_status(task: TaskRecord) -> str:
+    """A task call's status cell: a cache hit names the run whose result it reused."""
+    if task.status == "cached" and task.cached_from:
+        return f"[blue]cached (from run {escape(task.cached_from)})[/]"
+    return _styled(task.status)
+
+
+def waiting_lines(progress: Mapping[str, Any], run_id: str = "RUN") -> list[str]:
+    """What a running run waits for (engine.approve / engine.wait_for_input), one line each."""
+    lines = []
+    for wait in progress.get("waiting") or []:
+        since = str(wait.get("since") or "")[:19].replace("T", " ")
+        timeout = wait.get("timeout_s")
+        until = f", times out after {duration_text(timedelta(seconds=timeout))}" if timeout else ""
+        if wait.get("kind") == "approval":
+            line = f"waiting for approval: {wait.get('name')} (since {since} UTC{until}; gangflow approve {run_id})"
+        else:
+            prompt = f" — {wait['prompt']}" if wait.get("prompt") else ""
+            line = (
+                f"waiting for input {wait.get('name')!r} ({wait.get('type')}) since {since} UTC{until}{prompt} "
+                f"(gangflow input {run_id} {wait.get('name')} VALUE)"
+            )
+        lines.append(line + (f"; {wait['note']}" if wait.get("note") else ""))
+    return lines
 
 
 def show_status(info: RunInfo, *, result: bool = True) -> None:
@@ -100,6 +135,8 @@ def show_status(info: RunInfo, *, result: bool = True) -> None:
     if info.progress:
         running = ", ".join(info.progress.get("running") or []) or "—"
         console.print(f"running: {running} · done: {info.progress.get('done', 0)}")
+        for line in waiting_lines(info.progress, info.run_id):
+            console.print(f"[bold magenta]{escape(line)}[/]", soft_wrap=True)
     if info.tasks:
         table = Table(show_edge=False, header_style="bold")
         for column in ("#", "task", "kind", "status", "attempt", "seconds"):
@@ -107,13 +144,35 @@ def show_status(info: RunInfo, *, result: bool = True) -> None:
         table.add_column("detail")
         for n, t in enumerate(info.tasks, 1):
             seconds = f"{t.seconds:.2f}" if t.seconds is not None else ""
-            table.add_row(str(n), t.name, t.kind, _styled(t.status), str(t.attempt), seconds, escape(t.detail or ""))
+            table.add_row(str(n), t.name, t.kind, _task_status(t), str(t.attempt), seconds, escape(t.detail or ""))
         console.print(table)
     if result and info.status == "COMPLETED":
         console.print("[bold]result:[/]", to_jsonable(info.result))
     if info.error:
         console.print("[bold red]error:[/]")
         console.print(info.error, markup=False)
+
+
+def show_ranks(info: RunInfo, views: Mapping[int, Mapping[str, Any]]) -> None:
+    """Per distributed task call, a table of its ranks: node, rank, pid, last step, metrics, report age."""
+    for index, view in sorted(views.items()):
+        name = info.tasks[index].name if index < len(info.tasks) else view.get("gang_id", "")
+        when = "running" if view.get("live") else "last reports"
+        console.print(f"[bold]{escape(str(name))}[/] ranks (attempt {view.get('attempt')}, {when})")
+        table = Table(show_edge=False, header_style="bold")
+        for column in ("node", "rank", "pid", "step", "metrics", "last report"):
+            table.add_column(column)
+        for row in view.get("ranks") or []:
+            step, pid = row.get("step"), row.get("pid")
+            table.add_row(
+                escape(str(row.get("node"))),
+                str(row.get("rank")),
+                "" if pid is None else str(pid),
+                "—" if step is None else str(step),
+                escape(format_metrics(row.get("metrics") or {})),
+                format_age(row.get("age_s")),
+            )
+        console.print(table)
 
 
 def show_failure(run_id: str, error: str | None) -> None:

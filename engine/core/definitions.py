@@ -87,6 +87,9 @@ class TaskDefinition:
     preemption_grace: timedelta | None = None
     #: the secrets the task's process gets (names only: values are resolved where it runs)
     secrets: tuple[Secret, ...] = ()
+    #: successful results are cached by (name, cache_version, interface, inputs): see engine.core.cache_key
+    cache: bool = False
+    cache_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,8 @@ def task(
     preemptible: bool | None = None,
     preemption_grace: float | timedelta | None = None,
     secrets: Sequence[Secret] | None = None,
+    cache: bool = False,
+    cache_version: str | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -161,6 +166,8 @@ def task(
     preemptible: bool | None = None,
     preemption_grace: float | timedelta | None = None,
     secrets: Sequence[Secret] | None = None,
+    cache: bool = False,
+    cache_version: str | None = None,
 ) -> Any:
     """Declare a typed task.
 
@@ -184,6 +191,9 @@ def task(
     that exit earlier release the GPUs at once.
     ``secrets`` lists the :class:`~engine.Secret` names the task needs: a plain task with secrets runs in a
     process of its own that alone gets their values (``engine.secret(name)``); ranks get them likewise.
+    ``cache=True`` reuses the result of an earlier successful call with the same inputs (Files and Directories
+    by content), across runs and workers of the tenant; ``cache_version`` (a str, default ``"0"``) is bumped
+    by hand when the body changes in a way that changes results.
     """
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -219,6 +229,7 @@ def task(
         if grace is not None and grace > MAX_PREEMPTION_GRACE:
             raise DefinitionError(f"{owner}: preemption_grace must be at most {MAX_PREEMPTION_GRACE}, got {grace}")
         needs = check_secrets(owner, secrets)
+        _check_cache(owner, cache, cache_version)
         if needs and lightweight:
             raise DefinitionError(f"{owner}: a lightweight task runs in the workflow worker and cannot have secrets")
         defn = TaskDefinition(
@@ -243,6 +254,8 @@ def task(
             preemptible=preemptible is not False,
             preemption_grace=grace,
             secrets=needs,
+            cache=cache,
+            cache_version=(cache_version if cache_version is not None else "0") if cache else None,
         )
 
         @functools.wraps(func)
@@ -256,6 +269,16 @@ def task(
         return call
 
     return decorate(fn) if fn is not None else decorate
+
+
+def _check_cache(owner: str, cache: object, version: object) -> None:
+    """``cache_version`` only means something with ``cache=True``; a version is a label, compared as text."""
+    if not isinstance(cache, bool):
+        raise DefinitionError(f"{owner}: cache must be True or False, got {cache!r}")
+    if version is not None and not cache:
+        raise DefinitionError(f"{owner}: cache_version applies to cached tasks only (add cache=True)")
+    if version is not None and (not isinstance(version, str) or not version.strip()):
+        raise DefinitionError(f"{owner}: cache_version must be a non-empty str such as '1', got {version!r}")
 
 
 def _check_scheduling(owner: str, shape: GangShape | None, priority: object, preemptible: object) -> None:

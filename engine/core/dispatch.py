@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from engine.core.definitions import TaskDefinition, WorkflowDefinition
+    from engine.core.waits import WaitRequest
 
 __all__ = ["DirectDispatcher", "Dispatcher", "RealClock", "current_dispatcher", "using_dispatcher"]
 
@@ -33,6 +34,17 @@ class Dispatcher(Protocol):
     async def run_task(self, task: TaskDefinition, inputs: dict[str, Any]) -> Any: ...
 
     async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any: ...
+
+    async def map_task(
+        self,
+        task: TaskDefinition,
+        items: list[dict[str, Any]],
+        concurrency: int,
+        min_success_ratio: float,
+        chunk_size: int | None = None,
+    ) -> list[Any]:
+        """``engine.map``: the task once per item (inputs by name, already checked); see engine/core/mapping.py."""
+        ...
 
     def now(self) -> datetime:
         """The current time, timezone-aware UTC."""
@@ -46,6 +58,10 @@ class Dispatcher(Protocol):
 
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` (>= 0; a durable timer on Temporal)."""
+        ...
+
+    async def wait_for(self, request: WaitRequest) -> Any:
+        """Wait for a person's answer (engine.approve / engine.wait_for_input; see engine/core/waits.py)."""
         ...
 
 
@@ -94,3 +110,20 @@ class DirectDispatcher(RealClock):
 
     async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any:
         return await wf.fn(**inputs)
+
+    async def map_task(
+        self,
+        task: TaskDefinition,
+        items: list[dict[str, Any]],
+        concurrency: int,
+        min_success_ratio: float,
+        chunk_size: int | None = None,
+    ) -> list[Any]:
+        from engine.core.mapping import map_in_process  # engine.core.mapping imports this module
+
+        return await map_in_process(self.run_task, task, items, concurrency, min_success_ratio)
+
+    async def wait_for(self, request: WaitRequest) -> Any:
+        from engine.core.waits import no_one_to_ask  # engine.core.waits imports this module
+
+        raise no_one_to_ask(request)

@@ -34,12 +34,18 @@ class RunContext:
     artifacts: str
     #: the run's priority class (``gangflow run --priority``); a task's own ``priority=`` wins over it
     priority: str | None = None
+    #: how the run's ``cache=True`` tasks use the cache: "use", "skip" (--no-cache) or "overwrite"
+    #: (--overwrite-cache); see engine.core.cache_key
+    cache: str = "use"
 
     def to_wire(self) -> dict[str, Any]:
-        # Without a priority the envelope stays byte for byte what it was before priorities existed.
+        # Without a priority (or with the default cache mode) the envelope stays byte for byte what it was
+        # before priorities (or caching) existed.
         wire = asdict(self)
         if wire["priority"] is None:
             del wire["priority"]
+        if wire["cache"] == "use":
+            del wire["cache"]
         return wire
 
 

@@ -17,6 +17,8 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHandle
 from temporalio.converter import DataConverter, PayloadCodec
 
+from workflows.caching import CACHE_HIT, CACHE_LOOKUP, CACHE_RECORD, parse_hit_id
+
 __all__ = ["TaskRecord", "format_failure", "read_tasks"]
 
 
@@ -32,6 +34,7 @@ class TaskRecord:
     error: str | None = None
     child_id: str | None = None  # the child workflow (GangRun for a distributed task)
     detail: str | None = None  # live state, e.g. why a distributed task is still pending
+    cached_from: str | None = None  # status "cached": the run whose result this call reused
 
     @property
     def seconds(self) -> float | None:
@@ -52,12 +55,30 @@ def format_failure(failure: Failure, *, traces: bool = True) -> str:
     return "\n".join(lines)
 
 
-def _local_activity_name(event: HistoryEvent) -> str:
+def _local_activity_data(event: HistoryEvent) -> dict[str, Any]:
     try:
-        data = event.marker_recorded_event_attributes.details["data"].payloads[0].data
-        return str(json.loads(data).get("activity_type") or "lightweight task")
+        data = json.loads(event.marker_recorded_event_attributes.details["data"].payloads[0].data)
     except (KeyError, IndexError, ValueError):
-        return "lightweight task"
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _local_activity_name(event: HistoryEvent) -> str:
+    return str(_local_activity_data(event).get("activity_type") or "lightweight task")
+
+
+def _cache_marker(event: HistoryEvent, when: datetime) -> TaskRecord | bool | None:
+    """A task cache local activity (workflows/caching.py): False when it is none; None for a lookup or a record
+    (bookkeeping, not a task call); a "cached" record for a hit, whose id names the task and the source run."""
+    data = _local_activity_data(event)
+    kind = str(data.get("activity_type") or "")
+    if kind not in (CACHE_LOOKUP, CACHE_RECORD, CACHE_HIT):
+        return False
+    hit = parse_hit_id(str(data.get("activity_id") or "")) if kind == CACHE_HIT else None
+    if hit is None:
+        return None
+    task_kind, name, source = hit
+    return TaskRecord(name, task_kind, status="cached", scheduled=when, finished=when, cached_from=source)
 
 
 async def _open(failure: Failure, codec: PayloadCodec | None) -> Failure:
@@ -127,6 +148,11 @@ async def read_tasks(
             and event.marker_recorded_event_attributes.marker_name.startswith("core_local_activity")
         ):
             marker = event.marker_recorded_event_attributes
+            cached = _cache_marker(event, when)
+            if cached is not False:
+                if isinstance(cached, TaskRecord):
+                    records[event.event_id] = cached
+                continue
             rec = TaskRecord(_local_activity_name(event), "lightweight", scheduled=when, finished=when)
             rec.status = "failed" if marker.HasField("failure") else "completed"
             rec.error = format_failure(await _open(marker.failure, codec)) if marker.HasField("failure") else None

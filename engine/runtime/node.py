@@ -58,6 +58,7 @@ from engine.executor.ports import free_port
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
 from engine.runtime.connection import CREDENTIAL_ENV, TASK_QUEUE
+from engine.runtime.ranks import rank_details, save_ranks
 from engine.runtime.secrets import Redactor, materialize, resolve, task_environment
 from engine.types.codec import pack
 from workflows.gang import NOTICE, PING, PREEMPTED_TYPE, REMOTE_COMMAND, RESERVE_PORT, RUN_RANKS, node_queue
@@ -219,7 +220,7 @@ class NodeActivities:
                     await asyncio.to_thread(gang.terminate, 0.0)  # the grace is over: SIGKILL what is left
                     raise noticed.outcome(self.config.node_id, killed=True)
                 # heartbeat details: what the Web UI and `gangflow status` show about the ranks
-                details: dict[str, Any] = {"node": self.config.node_id, "pids": gang.pids, "progress": gang.progress()}
+                details = rank_details(self.config.node_id, gang)
                 if noticed is not None:
                     details["preempted_for_s"] = round(time.time() - noticed.at, 1)
                 activity.heartbeat(details)
@@ -257,6 +258,11 @@ class NodeActivities:
             if local_logs:
                 for path in workdir.glob("*.log"):
                     store.fs.put_file(str(path), store.log_path(run_id, path.name))
+            try:  # the ranks' last reports, for `gangflow status` of a finished gang
+                last = rank_details(self.config.node_id, gang)
+                save_ranks(store, run_id, launch.log_name, launch.attempt, launch.node_rank, last)
+            except Exception as exc:  # only the per-rank view misses it: never fail the attempt for it
+                log.warning("could not save the last rank reports of %s: %s", launch.gang_id, exc)
             shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -21,7 +21,7 @@ from temporalio.api.operatorservice.v1 import CreateNexusEndpointRequest, ListNe
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from engine.core.wire import Envelope, RunContext
+from engine.core.wire import Envelope
 from engine.errors import GangflowError
 from engine.runtime.connection import TASK_QUEUE
 from engine.runtime.owners import CALLER_MEMO
@@ -71,7 +71,7 @@ class GangServiceHandler:
         except (GangflowError, ValueError) as exc:
             raise _refuse(f"the task's envelope cannot be read: {exc}") from None
         run = envelope.run
-        pinned = RunContext(run.run_id, run.pipeline, tenant, self.artifacts(tenant), run.priority)
+        pinned = replace(run, tenant=tenant, artifacts=self.artifacts(tenant))
         blob = Envelope(envelope.code, envelope.inputs, pinned).encode(f"the inputs of task {call.spec.task!r}")
         spec = replace(call.spec, tenant=tenant)
         return await ctx.start_workflow(

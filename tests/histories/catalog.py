@@ -61,6 +61,13 @@ SCENARIOS: dict[str, str] = {
     "reclaim": "two tenants: team-a borrows, team-b reclaims (a gang preempted, resumed from its checkpoint)",
     "drain": "a node drained under a gang: preemption notice, checkpoint at the notice, resumed on the other node",
     "scheduler_continue_as_new": "two gangs while the Scheduler continues as new every few events",
+    "cached": "examples/cached_pipeline.py with cache=True tasks: a filling run, an all-hit run, a run where one "
+    "input changed (a hit, then misses recorded), and a run with the cache skipped",
+    "map": "examples/map_pipeline.py: engine.map in 3 chunks with one failed item, a map of lightweight tasks, and "
+    "a run cancelled mid-map",
+    "waits": "examples/approval_pipeline.py: an input and an approval answered, an approval rejected, an input "
+    "timed out",
+    "scheduled": "examples/scheduled_report.py started by a Temporal schedule (the run takes its own id)",
     "isolated": "the isolated layout: team-a's runs in gf-team-a, their gangs in gangflow-system through Nexus "
     "(one completes, one is cancelled while its ranks run)",
 }

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import os
 import shutil
@@ -39,15 +40,19 @@ for _path in (ROOT, ROOT / "tests", ROOT / "tests" / "fixtures", ROOT / "example
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+import approval_pipeline  # noqa: E402
+import cached_pipeline  # noqa: E402
 import catalog  # noqa: E402
 import ddp_pipeline  # noqa: E402
 import flows  # noqa: E402
 import gangs  # noqa: E402
 import jax_pipeline  # noqa: E402
+import map_pipeline  # noqa: E402
 import mpi_pipeline  # noqa: E402
 import multitenant  # noqa: E402
 import quickstart  # noqa: E402
 import resilient_training  # noqa: E402
+import scheduled_report  # noqa: E402
 import xgboost_pipeline  # noqa: E402
 from conftest import NodeAgent, WorkerProcess  # noqa: E402
 from temporalio.client import WorkflowFailureError  # noqa: E402
@@ -55,6 +60,8 @@ from temporalio.service import RPCError  # noqa: E402
 
 from engine.client import Client  # noqa: E402
 from engine.runtime import DevServer, Endpoint, connect  # noqa: E402
+from engine.schedules import ScheduleOptions, Schedules  # noqa: E402
+from engine.waits import approve, send_input, waiting  # noqa: E402
 from workflows.platform import PLATFORM_NAMESPACE, tenant_namespace  # noqa: E402
 from workflows.scheduler import SCHEDULER_ID  # noqa: E402
 
@@ -414,6 +421,86 @@ async def _drain(ctx: Context) -> None:
     _check(result.attempt == 1 and result.first_step > 0, f"drain: did not resume: {result}")
     kinds = [a["kind"] for a in (await ctx.client.gang(f"{run_id}.train-1"))["failed_attempts"]]
     _check(kinds == ["preempted"], f"drain: the gang should have been preempted once, got {kinds}")
+
+
+@scenario("cached")
+async def _cached(ctx: Context) -> None:
+    log = ctx.scratch / "executed"
+    inputs = {"rows": 60, "epochs": 2, "log": str(log)}
+    for run_id, changes, cache, executed in (
+        ("cache-fill", {}, "use", 3),  # every task runs and is recorded
+        ("cache-hit", {}, "use", 3),  # every task is a hit
+        ("cache-partial", {"epochs": 3}, "use", 5),  # prepare hits; train and evaluate run and are recorded
+        ("cache-skip", {}, "skip", 8),  # --no-cache: no cache activity at all
+    ):
+        await ctx.client.start(cached_pipeline.pipeline, {**inputs, **changes}, run_id=run_id, cache=cache)
+        await ctx.client.result(run_id, cached_pipeline.pipeline)
+        ran = len(log.read_text().split())
+        _check(ran == executed, f"cached: {run_id} left {ran} task executions, not {executed}")
+
+
+async def _until_waiting(ctx: Context, run_id: str, kind: str) -> None:
+    deadline = time.monotonic() + 60
+    while not any(w["kind"] == kind for w in await waiting(ctx.client, run_id)):
+        _check(time.monotonic() < deadline, f"run {run_id} never waited for {kind}")
+        await asyncio.sleep(0.1)
+
+
+@scenario("map")
+async def _map(ctx: Context) -> None:
+    inputs = {"n": 30, "min_success_ratio": 0.9, "chunk_size": 10}  # 3 chunks; item 13 fails
+    run_id = await ctx.client.start(map_pipeline.squares, inputs, run_id="map-squares")
+    squares = await ctx.client.result(run_id, map_pipeline.squares)
+    _check(squares[13] is None and squares[29] == 29 * 29, f"map: {squares}")
+    run_id = await ctx.client.start(map_pipeline.scaled, {"n": 4, "by": 5}, run_id="map-scaled")  # local activities
+    _check(await ctx.client.result(run_id, map_pipeline.scaled) == [0, 5, 10, 15], "map: scaled")
+    run_id = await ctx.client.start(
+        map_pipeline.naps, {"n": 20, "seconds": 30.0, "chunk_size": 10}, run_id="map-cancel"
+    )
+    chunk = ctx.client.temporal.get_workflow_handle(f"{run_id}.map-nap-1.0")
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(RPCError):
+            if (await chunk.describe()).raw_description.pending_activities:
+                break
+        _check(time.monotonic() < deadline, "map: the first chunk's naps never started")
+        await asyncio.sleep(0.1)
+    await ctx.client.cancel(run_id)
+    await _must_fail(ctx, run_id, "CANCELED")
+
+
+@scenario("waits")
+async def _waits(ctx: Context) -> None:
+    run_id = await ctx.client.start(approval_pipeline.pipeline, {"name": "resnet"}, run_id="waits-approved")
+    await _until_waiting(ctx, run_id, "input")
+    await send_input(ctx.client, run_id, "threshold", text="0.9", by="recorder")
+    await _until_waiting(ctx, run_id, "approval")
+    await approve(ctx.client, run_id, comment="ok", by="recorder")
+    promotion = await ctx.client.result(run_id, approval_pipeline.pipeline)
+    _check(promotion.promoted and promotion.comment == "ok", f"waits: {promotion}")
+    run_id = await ctx.client.start(approval_pipeline.pipeline, {"name": "resnet"}, run_id="waits-rejected")
+    await _until_waiting(ctx, run_id, "input")
+    await send_input(ctx.client, run_id, "threshold", 0.5, by="recorder")
+    await _until_waiting(ctx, run_id, "approval")
+    await approve(ctx.client, run_id, reject=True, comment="stale eval set", by="recorder")
+    await _must_fail(ctx, run_id, "FAILED")
+    run_id = await ctx.client.start(approval_pipeline.pipeline, {"input_timeout_s": 1.0}, run_id="waits-timeout")
+    await _must_fail(ctx, run_id, "FAILED")
+
+
+@scenario("scheduled")
+async def _scheduled(ctx: Context) -> None:
+    schedules = Schedules(ctx.client)
+    await schedules.create(
+        "nightly", scheduled_report.report, {"region": "eu", "top": 2}, ScheduleOptions(("0 3 * * *",))
+    )
+    try:
+        run_id = await schedules.trigger("nightly", wait_s=30)
+        _check(run_id is not None, "scheduled: the triggered run never started")
+        report = await ctx.client.result(str(run_id), scheduled_report.report)
+        _check(len(report.top) == 2, f"scheduled: {report}")
+    finally:
+        await schedules.delete("nightly")
 
 
 # -- export -------------------------------------------------------------------------------------------

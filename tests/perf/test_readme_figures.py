@@ -18,9 +18,9 @@ from benchenv import markdown_table, read_result
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = HERE.parents[1] / "README.md"
-BENCHMARKS = ["orchestration", "launch", "scheduler", "scheduler_workflow", "preemption", "isolation"]
+BENCHMARKS = ["orchestration", "launch", "scheduler", "scheduler_workflow", "preemption", "isolation", "map"]
 #: the benchmarks that repeat their measurement (``--reps``); the scheduler's is one deterministic simulation
-REPEATED = ["orchestration", "launch", "preemption", "isolation"]
+REPEATED = ["orchestration", "launch", "preemption", "isolation", "map"]
 
 
 def bench(benchmark: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,74 @@
+"""What a node agent says about its ranks, while they run and after.
+
+While a node launch runs, :func:`rank_details` is its activity's heartbeat details: the Web UI shows them
+under the GangRun's pending activities, and ``Client.gang`` reads them for ``gangflow status``. A GangRun
+never sees heartbeats (Temporal keeps them on the pending activity, out of the workflow's reach), and
+signalling every report into it would grow its history with each one; so the readable per-rank line lives
+in the heartbeat's ``summary``.
+
+When the launch ends its last details are saved in the artifact store (:func:`save_ranks`), next to the
+run's logs but outside the log folder, so that ``gangflow status`` still shows a finished gang's last
+reports: completed activities keep no heartbeat details in Temporal.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from engine.artifacts.store import ArtifactStore
+from engine.executor.launcher import NodeGang
+from engine.rankview import rank_rows, summary_line
+
+__all__ = ["last_attempt_ranks", "rank_details", "save_ranks"]
+
+
+def rank_details(node_id: str, gang: NodeGang) -> dict[str, Any]:
+    """The heartbeat details of one node's ranks (the shape ``engine.rankview`` reads)."""
+    ranks = {
+        str(launch.context.rank): proc.pid
+        for launch, proc in zip(gang.ranks, gang.procs, strict=False)
+        if launch.role is None
+    }
+    details: dict[str, Any] = {"node": node_id, "pids": gang.pids, "ranks": ranks, "progress": gang.progress()}
+    details["summary"] = summary_line(rank_rows([details], time.time()))
+    return details
+
+
+def _folder(store: ArtifactStore, run_id: str) -> str:
+    return "/".join([store.root, "ranks", run_id])
+
+
+def save_ranks(store: ArtifactStore, run_id: str, call: str, attempt: int, node_rank: int, details: Any) -> None:
+    """Keep a finished node launch's last details (``<root>/ranks/<run>/<call>.attempt<a>.node<k>.json``)."""
+    folder = _folder(store, run_id)
+    if store.local:
+        store.fs.makedirs(folder, exist_ok=True)
+    store.fs.pipe_file(f"{folder}/{call}.attempt{attempt}.node{node_rank}.json", json.dumps(details).encode())
+
+
+def last_attempt_ranks(store: ArtifactStore, run_id: str, call: str) -> tuple[int, list[dict[str, Any]]] | None:
+    """The saved details of each node of a distributed task call's last attempt: (attempt, details per
+    node), or None when none were saved (a gang that never started, or ran on an older agent)."""
+    folder = _folder(store, run_id)
+    if not store.fs.exists(folder):
+        return None
+    found: dict[int, list[dict[str, Any]]] = {}
+    for path in store.fs.ls(folder, detail=False):
+        name = str(path).rsplit("/", 1)[-1]
+        head, _, tail = name.removesuffix(".json").rpartition(".attempt")
+        attempt, _, node = tail.partition(".node")
+        if head != call or not attempt.isdigit() or not node.isdigit():
+            continue
+        try:
+            with store.fs.open(path, "rb") as handle:
+                details = json.loads(handle.read())
+        except (OSError, ValueError):  # half-written by an agent that died: the others still count
+            continue
+        if isinstance(details, dict):
+            found.setdefault(int(attempt), []).append(details)
+    if not found:
+        return None
+    last = max(found)
+    return last, found[last]
