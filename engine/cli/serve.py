@@ -353,7 +353,9 @@ async def cmd_dev(args: argparse.Namespace) -> int:
 
         await _serve(temporal, ready=ready, platform=platform)
     finally:
-        stop_processes(helpers, _NODE_STOP_GRACE_S)
+        # in a thread: the tenants' workers shut down through the gateway, which runs on this event loop (a
+        # blocking wait here held their last calls until the grace ran out and they were killed)
+        await asyncio.to_thread(stop_processes, helpers, _NODE_STOP_GRACE_S)
         if gateway is not None:
             await gateway.stop()
         server.stop()
