@@ -30,7 +30,7 @@ def allreduce() -> None:
     """mpiexec runs `python scripts/mpi_allreduce.py` as 4 MPI ranks on 2 nodes."""
 
 
-@task(plugin=MPI(nnodes=2, slots_per_node=2, command=["sh", "scripts/ranks.sh"]))
+@task(plugin=MPI(nnodes=2, slots_per_node=2, command=["./scripts/ranks.sh"]))
 def ranks() -> None:
     """Any executable under mpiexec: a shell script here, a compiled solver as well."""
 

@@ -27,7 +27,16 @@ from pathlib import Path
 
 from engine.errors import InputError
 
-__all__ = ["IGNORE_FILE", "MAX_BUNDLE_BYTES", "MAX_BUNDLE_FILES", "SKIP_DIRS", "CodeBundle", "pack_code"]
+__all__ = [
+    "EXECUTABLE",
+    "IGNORE_FILE",
+    "MAX_BUNDLE_BYTES",
+    "MAX_BUNDLE_FILES",
+    "REGULAR",
+    "SKIP_DIRS",
+    "CodeBundle",
+    "pack_code",
+]
 
 #: gitignore-like patterns of files and folders to leave out, read from the bundle root
 IGNORE_FILE = ".gangflowignore"
@@ -37,6 +46,8 @@ _SKIP_SUFFIXES = (".pyc", ".pyo")
 _MB = 1024 * 1024
 MAX_BUNDLE_BYTES = 20 * _MB
 MAX_BUNDLE_FILES = 10_000
+#: the file modes a bundle records (and its extraction restores): executable or not
+EXECUTABLE, REGULAR = 0o755, 0o644
 
 _packed: dict[tuple[object, ...], CodeBundle] = {}
 
@@ -183,9 +194,12 @@ def pack_code(file: str | os.PathLike[str]) -> CodeBundle:
     _check_size(file, root, files)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for f, _ in files:
+        for f, st in files:
             info = zipfile.ZipInfo(f.relative_to(root).as_posix(), date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
+            # only "executable or not" is kept (the rest of the mode would make the zip differ between machines):
+            # a bundled ./run.sh stays runnable as a rank's command (MPI(command=["./run.sh"]))
+            info.external_attr = (EXECUTABLE if st.st_mode & 0o111 else REGULAR) << 16
             archive.writestr(info, f.read_bytes())
     _packed.clear()  # keep only the latest bundle per process: enough for repeated starts
     _packed[key] = CodeBundle(buffer.getvalue(), module, root)

@@ -71,6 +71,7 @@ from typing import Any
 
 import fsspec
 
+from engine.artifacts.bundle import EXECUTABLE
 from engine.artifacts.store import ArtifactStore
 from engine.atomic import publishing
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, source_file
@@ -183,7 +184,11 @@ def _unpack(uri: str, sha: str, data: bytes, target: Path) -> Path:
     if hashlib.sha256(data).hexdigest() != sha:
         raise CodeNotFoundError(f"code bundle {uri} does not match its sha256 {sha}")
     with publishing(target) as staging:  # a concurrent extraction may win the race: its copy is the same
-        zipfile.ZipFile(io.BytesIO(data)).extractall(staging)
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        archive.extractall(staging)
+        for info in archive.infolist():  # zipfile drops file modes: give an executable back its exec bit
+            if (info.external_attr >> 16) & 0o111:
+                (staging / info.filename).chmod(EXECUTABLE)
         manifest = {"sha256": sha, "files": _hash_files(staging)}
         (staging / MANIFEST).write_text(json.dumps(manifest, sort_keys=True))
     return target

@@ -132,6 +132,23 @@ def test_two_versions_of_a_project_each_import_their_own_modules(tmp_path, store
     assert Path(sys.modules[f"{package}.lib.sub"].__file__).parent == loader.folder_for(refs["v1"]) / "lib"
 
 
+def test_an_executable_file_stays_executable_and_the_zip_is_the_same_whatever_the_other_mode_bits(tmp_path, store):
+    flow = write_project(tmp_path / "project", "v1")
+    script = flow.parent / "run.sh"
+    script.write_text("#!/bin/sh\necho ran $1\n")
+    script.chmod(0o750)  # a rank's command: MPI(command=["./run.sh"])
+    (flow.parent / "config.json").chmod(0o600)
+    first = pack_code(flow).data
+    script.chmod(0o700)
+    (flow.parent / "config.json").chmod(0o644)
+    os.utime(script)  # a new stat, so the bundle is packed again rather than reused
+    assert pack_code(flow).data == first  # only "executable or not" is recorded
+    folder = CodeLoader().folder_for(store_bundle(flow, store))
+    assert folder is not None
+    assert subprocess.run(["./run.sh", "x"], cwd=folder, capture_output=True, text=True).stdout == "ran x\n"
+    assert not os.access(folder / "config.json", os.X_OK)
+
+
 def test_concurrent_loads_from_threads_each_get_their_own_version(tmp_path, store):
     refs = [store_bundle(write_project(tmp_path / f"p{i}", f"v{i}"), store) for i in range(3)]
     loader = CodeLoader()
