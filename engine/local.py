@@ -18,11 +18,9 @@ from typing import Any
 
 from engine.artifacts.store import ArtifactStore
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
-from engine.core.dispatch import RealClock, using_dispatcher
+from engine.core.dispatch import InProcess, using_dispatcher
 from engine.core.gang import RankContext, base_rank_env
 from engine.core.guard import guarding, hooked, rearm, unguarded
-from engine.core.mapping import map_in_process
-from engine.core.waits import WaitRequest, no_one_to_ask
 from engine.errors import InputError
 from engine.executor.ports import free_port
 from engine.executor.process import spawn, stop_processes
@@ -31,7 +29,7 @@ from engine.types.codec import check_payload_size, pack, unpack
 __all__ = ["LocalDispatcher", "run_local"]
 
 
-class LocalDispatcher(RealClock):
+class LocalDispatcher(InProcess):
     """Runs each task in-process, round-tripping its inputs and result through the wire encoding."""
 
     def __init__(self, store: ArtifactStore) -> None:
@@ -98,19 +96,6 @@ class LocalDispatcher(RealClock):
             result = await wf.fn(**args)
         scope.check()  # a forbidden call the body caught and swallowed still fails the run
         return wf.interface.output_from_wire(wf.interface.output_to_wire(result, ctx), ctx)
-
-    async def wait_for(self, request: WaitRequest) -> Any:
-        raise no_one_to_ask(request)  # nobody answers a local run (engine/core/waits.py)
-
-    async def map_task(
-        self,
-        task: TaskDefinition,
-        items: list[dict[str, Any]],
-        concurrency: int,
-        min_success_ratio: float,
-        chunk_size: int | None = None,
-    ) -> list[Any]:
-        return await map_in_process(self.run_task, task, items, concurrency, min_success_ratio)
 
     def random(self) -> random.Random:
         return self._random

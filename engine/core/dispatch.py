@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from engine.core.definitions import TaskDefinition, WorkflowDefinition
     from engine.core.waits import WaitRequest
 
-__all__ = ["DirectDispatcher", "Dispatcher", "RealClock", "current_dispatcher", "using_dispatcher"]
+__all__ = ["DirectDispatcher", "Dispatcher", "InProcess", "RealClock", "current_dispatcher", "using_dispatcher"]
 
 
 class Dispatcher(Protocol):
@@ -98,18 +98,12 @@ class RealClock:
         await asyncio.sleep(seconds)
 
 
-class DirectDispatcher(RealClock):
-    """Runs task bodies in-process with no encoding: what ``await my_workflow(...)`` does in plain Python."""
+class InProcess(RealClock):
+    """What a run in this process (plain Python, ``run_local``) does beyond the clock: an ``engine.map``'s items
+    are concurrent calls of ``run_task``, and a wait for a person fails at once, since nobody can answer it."""
 
     async def run_task(self, task: TaskDefinition, inputs: dict[str, Any]) -> Any:
-        with using_dispatcher(None):  # a task body calling another task runs it directly
-            result = task.fn(**inputs)
-            if inspect.isawaitable(result):
-                result = await result
-        return result
-
-    async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any:
-        return await wf.fn(**inputs)
+        raise NotImplementedError
 
     async def map_task(
         self,
@@ -127,3 +121,17 @@ class DirectDispatcher(RealClock):
         from engine.core.waits import no_one_to_ask  # engine.core.waits imports this module
 
         raise no_one_to_ask(request)
+
+
+class DirectDispatcher(InProcess):
+    """Runs task bodies in-process with no encoding: what ``await my_workflow(...)`` does in plain Python."""
+
+    async def run_task(self, task: TaskDefinition, inputs: dict[str, Any]) -> Any:
+        with using_dispatcher(None):  # a task body calling another task runs it directly
+            result = task.fn(**inputs)
+            if inspect.isawaitable(result):
+                result = await result
+        return result
+
+    async def run_workflow(self, wf: WorkflowDefinition, inputs: dict[str, Any]) -> Any:
+        return await wf.fn(**inputs)
