@@ -114,6 +114,12 @@ def test_a_team_runs_a_gang_through_its_endpoint_and_the_platform_pins_who_and_w
         status = _cli(stack, "team-a", "status", "a-first")
         assert status.returncode == 0, status.stdout + status.stderr
         assert "train" in status.stdout and "completed" in status.stdout
+        # the per-rank view, though the GangRun is the platform's: from what the node agents saved in team-a's root
+        status = _cli(stack, "team-a", "status", "a-first", "--json")
+        (train,) = [t for t in json.loads(status.stdout)["tasks"] if t["name"] == "train"]
+        ranks = train["ranks"]
+        assert ranks["gang_id"] == "a-first.train-1" and not ranks["live"], ranks
+        assert sorted(r["rank"] for r in ranks["ranks"]) == [0, 1] and all(r["pid"] for r in ranks["ranks"]), ranks
 
     run(check())
 

@@ -32,11 +32,15 @@ async def rank_views(client: Client, info: RunInfo, now: float | None = None) ->
     now = time.time() if now is None else now
     views: dict[int, RankView] = {}
     store: ArtifactStore | None = None
+    calls: dict[str, int] = {}
     for index, record in enumerate(info.tasks):
-        if record.kind != "gang" or not record.child_id:
+        if record.kind != "gang" or record.status == "cached":  # a cache hit launched no gang
             continue
-        gang_id = record.child_id
-        if record.status in ("scheduled", "running"):
+        calls[record.name] = calls.get(record.name, 0) + 1
+        # the isolated layout: a tenant's gang is a Nexus operation with no child id here, its GangRun in the
+        # platform's namespace (unreadable to the tenant); its agents' saved details are in the tenant's store
+        gang_id = record.child_id or f"{info.run_id}.{record.name}-{calls[record.name]}"
+        if record.child_id and record.status in ("scheduled", "running"):
             with contextlib.suppress(RPCError, TemporalError):
                 gang = await client.gang(gang_id)
                 rows = rank_rows(gang.get("nodes") or [], now)
@@ -52,7 +56,8 @@ async def rank_views(client: Client, info: RunInfo, now: float | None = None) ->
             saved = last_attempt_ranks(store, info.run_id, gang_id[len(prefix) :])
             if saved is not None:
                 attempt, nodes = saved
-                views[index] = {"gang_id": gang_id, "attempt": attempt, "live": False, "ranks": rank_rows(nodes, now)}
+                live = record.child_id is None and record.status == "running"  # saved every few seconds
+                views[index] = {"gang_id": gang_id, "attempt": attempt, "live": live, "ranks": rank_rows(nodes, now)}
     return views
 
 

@@ -58,7 +58,7 @@ from engine.executor.ports import free_port
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
 from engine.runtime.connection import CREDENTIAL_ENV, TASK_QUEUE
-from engine.runtime.ranks import rank_details, save_ranks
+from engine.runtime.ranks import RankSaver, rank_details
 from engine.runtime.secrets import Redactor, materialize, resolve, task_environment
 from engine.types.codec import pack
 from workflows.gang import NOTICE, PING, PREEMPTED_TYPE, REMOTE_COMMAND, RESERVE_PORT, RUN_RANKS, node_queue
@@ -193,6 +193,7 @@ class NodeActivities:
             secrets.close()
             raise
         key = (launch.gang_id, launch.attempt)
+        saver = RankSaver(store, run_id, launch.log_name, launch.attempt, launch.node_rank)
         relay: _LauncherRelay | None = None
         noticed: _Noticed | None = None
         self.running.add(key)
@@ -224,6 +225,8 @@ class NodeActivities:
                 if noticed is not None:
                     details["preempted_for_s"] = round(time.time() - noticed.at, 1)
                 activity.heartbeat(details)
+                if saver.due():  # for `gangflow status` where the heartbeats cannot be read
+                    await asyncio.to_thread(saver.save, details)
                 await asyncio.sleep(0.2)
             if isinstance(state, RankFailure):
                 await asyncio.to_thread(gang.terminate, STOP_GRACE_S)
@@ -258,11 +261,7 @@ class NodeActivities:
             if local_logs:
                 for path in workdir.glob("*.log"):
                     store.fs.put_file(str(path), store.log_path(run_id, path.name))
-            try:  # the ranks' last reports, for `gangflow status` of a finished gang
-                last = rank_details(self.config.node_id, gang)
-                save_ranks(store, run_id, launch.log_name, launch.attempt, launch.node_rank, last)
-            except Exception as exc:  # only the per-rank view misses it: never fail the attempt for it
-                log.warning("could not save the last rank reports of %s: %s", launch.gang_id, exc)
+            saver.save(rank_details(self.config.node_id, gang))  # the last reports, for a finished gang
             shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -6,14 +6,17 @@ never sees heartbeats (Temporal keeps them on the pending activity, out of the w
 signalling every report into it would grow its history with each one; so the readable per-rank line lives
 in the heartbeat's ``summary``.
 
-When the launch ends its last details are saved in the artifact store (:func:`save_ranks`), next to the
-run's logs but outside the log folder, so that ``gangflow status`` still shows a finished gang's last
-reports: completed activities keep no heartbeat details in Temporal.
+The details are also saved in the run's artifact store (:class:`RankSaver`), next to the run's logs but
+outside the log folder: every few seconds while the ranks run, and once when the launch ends. ``gangflow
+status`` reads them where it cannot read the heartbeats: a finished gang (completed activities keep no
+heartbeat details in Temporal), and a tenant's gang in the isolated layout (its GangRun lives in the platform's
+namespace, which the tenant cannot read; the store is the tenant's own).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
@@ -21,7 +24,12 @@ from engine.artifacts.store import ArtifactStore
 from engine.executor.launcher import NodeGang
 from engine.rankview import rank_rows, summary_line
 
-__all__ = ["last_attempt_ranks", "rank_details", "save_ranks"]
+__all__ = ["SAVE_EVERY_S", "RankSaver", "last_attempt_ranks", "rank_details", "save_ranks"]
+
+#: how often a running launch's details are saved to the store (a small JSON file per node)
+SAVE_EVERY_S = 10.0
+
+log = logging.getLogger(__name__)
 
 
 def rank_details(node_id: str, gang: NodeGang) -> dict[str, Any]:
@@ -46,6 +54,28 @@ def save_ranks(store: ArtifactStore, run_id: str, call: str, attempt: int, node_
     if store.local:
         store.fs.makedirs(folder, exist_ok=True)
     store.fs.pipe_file(f"{folder}/{call}.attempt{attempt}.node{node_rank}.json", json.dumps(details).encode())
+
+
+class RankSaver:
+    """Saves one node launch's details to the store: at most every ``SAVE_EVERY_S`` while it runs, and at its
+    end. A store that cannot be written costs only the per-rank view: logged once, never raised."""
+
+    def __init__(self, store: ArtifactStore, run_id: str, call: str, attempt: int, node_rank: int) -> None:
+        self.where = (store, run_id, call, attempt, node_rank)
+        self.next_at = time.monotonic() + SAVE_EVERY_S
+        self.warned = False
+
+    def due(self) -> bool:
+        return time.monotonic() >= self.next_at
+
+    def save(self, details: Any) -> None:
+        self.next_at = time.monotonic() + SAVE_EVERY_S
+        try:
+            save_ranks(*self.where, details)
+        except Exception as exc:
+            if not self.warned:
+                self.warned = True
+                log.warning("could not save the rank reports of %s: %s", self.where[2], exc)
 
 
 def last_attempt_ranks(store: ArtifactStore, run_id: str, call: str) -> tuple[int, list[dict[str, Any]]] | None:
