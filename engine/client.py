@@ -10,17 +10,10 @@ could never be queued is not started either.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import importlib
-import inspect
 import os
 import re
-import sys
-import sysconfig
-import types
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -34,15 +27,26 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError, TemporalError
 from temporalio.service import RPCError, RPCStatusCode
 
-from engine.artifacts import ArtifactStore, default_artifact_root, pack_code
-from engine.core.cache_key import check_cache_mode
-from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, source_file
-from engine.core.wire import CodeRef, Envelope, RunContext
+from engine.artifacts import ArtifactStore, default_artifact_root
+from engine.core.definitions import WorkflowDefinition, definition_of
+from engine.core.wire import Envelope, RunContext
 from engine.errors import GangflowError, InputError, NodeNotFoundError
+from engine.runs import (  # re-exported: engine.client has always offered them
+    DEFAULT_TENANT,
+    NO_QUEUE_CONFIG,
+    TenancyError,
+    check_tenancy,
+    default_tenant,
+    load_workflow_file,
+    prepare_run,
+    start_options,
+    task_priorities,
+    to_jsonable,
+)
 from engine.runtime.connection import PIPELINE, TASK_QUEUE, TENANT, Endpoint, connect
 from engine.runtime.history import TaskRecord, read_tasks
 from engine.scheduling.config import QueueConfig, QueueConfigError, dump_queue_config, load_queue_config
@@ -70,217 +74,8 @@ __all__ = [
 ]
 
 _TRANSIENT = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNKNOWN)
-#: the tenant of a run that names none (and no GANGFLOW_TENANT): the only one a cluster without a queue
-#: configuration has
-DEFAULT_TENANT = "default"
-NO_QUEUE_CONFIG = "no queue configuration is applied here: gangflow queues apply FILE"
 #: how long a query to the Scheduler may take before it counts as not answering (no worker runs it)
 _SCHEDULER_RPC_TIMEOUT = timedelta(seconds=10)
-
-
-class TenancyError(GangflowError, ValueError):
-    """A run names a tenant or priority class that the cluster's queue configuration does not have
-    (refused before the run starts; ``gangflow run`` exits 2)."""
-
-    kind = "TenancyError"
-
-
-def default_tenant() -> str:
-    """The tenant of a run that names none: ``$GANGFLOW_TENANT``, else ``default``."""
-    return os.environ.get("GANGFLOW_TENANT") or DEFAULT_TENANT
-
-
-def load_workflow_file(target: str) -> WorkflowDefinition:
-    """``path/to/file.py:workflow_name`` → the workflow definition, importing the file the way its code
-    bundle will be imported (same module name, same root), so what runs locally is what ships."""
-    file, sep, name = target.rpartition(":")
-    if not sep or not file or not name:
-        raise InputError(f"expected FILE.py:WORKFLOW, got {target!r}")
-    if not Path(file).is_file():
-        raise InputError(f"{file}: no such file")
-    bundle = pack_code(file)
-    _import_from(Path(bundle.root))
-    module = importlib.import_module(bundle.module)
-    defn = definition_of(getattr(module, name, None))
-    if not isinstance(defn, WorkflowDefinition):
-        found = sorted(k for k, v in vars(module).items() if isinstance(definition_of(v), WorkflowDefinition))
-        raise InputError(f"{file} has no @workflow named {name!r}; it has: {', '.join(found) or 'none'}")
-    return defn
-
-
-def _installed() -> list[Path]:
-    """Where the standard library, installed packages and gangflow's own packages live: never a project's."""
-    paths = sysconfig.get_paths()
-    folders = {Path(paths[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    here = Path(__file__).resolve().parents[1]  # the folder holding gangflow's own packages
-    folders |= {here / package for package in ("engine", "workflows", "plugins")}
-    return sorted(folders)
-
-
-def _import_from(root: Path) -> None:
-    """Make ``root`` the first place imports look, and forget the modules of the same top-level names that
-    came from another project folder: a process that loads two projects (a notebook, a test session) each
-    with its own ``flows.py`` and ``tasks.py`` must get the file it names, not the first one again. The
-    standard library, installed packages and gangflow itself are never forgotten (a project's ``logging.py``
-    does not displace the real one)."""
-    root = root.resolve()
-    with contextlib.suppress(ValueError):
-        sys.path.remove(str(root))
-    sys.path.insert(0, str(root))
-    names = {p.stem for p in root.glob("*.py")} | {p.parent.name for p in root.glob("*/__init__.py")}
-    installed = _installed()
-    for name in list(sys.modules):
-        origin = getattr(sys.modules[name], "__file__", None) if name.partition(".")[0] in names else None
-        if origin is None:
-            continue
-        where = Path(origin).resolve()
-        if not where.is_relative_to(root) and not any(where.is_relative_to(folder) for folder in installed):
-            del sys.modules[name]
-
-
-def to_jsonable(data: Any) -> Any:
-    """Wire data (msgpack) → JSON: bytes become base64 strings."""
-    if isinstance(data, bytes):
-        return base64.b64encode(data).decode()
-    if isinstance(data, dict):
-        return {str(k): to_jsonable(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [to_jsonable(v) for v in data]
-    return data
-
-
-def prepare_run(
-    wf: Callable[..., Any] | WorkflowDefinition,
-    inputs: Mapping[str, Any] | None = None,
-    *,
-    artifacts: str | None = None,
-    run_id: str | None = None,
-    tenant: str | None = None,
-    priority: str | None = None,
-    bundle: bool = True,
-    cache: str = "use",
-) -> tuple[WorkflowDefinition, Envelope]:
-    """Validate the inputs and pack the code, without contacting Temporal: raises InputError (or
-    TypeMismatchError) for bad input, so nothing is started. ``tenant`` defaults to ``default_tenant()``;
-    whether the cluster has that tenant (and the ``priority`` class) is checked by ``Client.start``.
-    ``cache``: how ``@task(cache=True)`` calls use the cache, "use", "skip" or "overwrite" (engine.core.cache_key)."""
-    defn = wf if isinstance(wf, WorkflowDefinition) else definition_of(wf)
-    if not isinstance(defn, WorkflowDefinition):
-        raise InputError(f"{wf!r} is not a @workflow")
-    tenant = default_tenant() if tenant is None else tenant
-    for option, value in (("tenant", tenant), ("priority", priority)):
-        if value is not None and (not isinstance(value, str) or not value or value != value.strip()):
-            raise InputError(f"{option} must be a name (a non-empty str without surrounding spaces), got {value!r}")
-    cache = check_cache_mode(cache)
-    store = ArtifactStore(artifacts or default_artifact_root())
-    wire = defn.interface.inputs_to_wire(dict(inputs or {}), store.context(fetch=False))
-    code = CodeRef(defn.module, defn.qualname)
-    source = source_file(defn)
-    if bundle and source:
-        packed = pack_code(source)
-        uri, sha = store.put_bytes(packed.data)
-        code = CodeRef(packed.module, defn.qualname, uri, sha)
-    run = RunContext(
-        run_id or f"{defn.name}-{uuid.uuid4().hex[:8]}", defn.name, tenant, store.uri_root, priority, cache
-    )
-    return defn, Envelope(code, wire, run)
-
-
-def start_options(defn: WorkflowDefinition, envelope: Envelope) -> dict[str, Any]:
-    """Temporal's start options for a prepared run (argument, id, memo, search attributes, summary), apart from
-    the workflow type and task queue: one place, so a scheduled run (engine.schedules) starts what ``start`` does."""
-    memo: dict[str, Any] = {"artifacts": envelope.run.artifacts, "bundle": envelope.code.bundle_sha}
-    if envelope.run.priority is not None:
-        memo["priority"] = envelope.run.priority
-    return {
-        "arg": envelope.encode(f"the inputs of workflow {defn.name!r}"),
-        "id": envelope.run.run_id,
-        "execution_timeout": defn.timeout,
-        "memo": {"gangflow": memo},
-        "search_attributes": TypedSearchAttributes(
-            [SearchAttributePair(PIPELINE, defn.name), SearchAttributePair(TENANT, envelope.run.tenant)]
-        ),
-        "static_summary": f"gangflow pipeline {defn.name}",
-        "static_details": f"code: {envelope.code.module}.{envelope.code.qualname}"
-        + (f" (bundle {envelope.code.bundle_sha[:12]})" if envelope.code.bundle_sha else ""),
-    }
-
-
-def task_priorities(defn: WorkflowDefinition) -> dict[str, str]:
-    """Task name → priority class of the distributed tasks with ``priority=`` that the workflow's body
-    names (``train(...)``, ``lib.train(...)``), also inside the child workflows it names and the helper
-    functions of its own file it calls: what can be checked before the run starts. Read from the code's
-    names, not by running it, so a task reached another way (a task passed in as a value) is checked by
-    the Scheduler only, when its gang is submitted."""
-    found: dict[str, str] = {}
-    seen: set[int] = set()
-
-    def visit(fn: Any) -> None:
-        code, scope = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
-        if not isinstance(code, types.CodeType) or not isinstance(scope, dict) or id(code) in seen:
-            return
-        seen.add(id(code))
-        names = _code_names(code)
-        for name in names:
-            value = scope.get(name)
-            # ``lib.train``: the attribute names are among the code's names too
-            for candidate in [getattr(value, n, None) for n in names] if inspect.ismodule(value) else [value]:
-                found_defn = definition_of(candidate)
-                if isinstance(found_defn, TaskDefinition) and found_defn.priority is not None:
-                    found[found_defn.name] = found_defn.priority
-                elif isinstance(found_defn, WorkflowDefinition):
-                    visit(found_defn.fn)
-                elif inspect.isfunction(candidate) and candidate.__module__ == defn.module:
-                    visit(candidate)  # a helper of the workflow's own file
-
-    visit(defn.fn)
-    return dict(sorted(found.items()))
-
-
-def _code_names(code: types.CodeType) -> set[str]:
-    """The global and attribute names a function's code uses, nested functions and comprehensions included."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _code_names(const)
-    return names
-
-
-def _known(names: Sequence[str]) -> str:
-    return ", ".join(names) if names else "none"
-
-
-def check_tenancy(queues: Mapping[str, Any] | None, run: RunContext, tasks: Mapping[str, str]) -> None:
-    """Refuse (TenancyError) a run whose tenant, priority class or tasks' priority classes the queue
-    configuration lacks. ``queues`` is the Scheduler's "queues" answer, None when no configuration can be
-    had (no Scheduler runs, or one from before queue configurations): then only tenant "default" and no
-    priority class exist."""
-    config = queues.get("config") if queues is not None else None
-    if isinstance(config, Mapping):
-        tenants = [str(t.get("name")) for t in config.get("tenants") or [] if isinstance(t, Mapping)]
-        classes: list[str] | None = [
-            str(c.get("name")) for c in config.get("priority_classes") or [] if isinstance(c, Mapping)
-        ]
-    elif queues is not None and isinstance(queues.get("tenants"), Mapping):
-        tenants, classes = sorted(queues["tenants"]), None  # names only: the Scheduler checks classes itself
-    else:
-        tenants, classes = [DEFAULT_TENANT], []
-    # a cluster that only knows the default tenant and no class has no configuration applied (yet)
-    unconfigured = tenants == [DEFAULT_TENANT] and not classes
-    hint = f"; {NO_QUEUE_CONFIG}" if unconfigured else " (gangflow queues show)"
-    if run.tenant not in tenants:
-        raise TenancyError(f"unknown tenant {run.tenant!r}: the cluster's tenants are {_known(tenants)}{hint}")
-    if classes is None:
-        return
-    wanted = ([("the run", run.priority)] if run.priority is not None else []) + [
-        (f"task {name!r}", priority) for name, priority in tasks.items()
-    ]
-    for who, priority in wanted:
-        if priority not in classes:
-            raise TenancyError(
-                f"unknown priority class {priority!r} ({who}): the cluster's priority classes are "
-                f"{_known(classes)}{hint}"
-            )
 
 
 @dataclass
