@@ -54,6 +54,7 @@ from engine.scheduling.events import drain_request
 from engine.types.codec import unpack
 from workflows.gang import RUN_RANKS
 from workflows.platform import tenant_namespace
+from workflows.scheduled import SCHEDULED_BY
 from workflows.scheduler import SCHEDULER_ID, SCHEDULER_TYPE
 from workflows.shell import PROGRESS_QUERY
 
@@ -93,6 +94,7 @@ class RunInfo:
     result: Any = None  # wire data (JSON-like), present when completed
     progress: dict[str, Any] | None = None
     artifacts: str | None = None
+    schedule: str | None = None  # the schedule that started the run (gangflow schedule), if one did
 
     @property
     def finished(self) -> bool:
@@ -235,6 +237,7 @@ class Client:
             tenant=desc.typed_search_attributes.get(TENANT),
             priority=memo.get("priority"),
             artifacts=memo.get("artifacts"),
+            schedule=desc.typed_search_attributes.get(SCHEDULED_BY),
         )
         if with_tasks:
             info.tasks, info.error = await read_tasks(handle, self.temporal.data_converter.payload_codec)

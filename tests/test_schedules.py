@@ -66,6 +66,9 @@ def test_a_schedule_starts_what_gangflow_run_starts(server, worker, artifacts, c
     assert status.returncode == 0, status.stderr
     shown = json.loads(status.stdout)
     assert shown["status"] == "COMPLETED" and shown["result"]["region"] == "eu" and len(shown["result"]["top"]) == 2
+    assert shown["schedule"] == name  # the run says which schedule started it
+    text = gangflow_cli("status", run_id, GANGFLOW_ADDRESS=server.address)
+    assert f"scheduled by {name}" in text.stdout, text.stdout
 
     capsys.readouterr()
     assert schedule_cli(server.address, "pause", name, "--note", "holidays") == 0

@@ -78,6 +78,7 @@ def run_json(info: RunInfo) -> dict[str, Any]:
         "status": info.status,
         "tenant": info.tenant,
         "priority": info.priority,
+        "schedule": info.schedule,
         "start_time": info.start_time.isoformat() if info.start_time else None,
         "close_time": info.close_time.isoformat() if info.close_time else None,
         "result": to_jsonable(info.result),
@@ -129,7 +130,9 @@ def waiting_lines(progress: Mapping[str, Any], run_id: str = "RUN") -> list[str]
 def show_status(info: RunInfo, *, result: bool = True) -> None:
     console.print(
         f"[bold]{escape(info.run_id)}[/]  workflow [bold]{info.workflow}[/]  {_styled(info.status)}  "
-        f"tenant {info.tenant}" + (f"  priority {escape(info.priority)}" if info.priority else ""),
+        f"tenant {info.tenant}"
+        + (f"  priority {escape(info.priority)}" if info.priority else "")
+        + (f"  scheduled by {escape(info.schedule)}" if info.schedule else ""),
         soft_wrap=True,  # the run id stays whole, to be copied
     )
     if info.progress:
