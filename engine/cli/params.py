@@ -14,40 +14,19 @@ gangflow's options, telling the user the two ways to give it: after a ``--`` sep
 from __future__ import annotations
 
 import json
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.core.interface import Interface, Param
+from engine.core.interface import Interface, Param, is_type, parse_text
 from engine.errors import InputError
 
 __all__ = ["RunArgv", "check_collisions", "check_missing", "parse_params", "split_run_argv"]
-
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
-
-def _is(annotation: Any, kind: type) -> bool:
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return annotation is kind or (typing.get_origin(annotation) in (typing.Union, types.UnionType) and args == [kind])
 
 
 def _is_flag(token: str) -> bool:
     """``--name`` or ``--name=value``; ``--5`` and ``--`` are not (the same rule as ``parse_params``)."""
     return token.startswith("--") and len(token) > 2 and not token[2].isdigit()
-
-
-def _convert(param: Param, raw: str) -> Any:
-    if _is(param.annotation, str):
-        return raw
-    if _is(param.annotation, bool) and raw.lower() in _TRUE | _FALSE:
-        return raw.lower() in _TRUE
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw  # let the type's validator judge it (dates, enum values, paths ...)
 
 
 def _usage(interface: Interface) -> str:
@@ -74,7 +53,7 @@ def parse_params(interface: Interface, tokens: Sequence[str], input_json: str | 
             raise InputError(f"unexpected argument {token!r}; parameters are given as --name value")
         key, eq, value = token[2:].partition("=")
         name = key.replace("-", "_")
-        negated = name.startswith("no_") and name[3:] in by_name and _is(by_name[name[3:]].annotation, bool)
+        negated = name.startswith("no_") and name[3:] in by_name and is_type(by_name[name[3:]].annotation, bool)
         if negated:
             inputs[name[3:]] = False
             i += 1
@@ -85,14 +64,14 @@ def parse_params(interface: Interface, tokens: Sequence[str], input_json: str | 
         if not eq:
             nxt = tokens[i + 1] if i + 1 < len(tokens) else None
             if nxt is None or _is_flag(nxt):
-                if _is(param.annotation, bool):
+                if is_type(param.annotation, bool):
                     inputs[name] = True
                     i += 1
                     continue
                 raise InputError(f"parameter --{key} ({param.codec.name}) needs a value")
             value = nxt
             i += 1
-        inputs[name] = _convert(param, value)
+        inputs[name] = parse_text(param.annotation, value)
         i += 1
     return inputs
 

@@ -8,6 +8,8 @@ built once, eagerly, by ``@task`` and ``@workflow`` so a bad signature fails at 
 from __future__ import annotations
 
 import inspect
+import json
+import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -16,7 +18,31 @@ from typing import Any
 from engine.errors import DefinitionError, InputError
 from engine.types.codec import ValueCodec
 
-__all__ = ["Interface", "Param"]
+__all__ = ["Interface", "Param", "is_type", "parse_text"]
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def is_type(annotation: Any, kind: type) -> bool:
+    """``annotation`` is ``kind`` or ``Optional[kind]``."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return annotation is kind or (typing.get_origin(annotation) in (typing.Union, types.UnionType) and args == [kind])
+
+
+def parse_text(annotation: Any, raw: str) -> Any:
+    """A value typed on a command line (``gangflow run --x VALUE``, ``gangflow input RUN x VALUE``): a ``str``
+    stays as given, ``true``/``no``/... for a ``bool``, otherwise JSON when it parses (``0.93``, ``[1, 2]``,
+    ``{"lr": 0.1}``) and the text itself when not, for the type's codec to judge (dates, enum values, paths)."""
+    if is_type(annotation, str):
+        return raw
+    if is_type(annotation, bool) and raw.lower() in _TRUE | _FALSE:
+        return raw.lower() in _TRUE
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
 
 _MISSING: Any = inspect.Parameter.empty
 

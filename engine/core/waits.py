@@ -21,16 +21,14 @@ Semantics (chosen to match Flyte's gate nodes):
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
 from engine.core.dispatch import current_dispatcher
+from engine.core.interface import parse_text
 from engine.errors import GangflowError, InputError
 from engine.types.codec import ValueCodec
 
@@ -54,8 +52,6 @@ WaitKind = Literal["input", "approval"]
 
 #: an input's name travels on a command line and in the UI: keep it a plain word
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
 
 
 @dataclass(frozen=True)
@@ -153,26 +149,6 @@ def _timeout(timeout: object, what: str) -> timedelta | None:
     if not math.isfinite(seconds) or seconds <= 0:
         raise InputError(f"{what}: timeout must be > 0 (None waits forever); got {timeout!r}")
     return timeout if isinstance(timeout, timedelta) else timedelta(seconds=seconds)
-
-
-def _is(annotation: Any, kind: type) -> bool:
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return annotation is kind or (typing.get_origin(annotation) in (typing.Union, types.UnionType) and args == [kind])
-
-
-def parse_text(annotation: Any, raw: str) -> Any:
-    """A value typed on a command line, read the way ``gangflow run`` reads a parameter
-    (engine/cli/params.py): a ``str`` stays as given, ``true``/``no``/... for a ``bool``, otherwise JSON when
-    it parses (``0.93``, ``[1, 2]``, ``{"lr": 0.1}``) and the text itself when not; the type's codec judges.
-    Kept here (pure) because the workflow, which knows the type, does the reading."""
-    if _is(annotation, str):
-        return raw
-    if _is(annotation, bool) and raw.lower() in _TRUE | _FALSE:
-        return raw.lower() in _TRUE
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
 
 
 def no_one_to_ask(request: WaitRequest) -> NoOneToAsk:
