@@ -33,10 +33,24 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from engine.artifacts import ArtifactStore, default_artifact_root
 from engine.core.definitions import WorkflowDefinition, definition_of
+from engine.core.protocol import (
+    APPLY_QUEUES_UPDATE,
+    DEFAULT_TENANT,  # re-exported: engine.client has always offered it
+    DESCRIBE_QUERY,
+    DRAIN_NODE_UPDATE,
+    PROGRESS_QUERY,
+    QUEUES_QUERY,
+    RELEASE_SIGNAL,
+    RUN_RANKS,
+    SCHEDULER_ID,
+    SCHEDULER_TYPE,
+    STATUS_QUERY,
+    TASK_QUEUE,
+    tenant_namespace,
+)
 from engine.core.wire import Envelope, RunContext
 from engine.errors import GangflowError, InputError, NodeNotFoundError
 from engine.runs import (  # re-exported: engine.client has always offered them
-    DEFAULT_TENANT,
     NO_QUEUE_CONFIG,
     TenancyError,
     check_tenancy,
@@ -47,16 +61,11 @@ from engine.runs import (  # re-exported: engine.client has always offered them
     task_priorities,
     to_jsonable,
 )
-from engine.runtime.connection import PIPELINE, TASK_QUEUE, TENANT, Endpoint, connect
+from engine.runtime.connection import PIPELINE, SCHEDULED_BY, TENANT, Endpoint, connect
 from engine.runtime.history import TaskRecord, read_tasks
 from engine.scheduling.config import QueueConfig, QueueConfigError, dump_queue_config, load_queue_config
 from engine.scheduling.events import drain_request
 from engine.types.codec import unpack
-from workflows.gang import RUN_RANKS
-from workflows.platform import tenant_namespace
-from workflows.scheduled import SCHEDULED_BY
-from workflows.scheduler import SCHEDULER_ID, SCHEDULER_TYPE
-from workflows.shell import PROGRESS_QUERY
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -170,7 +179,7 @@ class Client:
             if self.temporal.namespace == tenant_namespace(run.tenant):
                 return
         try:
-            queues = await self._scheduler_query("queues")
+            queues = await self._scheduler_query(QUEUES_QUERY)
         except _NoScheduler:
             queues = None
         except GangflowError:
@@ -244,7 +253,7 @@ class Client:
             for record in info.tasks:
                 if record.kind == "gang" and record.child_id and record.status in ("scheduled", "running"):
                     with contextlib.suppress(RPCError, TemporalError):
-                        gang = await self.temporal.get_workflow_handle(record.child_id).query("status")
+                        gang = await self.temporal.get_workflow_handle(record.child_id).query(STATUS_QUERY)
                         record.detail = gang.get("phase")
         if desc.status == WorkflowExecutionStatus.COMPLETED:
             info.result = unpack(await handle.result())
@@ -281,7 +290,7 @@ class Client:
         handle = self.temporal.get_workflow_handle(gang_id)
         info: dict[str, Any] = {}
         with contextlib.suppress(RPCError, TemporalError):
-            info = await handle.query("status")
+            info = await handle.query(STATUS_QUERY)
         nodes = []
         desc = await handle.describe()
         for pending in desc.raw_description.pending_activities:
@@ -297,7 +306,7 @@ class Client:
     async def queue(self) -> dict[str, Any]:
         """The Scheduler's view: nodes, free and used GPUs, running gangs, the pending queue."""
         handle = self.temporal.get_workflow_handle(SCHEDULER_ID)
-        described: dict[str, Any] = await handle.query("describe")
+        described: dict[str, Any] = await handle.query(DESCRIBE_QUERY)
         return described
 
     async def _scheduler_query(self, name: str) -> dict[str, Any]:
@@ -325,7 +334,7 @@ class Client:
         """Per tenant: nominal quota, used, borrowed and lent resources, pending gangs and fair share
         (``{"tenants": {NAME: {...}}, "config": {...}}``, the Scheduler's "queues" query). Raises
         GangflowError when no Scheduler runs or answers."""
-        return await self._scheduler_query("queues")
+        return await self._scheduler_query(QUEUES_QUERY)
 
     async def apply_queues(
         self, config: QueueConfig | Mapping[str, Any] | str | Path, *, task_queue: str | None = None
@@ -345,7 +354,7 @@ class Client:
         handle = self.temporal.get_workflow_handle(SCHEDULER_ID)
         try:
             applied: dict[str, Any] = await handle.execute_update(
-                "apply_queues", dump_queue_config(parsed), result_type=dict, rpc_timeout=_APPLY_TIMEOUT
+                APPLY_QUEUES_UPDATE, dump_queue_config(parsed), result_type=dict, rpc_timeout=_APPLY_TIMEOUT
             )
         except WorkflowUpdateFailedError as exc:
             cause = exc.cause
@@ -375,7 +384,7 @@ class Client:
         handle = self.temporal.get_workflow_handle(SCHEDULER_ID)
         try:
             answer: dict[str, Any] = await handle.execute_update(
-                "drain_node", payload, result_type=dict, rpc_timeout=_APPLY_TIMEOUT
+                DRAIN_NODE_UPDATE, payload, result_type=dict, rpc_timeout=_APPLY_TIMEOUT
             )
         except WorkflowUpdateFailedError as exc:
             cause = exc.cause
@@ -407,7 +416,7 @@ class Client:
 
         async def describe() -> dict[str, Any]:
             try:
-                described: dict[str, Any] = await scheduler.query("describe", rpc_timeout=timedelta(seconds=10))
+                described: dict[str, Any] = await scheduler.query(DESCRIBE_QUERY, rpc_timeout=timedelta(seconds=10))
                 return described
             except RPCError as exc:
                 if exc.status == RPCStatusCode.NOT_FOUND:
@@ -439,7 +448,7 @@ class Client:
                         f"gang {gang_id!r} is still in use: its GangRun runs (run {run}), so its ranks may hold "
                         f"the GPUs; cancel the run instead (gangflow cancel {run}), or force the release (--force)"
                     )
-        await scheduler.signal("release", gang_id)
+        await scheduler.signal(RELEASE_SIGNAL, gang_id)
         deadline = asyncio.get_running_loop().time() + confirm_s
         while _held(await describe(), gang_id) is not None:
             if asyncio.get_running_loop().time() > deadline:

@@ -24,12 +24,12 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from engine.artifacts import ArtifactStore, default_artifact_root, pack_code
 from engine.core.cache_key import check_cache_mode
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, source_file
+from engine.core.protocol import DEFAULT_TENANT
 from engine.core.wire import CodeRef, Envelope, RunContext
 from engine.errors import GangflowError, InputError
 from engine.runtime.connection import PIPELINE, TENANT
 
 __all__ = [
-    "DEFAULT_TENANT",
     "NO_QUEUE_CONFIG",
     "TenancyError",
     "check_tenancy",
@@ -43,7 +43,6 @@ __all__ = [
 
 #: the tenant of a run that names none (and no GANGFLOW_TENANT): the only one a cluster without a queue
 #: configuration has
-DEFAULT_TENANT = "default"
 NO_QUEUE_CONFIG = "no queue configuration is applied here: gangflow queues apply FILE"
 
 

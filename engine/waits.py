@@ -23,8 +23,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from engine.client import Client
+from engine.core.protocol import APPROVE_UPDATE, INPUT_UPDATE
 from engine.errors import GangflowError, InputError
-from workflows.waits import APPROVE_UPDATE, INPUT_UPDATE
 
 __all__ = ["InputRefused", "RunNotWaiting", "approve", "send_input", "waiting"]
 

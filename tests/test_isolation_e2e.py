@@ -28,9 +28,9 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
 from engine.client import Client, prepare_run
+from engine.core.protocol import SCHEDULER_ID
 from engine.runtime.gateway import authorized
 from engine.runtime.tokens import Claims
-from workflows.scheduler import SCHEDULER_ID
 
 pytestmark = pytest.mark.slow
 

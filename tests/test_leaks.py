@@ -25,7 +25,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
 from engine.client import Client
-from workflows.scheduler import SCHEDULER_ID
+from engine.core.protocol import SCHEDULER_ID
 
 sys.path.insert(0, str(ROOT / "examples"))
 import resilient_training

@@ -74,7 +74,7 @@ def wait_until(what: str, check: Any, timeout: float = 90) -> Any:
 
 def scheduler_run(stack: Stack) -> str:
     async def describe() -> str:
-        from workflows.scheduler import SCHEDULER_ID
+        from engine.core.protocol import SCHEDULER_ID
 
         client = await stack.client()
         return str((await client.temporal.get_workflow_handle(SCHEDULER_ID).describe()).run_id)

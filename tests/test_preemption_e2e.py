@@ -36,8 +36,8 @@ from conftest import Stack, gangflow_cli, run, until
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from engine.client import Client, load_workflow_file
+from engine.core.protocol import SCHEDULER_ID
 from engine.runtime.node import SELF_DRAIN_REASON
-from workflows.scheduler import SCHEDULER_ID
 
 pytestmark = pytest.mark.slow
 

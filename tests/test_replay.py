@@ -21,9 +21,8 @@ from conftest import ROOT
 from temporalio.api.enums.v1 import EventType
 
 from engine.artifacts.loader import LOADER
+from engine.core.protocol import GANG_TYPE, SCHEDULER_TYPE
 from engine.runtime.worker import build_replayer
-from workflows.gang import GANG_TYPE
-from workflows.scheduler import SCHEDULER_TYPE
 
 sys.path.insert(0, str(ROOT / "tests" / "histories"))
 import catalog

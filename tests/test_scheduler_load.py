@@ -32,8 +32,8 @@ import bench_scheduler_workflow as sw  # noqa: E402
 from bench_scheduler import generate_workload, queue_config  # noqa: E402
 from conftest import WorkerProcess, run  # noqa: E402
 
+from engine.core.protocol import SCHEDULER_ID, SCHEDULER_TYPE  # noqa: E402
 from engine.runtime import DevServer, Endpoint, connect  # noqa: E402
-from workflows.scheduler import SCHEDULER_ID, SCHEDULER_TYPE  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

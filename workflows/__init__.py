@@ -1,5 +1,9 @@
-"""Durable Temporal workflows: the user-workflow shell (GangRun and the Scheduler come with the executor)."""
+"""Durable Temporal workflows: the user-workflow shell (``workflows.shell``), the gang of one distributed task
+call (``workflows.gang``), the Scheduler (``workflows.scheduler``) and map chunks (``workflows.mapping``).
 
-from workflows.shell import PROGRESS_QUERY, UserWorkflow, configure
+Nothing is imported here: the worker (``engine.runtime.worker``) imports the workflow classes it registers,
+and importing one module of this package does not load the others. The names they share with the client and
+the node agents are in ``engine.core.protocol``.
+"""
 
-__all__ = ["PROGRESS_QUERY", "UserWorkflow", "configure"]
+__all__: list[str] = []

@@ -25,33 +25,16 @@ from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 from engine.core.cache_key import cache_key
 from engine.core.definitions import TaskDefinition
+from engine.core.protocol import CACHE_HIT, CACHE_LOOKUP, CACHE_RECORD, hit_id
 from engine.core.wire import RunContext
 from engine.types.codec import pack, unpack
 
-__all__ = ["CACHE_HIT", "CACHE_LOOKUP", "CACHE_RECORD", "cached_call", "hit_id", "parse_hit_id"]
+__all__ = ["cached_call"]
 
-#: local activity names (dots: never a task's name, so never confused with a task in history)
-CACHE_LOOKUP = "gangflow.cache.lookup"
-CACHE_RECORD = "gangflow.cache.record"
-CACHE_HIT = "gangflow.cache.hit"
 
 #: a lookup rehashes the entry's artifacts on a local store: leave room for a large model
 _IO_TIMEOUT = timedelta(minutes=10)
 _IO_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
-
-
-def hit_id(kind: str, task: str, run_id: str) -> str:
-    """The hit marker's activity id: ``cached:<kind>:<task>:<run>`` (task names have no colon; the run id,
-    which may, comes last)."""
-    return f"cached:{kind}:{task}:{run_id}"
-
-
-def parse_hit_id(activity_id: str) -> tuple[str, str, str] | None:
-    """(kind, task, run id) of a hit marker's id, None for anything else."""
-    parts = activity_id.split(":", 3)
-    if len(parts) != 4 or parts[0] != "cached":
-        return None
-    return parts[1], parts[2], parts[3]
 
 
 def _kind(task: TaskDefinition) -> str:

@@ -52,36 +52,37 @@ from temporalio.exceptions import (
 from temporalio.workflow import ActivityCancellationType, ActivityHandle
 
 from engine.core.gang import GangShape, NodeLaunch
+from engine.core.protocol import (
+    GANG_TYPE,
+    NODE_LOST_SIGNAL,
+    NOTICE,
+    PENDING_SIGNAL,
+    PING,
+    PLACEMENT_SIGNAL,
+    PREEMPT_SIGNAL,
+    PREEMPTED_TYPE,
+    REJECTED_SIGNAL,
+    RELEASE_SIGNAL,
+    REMOTE_COMMAND,
+    RESERVE_PORT,
+    RUN_RANKS,
+    SCHEDULER_ID,
+    STATUS_QUERY,
+    SUBMIT_SIGNAL,
+    node_queue,
+)
 from engine.core.resources import Retry
 from engine.core.wire import Envelope
 from engine.scheduling import DEFAULT_LOST_NODE_WAIT_S, NodeAssignment, Placement
-from workflows.scheduler import PENDING_SIGNAL, PLACEMENT_SIGNAL, PREEMPT_SIGNAL, REJECTED_SIGNAL, SCHEDULER_ID
 
 __all__ = [
-    "GANG_TYPE",
-    "NOTICE",
-    "PING",
-    "PREEMPTED_TYPE",
     "PROBE_TIMEOUT",
-    "REMOTE_COMMAND",
-    "RESERVE_PORT",
-    "RUN_RANKS",
     "GangRun",
     "GangSpec",
-    "node_queue",
 ]
 
-GANG_TYPE = "GangRun"
-RUN_RANKS = "gangflow.run_ranks"
-RESERVE_PORT = "gangflow.reserve_port"
-#: a node agent's liveness probe: answered at once by a live agent
-PING = "gangflow.ping"
 #: how long a probed node agent has to answer before it is declared lost
 PROBE_TIMEOUT = timedelta(seconds=1)
-#: a launcher's command for another node (MPI proxies), relayed through this workflow
-REMOTE_COMMAND = "remote_command"
-#: a node agent's preemption notice for one attempt of a gang (engine.runtime.node)
-NOTICE = "gangflow.notice"
 #: the node agents kill ranks at the grace deadline themselves; GangRun stops waiting this much later (a node
 #: agent that cannot kill them is gone: its activity is cancelled, and its heartbeat timeout reports it)
 NOTICE_BACKSTOP_S = 15.0
@@ -89,12 +90,6 @@ NOTICE_BACKSTOP_S = 15.0
 NOTICE_REFRESH_S = 10.0
 #: GangRuns recorded before preemption notices stop their ranks at once when preempted (workflow.patched)
 NOTICE_PATCH = "preemption-notice"
-#: what a preempted attempt's node activity fails with (the node agent's word for it)
-PREEMPTED_TYPE = "RankPreempted"
-
-
-def node_queue(node_id: str) -> str:
-    return f"node/{node_id}"
 
 
 @dataclass(frozen=True)
@@ -305,7 +300,7 @@ class GangRun:
     def remote_command(self, attempt: int, node_rank: int) -> list[str] | None:
         return self.remote.get(f"{attempt}/{node_rank}")
 
-    @workflow.query(name="status")
+    @workflow.query(name=STATUS_QUERY)
     def status(self) -> dict[str, Any]:
         return {
             "phase": self.phase,
@@ -343,8 +338,8 @@ class GangRun:
                 # lost nodes so the Scheduler never offers them again.
                 lost = failure.lost_nodes if failure else preempted.lost_nodes if preempted else []
                 for node_id in lost:
-                    await scheduler.signal("node_lost", node_id)
-                await scheduler.signal("release", gang_id)
+                    await scheduler.signal(NODE_LOST_SIGNAL, node_id)
+                await scheduler.signal(RELEASE_SIGNAL, gang_id)
                 self.noticed = None
             if preempted is not None:
                 # a preemption is the cluster's decision, not a failure: no restart or retry is spent, and the
@@ -413,7 +408,7 @@ class GangRun:
         else:
             self._say(f"waiting for a placement: {spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)")
         try:
-            await scheduler.signal("submit", request)
+            await scheduler.signal(SUBMIT_SIGNAL, request)
         except Exception as exc:
             raise ApplicationError(
                 "no gangflow scheduler is running: start node agents ('gangflow node' or 'gangflow dev --nodes N')",
@@ -423,10 +418,10 @@ class GangRun:
         try:
             await workflow.wait_condition(lambda: self.placement is not None or self.rejected is not None)
         except asyncio.CancelledError:
-            await scheduler.signal("release", gang_id)  # withdraw the queued request
+            await scheduler.signal(RELEASE_SIGNAL, gang_id)  # withdraw the queued request
             raise
         if self.placement is None:
-            await scheduler.signal("release", gang_id)
+            await scheduler.signal(RELEASE_SIGNAL, gang_id)
             raise ApplicationError(self.rejected or "rejected", type="Unschedulable", non_retryable=True)
         self.requeued = None
         return self.placement

@@ -31,6 +31,7 @@ from temporalio.workflow import ParentClosePolicy
 
 from engine.core.definitions import TaskDefinition
 from engine.core.mapping import DEFAULT_CHUNK_SIZE, settle
+from engine.core.protocol import MAP_CHUNK_TYPE
 from engine.core.wire import Envelope
 from engine.errors import PayloadTooLargeError
 from engine.types.codec import MAX_PAYLOAD_BYTES, check_payload_size, pack, unpack
@@ -40,9 +41,7 @@ from workflows.calls import TaskFailed, code_ref, describe_failure, execute_plai
 if TYPE_CHECKING:
     from workflows.shell import _TemporalDispatcher
 
-__all__ = ["MAP_CHUNK_TYPE", "MapChunk", "run_map"]
-
-MAP_CHUNK_TYPE = "MapChunk"
+__all__ = ["MapChunk", "run_map"]
 
 
 def _too_large(what: str, size: int, items: int) -> ApplicationError:

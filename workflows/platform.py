@@ -7,20 +7,30 @@ credentials cannot reach. A tenant's run starts a distributed task through *its 
 handler takes the tenant from that task queue, the one thing a caller cannot choose: caller links and headers
 are forgeable, the endpoint's target is set by the operator who created it.
 
-This module holds the contract both sides share (names, the operation's input); the handler is
+This module holds the operation's types (its names are in ``engine.core.protocol``); the handler is
 ``engine.runtime.platform``, the caller the user-workflow shell.
 """
 
 from __future__ import annotations
 
 import base64
-import re
 from dataclasses import dataclass
 
 import nexusrpc
 
+from engine.core.protocol import (
+    GANGS_QUEUE_PREFIX,
+    GANGS_SERVICE,
+    PLATFORM_NAMESPACE,
+    TenantRoute,
+    gang_endpoint,
+    gangs_queue,
+    tenant_namespace,
+    tenant_of_queue,
+)
 from workflows.gang import GangSpec
 
+# the shared names live in engine.core.protocol; re-exported here for the code that reads them from here
 __all__ = [
     "GANGS_QUEUE_PREFIX",
     "GANGS_SERVICE",
@@ -33,47 +43,6 @@ __all__ = [
     "tenant_namespace",
     "tenant_of_queue",
 ]
-
-GANGS_SERVICE = "gangflow.Gangs"
-GANGS_QUEUE_PREFIX = "gangs/"
-#: where the Scheduler, the gangs and the node agents' queues live (DESIGN.md, "Sharing a cluster")
-PLATFORM_NAMESPACE = "gangflow-system"
-_TENANT = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-
-
-def tenant_namespace(tenant: str) -> str:
-    """The Temporal namespace of a tenant (its name, as in a queue configuration, checked)."""
-    if not _TENANT.fullmatch(tenant) or len(tenant) > 60:
-        raise ValueError(f"tenant {tenant!r}: lowercase letters, digits and '-' only (as in a queue configuration)")
-    return f"gf-{tenant}"
-
-
-def gang_endpoint(tenant: str) -> str:
-    """The tenant's Nexus endpoint (the dev gateway lets namespace ``gf-<tenant>`` use this one only)."""
-    return f"gf-{tenant}-gangs"
-
-
-def gangs_queue(tenant: str) -> str:
-    """The platform task queue the tenant's endpoint targets: the handler's only source for the tenant."""
-    return f"{GANGS_QUEUE_PREFIX}{tenant}"
-
-
-def tenant_of_queue(task_queue: str) -> str | None:
-    tenant = task_queue.removeprefix(GANGS_QUEUE_PREFIX)
-    return tenant if task_queue.startswith(GANGS_QUEUE_PREFIX) and tenant else None
-
-
-@dataclass(frozen=True)
-class TenantRoute:
-    """A tenant worker's configuration (``gangflow worker --tenant``), pinned over what a client declares:
-    the run's tenant and artifact root, and the endpoint its gangs go through."""
-
-    tenant: str
-    artifacts: str
-
-    @property
-    def endpoint(self) -> str:
-        return gang_endpoint(self.tenant)
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,13 @@ from dataclasses import replace
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 
+from engine.core.protocol import SCHEDULED_BY_ATTRIBUTE
 from engine.core.wire import RunContext
 
 __all__ = ["SCHEDULED_BY", "own_run_context", "scheduled_run_context"]
 
 #: set by Temporal on every workflow a schedule starts: the schedule's id
-SCHEDULED_BY = SearchAttributeKey.for_keyword("TemporalScheduledById")
+SCHEDULED_BY = SearchAttributeKey.for_keyword(SCHEDULED_BY_ATTRIBUTE)
 
 
 def own_run_context(run: RunContext, workflow_id: str, scheduled_by: str | None) -> RunContext:

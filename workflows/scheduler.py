@@ -35,6 +35,22 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, FailureError
 
+from engine.core.protocol import (
+    APPLY_QUEUES_UPDATE,
+    CLOSED_OWNERS,
+    DESCRIBE_QUERY,
+    DRAIN_NODE_UPDATE,
+    NODE_LOST_SIGNAL,
+    PENDING_SIGNAL,
+    PLACEMENT_SIGNAL,
+    PREEMPT_SIGNAL,
+    QUEUES_QUERY,
+    REGISTER_NODE_SIGNAL,
+    REJECTED_SIGNAL,
+    RELEASE_SIGNAL,
+    SCHEDULER_TYPE,
+    SUBMIT_SIGNAL,
+)
 from engine.scheduling import (
     Admitted,
     ConfigApplied,
@@ -58,24 +74,9 @@ from engine.scheduling import (
 )
 
 __all__ = [
-    "CLOSED_OWNERS",
-    "PENDING_SIGNAL",
-    "PLACEMENT_SIGNAL",
-    "PREEMPT_SIGNAL",
-    "REJECTED_SIGNAL",
-    "SCHEDULER_ID",
-    "SCHEDULER_TYPE",
     "Scheduler",
 ]
 
-SCHEDULER_ID = "gangflow-scheduler"
-SCHEDULER_TYPE = "GangflowScheduler"
-PLACEMENT_SIGNAL = "placement"
-REJECTED_SIGNAL = "rejected"
-PENDING_SIGNAL = "pending"
-PREEMPT_SIGNAL = "preempt"
-#: the local activity that returns which of the given gang ids no longer have a running workflow
-CLOSED_OWNERS = "gangflow.closed_owners"
 MAX_EVENTS_PER_RUN = 4000
 #: how often the Scheduler wakes up by itself (deadlines have this granularity)
 TICK = timedelta(seconds=5)
@@ -113,21 +114,21 @@ class Scheduler:
     # -- inputs ----------------------------------------------------------------------------------
     # A signal handler that raises would fail the workflow task again and again: every payload is taken
     # as Any and checked here; bad input is logged (or answered with a rejection), never raised.
-    @workflow.signal(name="register_node")
+    @workflow.signal(name=REGISTER_NODE_SIGNAL)
     def register_node(self, spec: Any) -> None:
         try:
             self.inbox.append(NodeRegistered(spec=NodeSpec.model_validate(spec)))
         except (ValidationError, TypeError, ValueError) as exc:
             workflow.logger.warning("ignoring a malformed node registration %r: %s", spec, exc)
 
-    @workflow.signal(name="node_lost")
+    @workflow.signal(name=NODE_LOST_SIGNAL)
     def node_lost(self, node_id: Any) -> None:
         if isinstance(node_id, str) and node_id:
             self.inbox.append(NodeLost(node_id=node_id))
         else:
             workflow.logger.warning("ignoring a malformed node_lost signal %r", node_id)
 
-    @workflow.signal(name="submit")
+    @workflow.signal(name=SUBMIT_SIGNAL)
     def submit(self, request: Any) -> None:
         try:
             self.inbox.append(GangSubmitted(request=GangRequest.model_validate(request)))
@@ -138,14 +139,14 @@ class Scheduler:
             else:
                 workflow.logger.warning("ignoring a malformed gang request %r: %s", request, exc)
 
-    @workflow.signal(name="release")
+    @workflow.signal(name=RELEASE_SIGNAL)
     def release(self, gang_id: Any) -> None:
         if isinstance(gang_id, str) and gang_id:
             self.inbox.append(GangReleased(gang_id=gang_id))
         else:
             workflow.logger.warning("ignoring a malformed release signal %r", gang_id)
 
-    @workflow.update(name="apply_queues")
+    @workflow.update(name=APPLY_QUEUES_UPDATE)
     def apply_queues(self, config: Any) -> dict[str, Any]:
         """Apply a queue configuration (tenants, cohorts, quotas, priority classes) and return ``queues``
         as it is afterwards. Validated first (``_check_queues``): a bad one changes nothing. Events that
@@ -163,7 +164,7 @@ class Scheduler:
         except QueueConfigError as exc:
             raise ApplicationError(str(exc), type="QueueConfigError", non_retryable=True) from None
 
-    @workflow.update(name="drain_node")
+    @workflow.update(name=DRAIN_NODE_UPDATE)
     def drain_node(self, request: Any) -> dict[str, Any]:
         """Drain a node (``{"node_id", "drained": true, "reason"}``: it takes no new gangs and its preemptible
         gangs are preempted) or undrain it (``"drained": false``). Validated first (``_check_drain``): an
@@ -204,11 +205,11 @@ class Scheduler:
                 non_retryable=True,
             )
 
-    @workflow.query(name="describe")
+    @workflow.query(name=DESCRIBE_QUERY)
     def describe(self) -> dict[str, Any]:
         return self.policy.describe()
 
-    @workflow.query(name="queues")
+    @workflow.query(name=QUEUES_QUERY)
     def queues(self) -> dict[str, Any]:
         return {**self.policy.queues(), "config": dump_queue_config(self.policy.config)}
 

@@ -43,6 +43,7 @@ from temporalio.workflow import ParentClosePolicy
 from engine.core.definitions import TaskDefinition, WorkflowDefinition
 from engine.core.dispatch import using_dispatcher
 from engine.core.guard import guarding, rearm
+from engine.core.protocol import APPROVE_UPDATE, GANG_TYPE, INPUT_UPDATE, PROGRESS_QUERY
 from engine.core.waits import WaitRequest
 from engine.core.wire import Envelope
 from engine.errors import GangflowError
@@ -58,14 +59,12 @@ from workflows.calls import (
     load_code,
     route,
 )
-from workflows.gang import GANG_TYPE, GangSpec
+from workflows.gang import GangSpec
 from workflows.platform import GangCall, GangService
 from workflows.scheduled import scheduled_run_context
-from workflows.waits import APPROVE_UPDATE, INPUT_UPDATE, Waits
+from workflows.waits import Waits
 
-__all__ = ["PROGRESS_QUERY", "CodeResolver", "UserWorkflow", "configure"]
-
-PROGRESS_QUERY = "gangflow_progress"
+__all__ = ["CodeResolver", "UserWorkflow", "configure"]
 
 
 class _TemporalDispatcher:

@@ -27,10 +27,8 @@ from temporalio.exceptions import ApplicationError
 from engine.core.waits import Approval, WaitRequest, check_input_name, parse_text
 from engine.errors import GangflowError, InputError
 
-__all__ = ["APPROVE_UPDATE", "INPUT_UPDATE", "Waits"]
+__all__ = ["Waits"]
 
-INPUT_UPDATE = "gangflow_input"
-APPROVE_UPDATE = "gangflow_approve"
 _MAX_COMMENT = 2000
 
 

@@ -26,8 +26,8 @@ from temporalio.service import RPCError
 
 from engine.client import TenancyError, load_workflow_file, prepare_run, to_jsonable
 from engine.core.plugins import available_plugins, load_plugin
+from engine.core.protocol import TASK_QUEUE
 from engine.errors import DefinitionError, GangflowError, InputError, NodeNotFoundError
-from engine.runtime import TASK_QUEUE
 from engine.runtime.node import DRAIN_TIMEOUT_S
 from engine.scheduling.config import QueueConfigError
 from engine.scheduling.events import drain_request

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.core.protocol import PLATFORM_NAMESPACE, tenant_namespace
 from engine.executor.process import spawn
 from engine.scheduling.config import QueueConfig
-from workflows.platform import PLATFORM_NAMESPACE, tenant_namespace
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError
 from .render import print_unwrapped

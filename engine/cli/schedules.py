@@ -18,8 +18,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from engine.client import TenancyError, load_workflow_file
+from engine.core.protocol import TASK_QUEUE
 from engine.errors import DefinitionError, GangflowError, TypeMismatchError
-from engine.runtime import TASK_QUEUE
 from engine.schedule_spec import parse_duration
 from engine.schedules import (
     OVERLAP_POLICIES,

@@ -13,8 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from engine.core.protocol import tenant_namespace
 from engine.core.secrets import SECRET_NAME, check_secret_name
-from workflows.platform import tenant_namespace
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError
 from .render import console

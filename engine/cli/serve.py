@@ -23,8 +23,9 @@ from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError
 
 from engine.artifacts.store import default_artifact_root
-from engine.client import DEFAULT_TENANT, Client, load_workflow_file, prepare_run
+from engine.client import Client, load_workflow_file, prepare_run
 from engine.core.definitions import WorkflowDefinition
+from engine.core.protocol import DEFAULT_TENANT, PLATFORM_NAMESPACE, TASK_QUEUE, TenantRoute, tenant_namespace
 from engine.core.resources import parse_memory
 from engine.core.wire import Envelope
 from engine.errors import GangflowError, InputError
@@ -32,14 +33,13 @@ from engine.executor.gpus import detect_gpus
 from engine.executor.ports import free_port
 from engine.executor.process import spawn, stop_processes
 from engine.executor.standby import default_warm_modules
-from engine.runtime import TASK_QUEUE, DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
+from engine.runtime import DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
 from engine.runtime.codec_server import CodecServer
 from engine.runtime.encryption import keys_from_env
 from engine.runtime.node import DRAIN_TIMEOUT_S, NodeConfig, run_node
 from engine.runtime.platform import artifacts_for, build_gang_workers, ensure_endpoints
 from engine.runtime.secrets import SECRETS_DIR_ENV
 from engine.scheduling.config import QueueConfig, QueueConfigError
-from workflows.platform import PLATFORM_NAMESPACE, TenantRoute, tenant_namespace
 
 from .auth import dev_auth
 

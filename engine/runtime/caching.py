@@ -13,9 +13,9 @@ from typing import Any
 from temporalio import activity
 
 from engine.artifacts import cache_index
+from engine.core.protocol import CACHE_HIT, CACHE_LOOKUP, CACHE_RECORD
 from engine.runtime.activities import store_for
 from engine.types.codec import pack, unpack
-from workflows.caching import CACHE_HIT, CACHE_LOOKUP, CACHE_RECORD
 
 __all__ = ["CACHE_ACTIVITIES", "cache_hit", "cache_lookup", "cache_record"]
 

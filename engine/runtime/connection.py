@@ -19,17 +19,17 @@ from temporalio.common import SearchAttributeKey
 from temporalio.converter import DataConverter
 from temporalio.service import TLSConfig
 
+from engine.core.protocol import PIPELINE_ATTRIBUTE, SCHEDULED_BY_ATTRIBUTE, TENANT_ATTRIBUTE, tenant_namespace
 from engine.errors import InputError
 from engine.runtime.encryption import encrypting_converter, keys_from_env
-from workflows.platform import tenant_namespace
 
 __all__ = [
     "CREDENTIAL_ENV",
     "DEFAULT_ADDRESS",
     "DEFAULT_NAMESPACE",
     "PIPELINE",
+    "SCHEDULED_BY",
     "SEARCH_ATTRIBUTES",
-    "TASK_QUEUE",
     "TENANT",
     "Endpoint",
     "connect",
@@ -38,11 +38,10 @@ __all__ = [
 
 DEFAULT_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"
-#: the queue of the workflow + CPU task worker (activities on it are dispatched eagerly)
-TASK_QUEUE = "gangflow"
 
-PIPELINE = SearchAttributeKey.for_keyword("GangflowPipeline")
-TENANT = SearchAttributeKey.for_keyword("GangflowTenant")
+PIPELINE = SearchAttributeKey.for_keyword(PIPELINE_ATTRIBUTE)
+TENANT = SearchAttributeKey.for_keyword(TENANT_ATTRIBUTE)
+SCHEDULED_BY = SearchAttributeKey.for_keyword(SCHEDULED_BY_ATTRIBUTE)  # Temporal's own: not ours to register
 SEARCH_ATTRIBUTES = {PIPELINE.name: "Keyword", TENANT.name: "Keyword"}
 
 

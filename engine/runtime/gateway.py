@@ -37,8 +37,8 @@ import temporalio.api.workflowservice.v1 as workflow_api
 from google.protobuf.message import DecodeError, Message
 from temporalio.api.enums.v1 import CommandType
 
+from engine.core.protocol import gang_endpoint
 from engine.runtime.tokens import ROLES, Claims, TokenError, TokenVerifier
-from workflows.platform import gang_endpoint
 
 __all__ = ["UNAUTHORIZED", "Gateway", "authorized", "required_role"]
 

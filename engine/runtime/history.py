@@ -17,7 +17,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHandle
 from temporalio.converter import DataConverter, PayloadCodec
 
-from workflows.caching import CACHE_HIT, CACHE_LOOKUP, CACHE_RECORD, parse_hit_id
+from engine.core.protocol import CACHE_HIT, CACHE_LOOKUP, CACHE_RECORD, parse_hit_id
 
 __all__ = ["TaskRecord", "format_failure", "read_tasks"]
 

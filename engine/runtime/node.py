@@ -51,18 +51,31 @@ from engine.atomic import write_atomic
 from engine.checkpoint import NOTICE_FILE_ENV, NOTICE_SIGNAL_ENV
 from engine.core.definitions import TaskDefinition
 from engine.core.gang import NodeLaunch, base_rank_env
+from engine.core.protocol import (
+    DESCRIBE_QUERY,
+    DRAIN_NODE_UPDATE,
+    NOTICE,
+    PING,
+    PREEMPTED_TYPE,
+    REGISTER_NODE_SIGNAL,
+    REMOTE_COMMAND,
+    RESERVE_PORT,
+    RUN_RANKS,
+    SCHEDULER_ID,
+    SCHEDULER_TYPE,
+    TASK_QUEUE,
+    node_queue,
+)
 from engine.core.secrets import SecretError
 from engine.core.wire import Envelope
 from engine.executor.launcher import NodeGang, ProcessLaunch, RankFailure, runner_command
 from engine.executor.ports import free_port
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
-from engine.runtime.connection import CREDENTIAL_ENV, TASK_QUEUE
+from engine.runtime.connection import CREDENTIAL_ENV
 from engine.runtime.ranks import RankSaver, rank_details
 from engine.runtime.secrets import Redactor, materialize, resolve, task_environment
 from engine.types.codec import pack
-from workflows.gang import NOTICE, PING, PREEMPTED_TYPE, REMOTE_COMMAND, RESERVE_PORT, RUN_RANKS, node_queue
-from workflows.scheduler import SCHEDULER_ID, SCHEDULER_TYPE
 
 __all__ = ["DRAIN_TIMEOUT_S", "SELF_DRAIN_REASON", "NodeActivities", "NodeConfig", "register", "run_node"]
 
@@ -485,7 +498,7 @@ async def register(client: Client, config: NodeConfig) -> None:
         id=SCHEDULER_ID,
         task_queue=config.scheduler_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        start_signal="register_node",
+        start_signal=REGISTER_NODE_SIGNAL,
         start_signal_args=[spec],
     )
 
@@ -527,7 +540,7 @@ async def _set_drain(client: Client, config: NodeConfig, drained: bool) -> bool:
     payload = {"node_id": config.node_id, "drained": drained, "reason": SELF_DRAIN_REASON if drained else ""}
     try:
         handle = client.get_workflow_handle(SCHEDULER_ID)
-        await asyncio.wait_for(handle.execute_update("drain_node", payload), _DRAIN_ANSWER_S)
+        await asyncio.wait_for(handle.execute_update(DRAIN_NODE_UPDATE, payload), _DRAIN_ANSWER_S)
     except (TimeoutError, RPCError, TemporalError, WorkflowUpdateFailedError) as exc:
         log.warning(
             "node %s: the Scheduler did not take the %s: %s", config.node_id, "drain" if drained else "undrain", exc
@@ -540,7 +553,7 @@ async def _scheduler_view(client: Client, config: NodeConfig) -> dict[str, Any] 
     """What the Scheduler says of this node (``gangflow queue``'s entry), or None when it cannot say."""
     try:
         handle = client.get_workflow_handle(SCHEDULER_ID)
-        described = await asyncio.wait_for(handle.query("describe"), _DRAIN_ANSWER_S)
+        described = await asyncio.wait_for(handle.query(DESCRIBE_QUERY), _DRAIN_ANSWER_S)
     except (TimeoutError, RPCError, TemporalError) as exc:
         log.warning("node %s: could not read the Scheduler's view of this node: %s", config.node_id, exc)
         return None

@@ -21,7 +21,7 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from workflows.scheduler import CLOSED_OWNERS
+from engine.core.protocol import CLOSED_OWNERS
 
 __all__ = ["CALLER_MEMO", "closed_owners"]
 

@@ -21,20 +21,19 @@ from temporalio.api.operatorservice.v1 import CreateNexusEndpointRequest, ListNe
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from engine.core.wire import Envelope
-from engine.errors import GangflowError
-from engine.runtime.connection import TASK_QUEUE
-from engine.runtime.owners import CALLER_MEMO
-from workflows.gang import GANG_TYPE
-from workflows.platform import (
+from engine.core.protocol import (
+    GANG_TYPE,
     PLATFORM_NAMESPACE,
-    GangCall,
-    GangService,
+    TASK_QUEUE,
     gang_endpoint,
     gangs_queue,
     tenant_namespace,
     tenant_of_queue,
 )
+from engine.core.wire import Envelope
+from engine.errors import GangflowError
+from engine.runtime.owners import CALLER_MEMO
+from workflows.platform import GangCall, GangService
 
 __all__ = [
     "GangServiceHandler",

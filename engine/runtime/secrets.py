@@ -19,8 +19,8 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from engine.core.protocol import tenant_namespace
 from engine.core.secrets import MOUNTS_ENV, VALUES_ENV, Secret, SecretError, SecretNotFoundError
-from workflows.platform import tenant_namespace
 
 __all__ = [
     "SECRETS_DIR_ENV",

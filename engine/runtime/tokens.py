@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
 from engine.atomic import write_atomic
-from workflows.platform import PLATFORM_NAMESPACE, tenant_namespace
+from engine.core.protocol import PLATFORM_NAMESPACE, tenant_namespace
 
 __all__ = [
     "DEFAULT_TTL_S",

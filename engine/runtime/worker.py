@@ -10,16 +10,15 @@ from temporalio.client import Client
 from temporalio.worker import Replayer, Worker
 
 from engine.artifacts.loader import LOADER
+from engine.core.protocol import TASK_QUEUE, TenantRoute
 from engine.runtime import logs
 from engine.runtime.activities import configure_threads, run_task
 from engine.runtime.caching import CACHE_ACTIVITIES
-from engine.runtime.connection import TASK_QUEUE
 from engine.runtime.guard import GuardedWorkflowRunner
 from engine.runtime.owners import closed_owners
 from engine.runtime.prefetch import prefetching_client, prefetching_converter
 from workflows.gang import GangRun
 from workflows.mapping import MapChunk
-from workflows.platform import TenantRoute
 from workflows.scheduler import Scheduler
 from workflows.shell import UserWorkflow, configure
 

@@ -37,7 +37,6 @@ from engine.scheduling.events import (
 from engine.scheduling.model import (
     DEFAULT_LOST_NODE_WAIT_S,
     DEFAULT_NODE_TTL_S,
-    DEFAULT_TENANT,
     GangRequest,
     NodeAssignment,
     NodeSpec,
@@ -49,7 +48,6 @@ __all__ = [
     "DEFAULT_LOST_NODE_WAIT_S",
     "DEFAULT_NODE_TTL_S",
     "DEFAULT_QUEUE_CONFIG",
-    "DEFAULT_TENANT",
     "Admitted",
     "CohortConfig",
     "ConfigApplied",

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.core.protocol import DEFAULT_TENANT
+
 __all__ = [
     "DEFAULT_LOST_NODE_WAIT_S",
     "DEFAULT_NODE_TTL_S",
-    "DEFAULT_TENANT",
     "Frozen",
     "GangRequest",
     "NodeAssignment",
@@ -25,9 +26,6 @@ __all__ = [
 DEFAULT_NODE_TTL_S = 20.0
 #: how long a gang waits for lost nodes (a cluster restarting after maintenance) before it is rejected
 DEFAULT_LOST_NODE_WAIT_S = 600.0
-#: the tenant of runs that name none, and the only tenant when no queue configuration is applied
-DEFAULT_TENANT = "default"
-
 
 class Frozen(BaseModel):
     """Base of every scheduling model: immutable, no unknown keys, no NaN/inf (they are not JSON)."""

@@ -23,8 +23,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 
 from engine.artifacts.loader import install_bundle
+from engine.core.protocol import TenantRoute
 from engine.core.wire import CodeRef, Envelope
-from workflows.platform import TenantRoute
 
 __all__ = [
     "BUNDLES",

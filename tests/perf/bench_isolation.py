@@ -123,7 +123,7 @@ def main(args: Any) -> None:
     import record
 
     from engine.client import load_workflow_file
-    from workflows.platform import PLATFORM_NAMESPACE
+    from engine.core.protocol import PLATFORM_NAMESPACE
 
     scratch = Path(tempfile.mkdtemp(prefix="gangflow-bench-isolation-"))
     os.environ["GANGFLOW_CACHE"] = str(scratch / "client-cache")

@@ -79,7 +79,7 @@ from typing import Any
 
 from temporalio import workflow
 
-from workflows.scheduler import (
+from engine.core.protocol import (
     CLOSED_OWNERS,
     PENDING_SIGNAL,
     PLACEMENT_SIGNAL,

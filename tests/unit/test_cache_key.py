@@ -222,7 +222,7 @@ def test_gangflow_cache_list_and_clear(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_the_hit_marker_names_the_task_and_the_source_run() -> None:
-    from workflows.caching import hit_id, parse_hit_id
+    from engine.core.protocol import hit_id, parse_hit_id
 
     assert parse_hit_id(hit_id("gang", "train", "nightly:2026-12-01")) == ("gang", "train", "nightly:2026-12-01")
     assert parse_hit_id("train-1#1") is None and parse_hit_id("cached:task") is None

@@ -1,0 +1,192 @@
+"""The wire protocol: every name the workflows, the client, the runtime and the node agents share.
+
+Workflow types and ids, signal / query / update names, activity types, task queues, namespaces, search
+attribute names and the one tenant-name rule live here once, so that the client and the CLI never import
+``workflows/`` (and with it ``temporalio.workflow``) to get a constant, and a name cannot drift between
+the side that sends and the side that receives. Pure: the standard library only, safe in the sandbox.
+
+Every string here is on the wire (in histories, in running workflows, in operators' scripts): changing one
+is a protocol break that recorded histories in ``tests/histories`` catch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "APPLY_QUEUES_UPDATE",
+    "APPROVE_UPDATE",
+    "CACHE_HIT",
+    "CACHE_LOOKUP",
+    "CACHE_RECORD",
+    "CLOSED_OWNERS",
+    "DEFAULT_TENANT",
+    "DESCRIBE_QUERY",
+    "DRAIN_NODE_UPDATE",
+    "GANGS_QUEUE_PREFIX",
+    "GANGS_SERVICE",
+    "GANG_TYPE",
+    "INPUT_UPDATE",
+    "MAP_CHUNK_TYPE",
+    "NODE_LOST_SIGNAL",
+    "NOTICE",
+    "PENDING_SIGNAL",
+    "PING",
+    "PIPELINE_ATTRIBUTE",
+    "PLACEMENT_SIGNAL",
+    "PLATFORM_NAMESPACE",
+    "PREEMPTED_TYPE",
+    "PREEMPT_SIGNAL",
+    "PROGRESS_QUERY",
+    "QUEUES_QUERY",
+    "REGISTER_NODE_SIGNAL",
+    "REJECTED_SIGNAL",
+    "RELEASE_SIGNAL",
+    "REMOTE_COMMAND",
+    "RESERVE_PORT",
+    "RUN_RANKS",
+    "SCHEDULED_BY_ATTRIBUTE",
+    "SCHEDULER_ID",
+    "SCHEDULER_TYPE",
+    "STATUS_QUERY",
+    "SUBMIT_SIGNAL",
+    "TASK_QUEUE",
+    "TENANT_ATTRIBUTE",
+    "TENANT_MAX_LENGTH",
+    "TenantRoute",
+    "check_tenant",
+    "gang_endpoint",
+    "gangs_queue",
+    "hit_id",
+    "node_queue",
+    "parse_hit_id",
+    "tenant_namespace",
+    "tenant_of_queue",
+]
+
+# -- task queues, namespaces, search attributes ---------------------------------------------------
+#: the queue of the workflow + CPU task worker unless told otherwise (activities on it are dispatched eagerly)
+TASK_QUEUE = "gangflow"
+#: where the Scheduler, the gangs and the node agents' queues live (DESIGN.md, "Sharing a cluster")
+PLATFORM_NAMESPACE = "gangflow-system"
+#: the tenant of a run that names none (shared layout, no queue configuration)
+DEFAULT_TENANT = "default"
+PIPELINE_ATTRIBUTE = "GangflowPipeline"  # keyword: the user workflow's name
+TENANT_ATTRIBUTE = "GangflowTenant"  # keyword: the run's tenant
+SCHEDULED_BY_ATTRIBUTE = "TemporalScheduledById"  # keyword Temporal sets on a run a schedule started
+
+
+def node_queue(node_id: str) -> str:
+    """The task queue one node agent polls: a node launch reaches exactly that node."""
+    return f"node/{node_id}"
+
+
+# -- the tenant-name rule -------------------------------------------------------------------------
+#: a tenant is a DNS-1123 label short enough that its namespace ``gf-<tenant>`` is one too (63 at most)
+TENANT_MAX_LENGTH = 60
+_TENANT = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def check_tenant(tenant: str, what: str = "tenant") -> str:
+    """``tenant`` if it is a valid tenant name, else ValueError naming the rule: one rule for the queue
+    configuration, the namespaces, the Nexus endpoints and the CLI."""
+    if len(tenant) > TENANT_MAX_LENGTH or not _TENANT.fullmatch(tenant):
+        raise ValueError(
+            f"{what} {tenant!r} is not a DNS-1123 label of at most {TENANT_MAX_LENGTH} characters (lowercase "
+            "letters, digits and '-', starting and ending with a letter or digit; its namespace gf-<tenant> "
+            "must be one too)"
+        )
+    return tenant
+
+
+def tenant_namespace(tenant: str) -> str:
+    """The Temporal namespace of a tenant (its name, as in a queue configuration, checked)."""
+    return f"gf-{check_tenant(tenant)}"
+
+
+# -- the platform's Nexus service (workflows/platform.py holds its operation types) ---------------
+GANGS_SERVICE = "gangflow.Gangs"
+GANGS_QUEUE_PREFIX = "gangs/"
+
+
+def gang_endpoint(tenant: str) -> str:
+    """The tenant's Nexus endpoint (the dev gateway lets namespace ``gf-<tenant>`` use this one only)."""
+    return f"gf-{tenant}-gangs"
+
+
+def gangs_queue(tenant: str) -> str:
+    """The platform task queue the tenant's endpoint targets: the handler's only source for the tenant."""
+    return f"{GANGS_QUEUE_PREFIX}{tenant}"
+
+
+def tenant_of_queue(task_queue: str) -> str | None:
+    tenant = task_queue.removeprefix(GANGS_QUEUE_PREFIX)
+    return tenant if task_queue.startswith(GANGS_QUEUE_PREFIX) and tenant else None
+
+
+@dataclass(frozen=True)
+class TenantRoute:
+    """A tenant worker's configuration (``gangflow worker --tenant``), pinned over what a client declares:
+    the run's tenant and artifact root, and the endpoint its gangs go through."""
+
+    tenant: str
+    artifacts: str
+
+    @property
+    def endpoint(self) -> str:
+        return gang_endpoint(self.tenant)
+
+
+# -- the Scheduler workflow -----------------------------------------------------------------------
+SCHEDULER_ID = "gangflow-scheduler"
+SCHEDULER_TYPE = "GangflowScheduler"
+REGISTER_NODE_SIGNAL = "register_node"  # signal: a node agent's capacity, also its liveness
+NODE_LOST_SIGNAL = "node_lost"  # signal: a gang saw a node's activity time out
+SUBMIT_SIGNAL = "submit"  # signal: a gang request
+RELEASE_SIGNAL = "release"  # signal: free a placement or withdraw a queued request
+APPLY_QUEUES_UPDATE = "apply_queues"  # update: a new queue configuration
+DRAIN_NODE_UPDATE = "drain_node"  # update: start or end a node's drain
+DESCRIBE_QUERY = "describe"  # query: nodes, running and pending gangs
+QUEUES_QUERY = "queues"  # query: tenants' usage and the configuration
+
+# -- the gang workflow (one distributed task call) ------------------------------------------------
+GANG_TYPE = "GangRun"
+PLACEMENT_SIGNAL = "placement"  # signal from the Scheduler: where the gang runs
+REJECTED_SIGNAL = "rejected"  # signal from the Scheduler: the request can never be placed
+PENDING_SIGNAL = "pending"  # signal from the Scheduler: why it waits
+PREEMPT_SIGNAL = "preempt"  # signal from the Scheduler: the preemption notice
+REMOTE_COMMAND = "remote_command"  # signal and query: MPI's remote-shell hook between agents
+STATUS_QUERY = "status"  # query: phase, attempt, placement, ranks
+#: the error type a rank's attempt ends with when it was preempted (never spends a restart)
+PREEMPTED_TYPE = "RankPreempted"
+MAP_CHUNK_TYPE = "MapChunk"
+
+# -- the user-workflow shell ----------------------------------------------------------------------
+PROGRESS_QUERY = "gangflow_progress"  # query: task calls and their state
+INPUT_UPDATE = "gangflow_input"  # update: a value for wait_for_input
+APPROVE_UPDATE = "gangflow_approve"  # update: an answer for approve
+
+# -- activity types -------------------------------------------------------------------------------
+RUN_RANKS = "gangflow.run_ranks"  # a node launch, on the node's queue
+RESERVE_PORT = "gangflow.reserve_port"
+PING = "gangflow.ping"
+NOTICE = "gangflow.notice"  # hand a preemption notice to a node's ranks
+CLOSED_OWNERS = "gangflow.closed_owners"
+CACHE_LOOKUP = "gangflow.cache.lookup"
+CACHE_RECORD = "gangflow.cache.record"
+CACHE_HIT = "gangflow.cache.hit"
+
+
+def hit_id(kind: str, task: str, run_id: str) -> str:
+    """The hit marker's activity id: ``cached:<kind>:<task>:<run>`` (task names have no colon; the run id,
+    which may, comes last)."""
+    return f"cached:{kind}:{task}:{run_id}"
+
+
+def parse_hit_id(activity_id: str) -> tuple[str, str, str] | None:
+    """(kind, task, run id) of a hit marker's id, None for anything else."""
+    parts = activity_id.split(":", 3)
+    if len(parts) != 4 or parts[0] != "cached":
+        return None
+    return parts[1], parts[2], parts[3]
