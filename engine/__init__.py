@@ -9,7 +9,6 @@ await engine.approve("promote?"), await engine.wait_for_input("threshold", float
 Annotated[pd.DataFrame, Schema(x="float64")] for a checked DataFrame input or output
 """
 
-from engine.checkpoint import Preemption, preemption
 from engine.core import (
     DefinitionError,
     GangflowError,
@@ -28,7 +27,8 @@ from engine.core.mapping import map as map  # not in __all__: `from engine impor
 from engine.core.plugins import available_plugins, plugin
 from engine.core.secrets import Secret, secret
 from engine.core.waits import Approval, Rejected, WaitTimedOut, approve, wait_for_input
-from engine.progress import report
+from engine.rank import Preemption, preemption
+from engine.rank.progress import report
 from engine.types import Directory, File, Schema
 
 __all__ = [

@@ -14,7 +14,7 @@ from conftest import ROOT, gangflow_cli, make_client, run, until
 from engine.cli.app import build_parser
 from engine.cli.common import CliError
 from engine.cli.schedules import cmd_schedule
-from engine.schedules import Schedules
+from engine.client._schedules import Schedules
 
 EXAMPLE = str(ROOT / "examples" / "scheduled_report.py") + ":report"
 

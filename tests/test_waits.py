@@ -15,8 +15,8 @@ from conftest import ROOT, gangflow_cli, make_client, run, until
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowFailureError
 
+from engine.client import InputRefused, RunNotWaiting, approve, send_input, waiting
 from engine.runtime.worker import build_replayer
-from engine.waits import InputRefused, RunNotWaiting, approve, send_input, waiting
 
 sys.path.insert(0, str(ROOT / "examples"))
 import approval_pipeline

@@ -25,9 +25,9 @@ from temporalio.exceptions import (
 )
 
 from engine.core.definitions import TaskDefinition, WorkflowDefinition
+from engine.core.protocol import TenantRoute
 from engine.core.resources import NEVER_RETRIED, Retry
 from engine.core.wire import CodeRef, Envelope, RunContext
-from workflows.platform import TenantRoute
 
 __all__ = [
     "SYSTEM_RETRIES",

@@ -18,31 +18,10 @@ from dataclasses import dataclass
 
 import nexusrpc
 
-from engine.core.protocol import (
-    GANGS_QUEUE_PREFIX,
-    GANGS_SERVICE,
-    PLATFORM_NAMESPACE,
-    TenantRoute,
-    gang_endpoint,
-    gangs_queue,
-    tenant_namespace,
-    tenant_of_queue,
-)
+from engine.core.protocol import GANGS_SERVICE
 from workflows.gang import GangSpec
 
-# the shared names live in engine.core.protocol; re-exported here for the code that reads them from here
-__all__ = [
-    "GANGS_QUEUE_PREFIX",
-    "GANGS_SERVICE",
-    "PLATFORM_NAMESPACE",
-    "GangCall",
-    "GangService",
-    "TenantRoute",
-    "gang_endpoint",
-    "gangs_queue",
-    "tenant_namespace",
-    "tenant_of_queue",
-]
+__all__ = ["GangCall", "GangService"]
 
 
 @dataclass(frozen=True)

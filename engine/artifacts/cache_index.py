@@ -7,7 +7,7 @@ a root never read each other's entries. The artifacts themselves stay where they
 refers to them, and :func:`lookup` checks each is still there with its sha256 before handing the entry out
 (a cached result whose model file was deleted or damaged is a miss, never returned).
 
-Writes are atomic (a reader sees a whole entry or none): ``engine.atomic`` on a local root, the store's own
+Writes are atomic (a reader sees a whole entry or none): ``engine.core.atomic`` on a local root, the store's own
 publish (a temporary object moved into place) on a remote one.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.artifacts.store import ArtifactStore
-from engine.atomic import write_atomic
+from engine.core.atomic import write_atomic
 
 __all__ = [
     "CacheEntry",

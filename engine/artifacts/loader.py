@@ -73,7 +73,7 @@ import fsspec
 
 from engine.artifacts.bundle import EXECUTABLE
 from engine.artifacts.store import ArtifactStore
-from engine.atomic import publishing
+from engine.core.atomic import publishing
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, source_file
 from engine.core.wire import CodeRef
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import fsspec
 
-from engine.atomic import publishing, write_atomic
+from engine.core.atomic import publishing, write_atomic
 from engine.types.files import Artifact, Directory
 
 __all__ = ["ArtifactStore", "CacheKind", "cache_dir", "cache_path", "default_artifact_root", "store_key"]
@@ -171,7 +171,7 @@ class ArtifactStore:
 
     def _publish(self, target: str, write: Callable[[str], object]) -> None:
         """``write`` a temporary object beside ``target``, then move it there: a reader never sees half an
-        object (the remote stores' counterpart of engine.atomic)."""
+        object (the remote stores' counterpart of engine.core.atomic)."""
         self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         tmp = f"{target}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
         write(tmp)

@@ -18,12 +18,12 @@ from temporalio.service import RPCError
 
 from engine.artifacts.store import ArtifactStore
 from engine.client import Client, RunInfo
-from engine.rankview import rank_rows
+from engine.rank.view import rank_rows
 from engine.runtime.ranks import last_attempt_ranks
 
 __all__ = ["RankView", "rank_views", "with_ranks"]
 
-#: a task's rank view: {"gang_id", "attempt", "live", "ranks": [engine.rankview rows]}
+#: a task's rank view: {"gang_id", "attempt", "live", "ranks": [engine.rank.view rows]}
 RankView = dict[str, Any]
 
 

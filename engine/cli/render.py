@@ -16,7 +16,7 @@ from rich.table import Table
 
 from engine.client import RunInfo, to_jsonable
 from engine.core.waits import duration_text
-from engine.rankview import format_age, format_metrics
+from engine.rank.view import format_age, format_metrics
 from engine.runtime.history import TaskRecord
 
 __all__ = [

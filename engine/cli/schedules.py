@@ -18,10 +18,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from engine.client import TenancyError, load_workflow_file
-from engine.core.protocol import TASK_QUEUE
-from engine.errors import DefinitionError, GangflowError, TypeMismatchError
-from engine.schedule_spec import parse_duration
-from engine.schedules import (
+from engine.client._schedule_spec import parse_duration
+from engine.client._schedules import (
     OVERLAP_POLICIES,
     ScheduleInfo,
     ScheduleNotFoundError,
@@ -29,6 +27,8 @@ from engine.schedules import (
     Schedules,
     prepare_schedule,
 )
+from engine.core.protocol import TASK_QUEUE
+from engine.errors import DefinitionError, GangflowError, TypeMismatchError
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError, client_for
 from .params import parse_params, split_run_argv

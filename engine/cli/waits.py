@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from engine.waits import InputRefused, RunNotWaiting, approve, send_input
+from engine.client import InputRefused, RunNotWaiting, approve, send_input
 
 from .common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError, client_for
 from .render import console, print_json

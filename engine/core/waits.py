@@ -185,7 +185,7 @@ async def wait_for_input(
     name: str, type_: type[T] | Any, *, timeout: float | timedelta | None = None, prompt: str | None = None
 ) -> T:
     """Wait for a value of type ``type_`` sent with ``gangflow input RUN NAME VALUE`` (or
-    ``engine.waits.send_input``) and return it; a timeout raises :class:`WaitTimedOut`. ``prompt`` is shown
+    ``engine.client.send_input``) and return it; a timeout raises :class:`WaitTimedOut`. ``prompt`` is shown
     with the wait (``gangflow status``)."""
     check_input_name(name)
     if prompt is not None and (not isinstance(prompt, str) or len(prompt) > 500):

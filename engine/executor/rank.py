@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.artifacts.loader import LOADER
 from engine.artifacts.store import ArtifactStore
-from engine.atomic import write_atomic
+from engine.core.atomic import write_atomic
 from engine.core.definitions import TaskDefinition
 from engine.core.gang import RankContext
 from engine.core.wire import Envelope

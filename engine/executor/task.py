@@ -23,7 +23,7 @@ from typing import Any
 
 from engine.artifacts.loader import LOADER, CodeNotFoundError
 from engine.artifacts.store import ArtifactStore
-from engine.atomic import write_atomic
+from engine.core.atomic import write_atomic
 from engine.core.definitions import TaskDefinition
 from engine.core.wire import Envelope
 from engine.errors import GangflowError

@@ -47,8 +47,7 @@ from temporalio.worker import Worker
 
 from engine.artifacts.loader import LOADER
 from engine.artifacts.store import cache_dir
-from engine.atomic import write_atomic
-from engine.checkpoint import NOTICE_FILE_ENV, NOTICE_SIGNAL_ENV
+from engine.core.atomic import write_atomic
 from engine.core.definitions import TaskDefinition
 from engine.core.gang import NodeLaunch, base_rank_env
 from engine.core.protocol import (
@@ -71,6 +70,7 @@ from engine.core.wire import Envelope
 from engine.executor.launcher import NodeGang, ProcessLaunch, RankFailure, runner_command
 from engine.executor.ports import free_port
 from engine.executor.standby import StandbyPool
+from engine.rank import NOTICE_FILE_ENV, NOTICE_SIGNAL_ENV
 from engine.runtime.activities import store_for
 from engine.runtime.connection import CREDENTIAL_ENV
 from engine.runtime.ranks import RankSaver, rank_details

@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.artifacts.store import ArtifactStore
 from engine.executor.launcher import NodeGang
-from engine.rankview import rank_rows, summary_line
+from engine.rank.view import rank_rows, summary_line
 
 __all__ = ["SAVE_EVERY_S", "RankSaver", "last_attempt_ranks", "rank_details", "save_ranks"]
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 def rank_details(node_id: str, gang: NodeGang) -> dict[str, Any]:
-    """The heartbeat details of one node's ranks (the shape ``engine.rankview`` reads)."""
+    """The heartbeat details of one node's ranks (the shape ``engine.rank.view`` reads)."""
     ranks = {
         str(launch.context.rank): proc.pid
         for launch, proc in zip(gang.ranks, gang.procs, strict=False)

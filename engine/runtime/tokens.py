@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
-from engine.atomic import write_atomic
+from engine.core.atomic import write_atomic
 from engine.core.protocol import PLATFORM_NAMESPACE, tenant_namespace
 
 __all__ = [

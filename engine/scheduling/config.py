@@ -69,6 +69,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, PrivateAttr, ValidationError, field_validator, model_validator
 
+from engine.core.protocol import check_tenant
 from engine.scheduling.model import Frozen
 from engine.scheduling.units import MILLI, cpus_of, parse_cpu, parse_duration, parse_gpu, parse_mem
 
@@ -192,7 +193,7 @@ class TenantConfig(Frozen):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        return _check_label(value, "tenant name")
+        return check_tenant(value, "tenant name")  # the one rule, so its namespace gf-<name> is valid too
 
     @field_validator("weight", mode="before")
     @classmethod

@@ -58,15 +58,19 @@ from conftest import NodeAgent, WorkerProcess  # noqa: E402
 from temporalio.client import WorkflowFailureError  # noqa: E402
 from temporalio.service import RPCError  # noqa: E402
 
-from engine.client import Client  # noqa: E402
+from engine.client import (  # noqa: E402
+    Client,
+    approve,
+    send_input,
+    waiting,
+)
+from engine.client._schedules import ScheduleOptions, Schedules  # noqa: E402
 from engine.core.protocol import (  # noqa: E402
     PLATFORM_NAMESPACE,
     SCHEDULER_ID,
     tenant_namespace,
 )
 from engine.runtime import DevServer, Endpoint, connect  # noqa: E402
-from engine.schedules import ScheduleOptions, Schedules  # noqa: E402
-from engine.waits import approve, send_input, waiting  # noqa: E402
 
 #: the tenant of the isolated scenario
 TENANT = "team-a"

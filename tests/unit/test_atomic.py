@@ -1,4 +1,4 @@
-"""engine.atomic: a file or folder appears whole under its name, or not at all."""
+"""engine.core.atomic: a file or folder appears whole under its name, or not at all."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.atomic import TEMP_PREFIX, publishing, write_atomic
+from engine.core.atomic import TEMP_PREFIX, publishing, write_atomic
 
 
 def leftovers(folder: Path) -> list[str]:

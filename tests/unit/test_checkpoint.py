@@ -144,9 +144,11 @@ def test_the_notice_signal_and_file_reach_a_rank_that_checks(tmp_path, notice_si
 def test_a_notice_file_alone_is_seen(tmp_path, monkeypatch):
     """Where the signal cannot reach the handler (a framework took the signal over), the file still tells."""
     notice = tmp_path / "notice.json"
-    monkeypatch.setenv(checkpoint.NOTICE_FILE_ENV, str(notice))
-    monkeypatch.setattr(checkpoint, "_stop", False)
-    monkeypatch.setattr(checkpoint, "_watching", True)  # no handler in the test process itself
+    from engine.rank import checkpoint as state  # the module behind the engine.checkpoint facade
+
+    monkeypatch.setenv(state.NOTICE_FILE_ENV, str(notice))
+    monkeypatch.setattr(state, "_stop", False)
+    monkeypatch.setattr(state, "_watching", True)  # no handler in the test process itself
     assert not checkpoint.stop_requested()
     notice.write_text(json.dumps(NOTICE))
     assert checkpoint.stop_requested()

@@ -358,7 +358,7 @@ BAD_CONFIGS = [
     pytest.param("tenants: [{name: Team_A}]", "tenants[0].name: tenant name 'Team_A' is not a DNS-1123", "", id="dns"),
     pytest.param("tenants: [{name: -a}]", "tenants[0].name: ", "DNS-1123", id="dns-dash"),
     pytest.param("tenants: [{name: ''}]", "tenants[0].name: ", "DNS-1123", id="dns-empty"),
-    pytest.param(f"tenants: [{{name: {'a' * 64}}}]", "tenants[0].name: ", "at most 63", id="dns-long"),
+    pytest.param(f"tenants: [{{name: {'a' * 61}}}]", "tenants[0].name: ", "at most 60", id="dns-long"),
     pytest.param(
         "cohorts: [{name: My Cohort}]\ntenants: [{name: a}]", "cohorts[0].name: ", "DNS-1123", id="cohort-dns"
     ),

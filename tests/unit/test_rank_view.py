@@ -16,7 +16,7 @@ from engine.cli import render
 from engine.cli.logs import LogTail, wanted
 from engine.cli.ranks import with_ranks
 from engine.client import RunInfo
-from engine.rankview import format_age, format_metrics, rank_rows, summary_line
+from engine.rank.view import format_age, format_metrics, rank_rows, summary_line
 from engine.runtime.history import TaskRecord
 from engine.runtime.ranks import last_attempt_ranks, save_ranks
 from engine.scheduling import NodeAssignment

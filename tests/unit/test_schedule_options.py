@@ -15,11 +15,8 @@ from engine.cli.app import build_parser
 from engine.cli.common import CliError
 from engine.cli.schedules import cmd_schedule, split_create_argv
 from engine.client import load_workflow_file, start_options
-from engine.core.wire import RunContext
-from engine.errors import InputError
-from engine.runtime.connection import PIPELINE, TENANT
-from engine.schedule_spec import check_cron, parse_duration
-from engine.schedules import (
+from engine.client._schedule_spec import check_cron, parse_duration
+from engine.client._schedules import (
     OVERLAP_POLICIES,
     ScheduleOptions,
     _schedule,
@@ -28,6 +25,9 @@ from engine.schedules import (
     overlap_policy,
     prepare_schedule,
 )
+from engine.core.wire import RunContext
+from engine.errors import InputError
+from engine.runtime.connection import PIPELINE, TENANT
 from workflows.scheduled import own_run_context
 
 ROOT = Path(__file__).resolve().parents[2]

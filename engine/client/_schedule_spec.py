@@ -4,7 +4,7 @@ Temporal reads cron expressions as robfig/cron does, plus a year field: 5 fields
 month day-of-week), 6 (… year) or 7 (second … year); ``@daily``-style shortcuts and ``@every 90m``; an
 optional ``CRON_TZ=Europe/Paris`` prefix. This check refuses what is certainly wrong (a field out of range,
 a wrong number of fields, an unknown name), naming the expression and the field; anything subtler is left to
-Temporal, whose refusal is reported the same way (``engine.schedules``).
+Temporal, whose refusal is reported the same way (``engine.client.Schedules``).
 """
 
 from __future__ import annotations

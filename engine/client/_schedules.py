@@ -36,12 +36,13 @@ from temporalio.client import (
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from engine.client import Client, prepare_run, start_options
+from engine.client._client import Client
+from engine.client._prepare import prepare_run, start_options
+from engine.client._schedule_spec import check_cron
 from engine.core.definitions import WorkflowDefinition
 from engine.core.wire import Envelope
 from engine.errors import GangflowError, InputError
 from engine.runtime.connection import PIPELINE, TENANT
-from engine.schedule_spec import check_cron
 
 __all__ = [
     "MIN_CATCHUP_WINDOW",

@@ -4,8 +4,7 @@ The answer goes to the run as a Workflow Update; the run's validator judges it a
 now, so a refusal (a wrong type, a name it does not wait for, a second value) raises :class:`InputRefused`
 here with the run's reason, and the run keeps waiting. ``waiting(client, run)`` says what a run waits for.
 
-    from engine.client import Client
-    from engine.waits import approve, send_input
+    from engine.client import Client, approve, send_input
 
     client = await Client.connect()
     await send_input(client, run_id, "threshold", 0.93)
@@ -22,7 +21,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from engine.client import Client
+from engine.client._client import Client
 from engine.core.protocol import APPROVE_UPDATE, INPUT_UPDATE
 from engine.errors import GangflowError, InputError
 

@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from engine.atomic import write_atomic
+from engine.core.atomic import write_atomic
 
 __all__ = ["report"]
 

@@ -1,6 +1,6 @@
 """Preparing a run, before anything is sent to Temporal: load the workflow file, validate the inputs against its
 signature, pack its code into a content-addressed bundle, and check the tenant and priority classes against the
-cluster's queue configuration (``check_tenancy``). ``Client.start`` and schedules (engine.schedules) start what
+cluster's queue configuration (``check_tenancy``). ``Client.start`` and schedules (engine.client.Schedules) start what
 ``prepare_run`` returns, with the options ``start_options`` gives.
 """
 
@@ -156,7 +156,8 @@ def prepare_run(
 
 def start_options(defn: WorkflowDefinition, envelope: Envelope) -> dict[str, Any]:
     """Temporal's start options for a prepared run (argument, id, memo, search attributes, summary), apart from
-    the workflow type and task queue: one place, so a scheduled run (engine.schedules) starts what ``start`` does."""
+    the workflow type and task queue: one place, so a scheduled run (engine.client.Schedules) starts what
+    ``start`` does."""
     memo: dict[str, Any] = {"artifacts": envelope.run.artifacts, "bundle": envelope.code.bundle_sha}
     if envelope.run.priority is not None:
         memo["priority"] = envelope.run.priority
