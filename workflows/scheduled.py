@@ -1,4 +1,4 @@
-"""A run started by a Temporal Schedule gets its own run id (``gangflow schedule``, engine/schedules.py).
+"""A run started by a Temporal Schedule gets its own run id (``gangflow schedule``, engine/client/_schedules.py).
 
 A schedule stores one envelope, built when it was created, and Temporal starts each of its runs as
 ``<schedule>-<time>`` with that same envelope, whose run id is the schedule's name. Every run must have its

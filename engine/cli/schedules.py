@@ -1,5 +1,5 @@
 """``gangflow schedule create|list|pause|resume|delete|trigger|describe``: pipelines on a cron, on Temporal
-Schedules (engine/schedules.py).
+Schedules (engine/client/_schedules.py).
 
 ``create`` takes the workflow's parameters on its command line, as ``gangflow run`` does (``--name value``,
 after a ``--`` separator, or ``--input-json``): argparse cannot tell them from its own options, so the

@@ -4,7 +4,7 @@ Its activity type is the task's name (what the Web UI shows). It loads the task'
 bundle, downloads File / Directory inputs, runs the body in a thread while heartbeating (so a worker
 that dies is noticed within the heartbeat timeout and a cancel arrives promptly), captures the task's
 output into the run's log folder, validates and encodes the result, and uploads File / Directory outputs.
-A task that declares secrets runs in a process of its own instead (engine.runtime.isolated).
+A task that declares secrets runs in a process of its own instead (engine.runtime.task_process).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from engine.core.wire import Envelope
 from engine.errors import GangflowError
 from engine.executor.task import call_body
 from engine.runtime import logs
-from engine.runtime.isolated import TaskProcess, run_in_process
+from engine.runtime.task_process import TaskProcess, run_in_process
 from engine.types.codec import check_payload_size, pack
 
 __all__ = ["configure_threads", "run_task", "store_for"]
@@ -95,7 +95,7 @@ def _execute(envelope: Envelope, info: activity.Info, blob: bytes, child: TaskPr
         defn = LOADER.load(envelope.code, store)  # the bundle must be in the run's store; cached in its cache
         if not isinstance(defn, TaskDefinition):
             raise CodeNotFoundError(f"{envelope.code.qualname} is not a @task")
-        if defn.secrets:  # its own process, the only one that gets the values (engine.runtime.isolated)
+        if defn.secrets:  # its own process, the only one that gets the values (engine.runtime.task_process)
             log = _TaskLog(store, envelope.run.run_id, defn.name, info)
             try:
                 return run_in_process(envelope, blob, defn, log, child)
