@@ -5,7 +5,7 @@
     gangflow run examples/multitenant.py:pipeline --tenant team-a --detach   # 2 more, borrowed from team-b
     gangflow queues show                                                      # team-a borrowed 2, team-b lent 2
     gangflow run examples/multitenant.py:pipeline --tenant team-b            # team-b takes its quota back
-    gangflow queue                                                            # one team-a gang was preempted
+    gangflow cluster                                                          # one team-a gang was preempted
 
 Each run trains one gang of 2 ranks on one node, 1 GPU slot each (on a machine without GPUs the ranks
 train on CPU with gloo and only the slots are accounted). The preempted team-a gang gets a notice

@@ -533,4 +533,4 @@ def test_every_gangflow_command_line_in_the_sbatch_script_parses() -> None:
         words = [samples.get(w, w) for w in shlex.split(line) if not w.startswith("$GF_")]  # the operator's options
         build_parser().parse_args(words)
         commands.add(words[0])
-    assert commands == {"node", "worker", "queue", "run"}
+    assert commands == {"node", "worker", "cluster", "run"}

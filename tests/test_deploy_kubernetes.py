@@ -539,7 +539,7 @@ def test_apply_dev_overlay_to_a_real_cluster() -> None:
         expected, nodes = {"gangflow-node-cpu-0", "gangflow-node-cpu-1"}, set[str]()
         deadline = time.monotonic() + 60  # the agents register every 5 s
         while not expected <= nodes and time.monotonic() < deadline:
-            queue = run("-n", ns, "exec", "deploy/gangflow-worker", "--", "gangflow", "queue", "--json")
+            queue = run("-n", ns, "exec", "deploy/gangflow-worker", "--", "gangflow", "cluster", "--json")
             nodes = {n["node_id"] for n in json.loads(queue.stdout).get("nodes", [])}
             time.sleep(2)
         assert expected <= nodes, f"the Scheduler knows the nodes {sorted(nodes)}"

@@ -171,7 +171,7 @@ def test_pending_gang_says_why_and_queue_shows_it(server, worker, cluster, artif
             assert time.monotonic() < deadline, tasks
             await asyncio.sleep(0.3)
         assert "needs 4 GPUs on 2 nodes" in tasks[0]["detail"]
-        queue = cli("queue")
+        queue = cli("cluster")
         assert [g["gang_id"] for g in queue["running"]] == [f"{holder}.whole_cluster-1"]
         assert [g["gang_id"] for g in queue["pending"]] == [f"{waiting}.ddp_train-1"]
         assert queue["totals"]["gpus_free"] == 0

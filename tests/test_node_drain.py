@@ -1,6 +1,6 @@
 """``gangflow node drain|undrain`` as an operator types it, on a stack of its own (a server, a worker and two
 node agents with two GPU slots each, a Scheduler that continues as new every few events): a drained idle
-node shows in ``gangflow queue`` with its reason and stays drained across its agent's restart and the
+node shows in ``gangflow cluster`` with its reason and stays drained across its agent's restart and the
 Scheduler's continue-as-new; a gang that needs its GPUs waits with a reason naming it (never
 rejected), and starts once the node is undrained; an unknown node and a ``gangflow node`` with neither
 ``--node-id`` nor an action are refused with exit 2 and a clear message.
@@ -58,7 +58,7 @@ def cli_json(stack: Stack, *args: str) -> Any:
 
 
 def node_entry(stack: Stack, node_id: str) -> dict[str, Any]:
-    entry: dict[str, Any] = next(n for n in cli_json(stack, "queue")["nodes"] if n["node_id"] == node_id)
+    entry: dict[str, Any] = next(n for n in cli_json(stack, "cluster")["nodes"] if n["node_id"] == node_id)
     return entry
 
 
@@ -123,7 +123,7 @@ def test_an_unknown_node_is_refused_with_the_known_ones(stack: Stack) -> None:
         assert done.returncode == 2, done.stderr
         assert "unknown node 'nowhere'; the nodes the Scheduler knows: d0, d1" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
-    assert cli_json(stack, "queue")["drained"] == []
+    assert cli_json(stack, "cluster")["drained"] == []
 
 
 def test_drain_an_idle_node_then_a_gang_that_needs_it_waits_until_it_is_undrained(stack: Stack, project: Path) -> None:
@@ -138,8 +138,8 @@ def test_drain_an_idle_node_then_a_gang_that_needs_it_waits_until_it_is_undraine
     }
     entry = node_entry(stack, "d1")
     assert (entry["drained"], entry["drain_reason"], entry["gpus_free"]) == (True, "maintenance", 0)
-    assert cli_json(stack, "queue")["drained"] == ["d1"]
-    table = cli(stack, "queue")
+    assert cli_json(stack, "cluster")["drained"] == ["d1"]
+    table = cli(stack, "cluster")
     assert table.returncode == 0 and "drained: maintenance" in table.stdout, table.stdout
 
     # the agent restarts (and registers again), the Scheduler continues as new: the node stays drained
@@ -157,7 +157,7 @@ def test_drain_an_idle_node_then_a_gang_that_needs_it_waits_until_it_is_undraine
         run_id = json.loads(started.stdout)["run_id"]
 
         def waiting() -> dict[str, Any] | None:
-            pending = cli_json(stack, "queue")["pending"]
+            pending = cli_json(stack, "cluster")["pending"]
             return next((p for p in pending if p["gang_id"].startswith(run_id) and p["reason"]), None)
 
         gang = wait_until("the gang pending", waiting)
@@ -192,4 +192,4 @@ def test_drain_and_undrain_print_what_they_did(stack: Stack) -> None:
     assert node_entry(stack, "d0")["drain_reason"] == "firmware"
     back = cli_json(stack, "node", "undrain", "d0")
     assert back == {"node_id": "d0", "drained": False, "reason": "", "preempted": [], "remaining": [], "leaving": []}
-    assert cli_json(stack, "queue")["drained"] == []
+    assert cli_json(stack, "cluster")["drained"] == []

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, Stack, gangflow_cli
 
+from engine.cli.operators import QUEUE_DEPRECATED
 from engine.runtime import free_port
 from engine.runtime.devserver import DevServer
 
@@ -210,8 +211,12 @@ def test_a_run_as_team_a_at_high_priority_runs_its_gang(stack, project, tmp_path
         (gang,) = view["running"]
         assert gang["gang_id"].startswith(run_id) and gang["tenant"] == "team-a"
         assert gang.get("priority", "high") == "high"  # the class travelled with the gang request
-        listed = cli(address, "queue")
-        assert listed.returncode == 0 and "team-a" in listed.stdout
+        listed = cli(address, "cluster")
+        assert listed.returncode == 0 and "team-a" in listed.stdout and "deprecated" not in listed.stderr
+        # the old name answers the same, with one deprecation line on stderr: its --json stays parseable
+        old = cli(address, "queue", "--json")
+        assert old.returncode == 0 and json.loads(old.stdout)["running"], old.stdout
+        assert old.stderr.splitlines() == [QUEUE_DEPRECATED], old.stderr
     finally:
         marker.write_text("go")
     status = _wait_done(address, run_id)

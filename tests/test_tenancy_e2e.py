@@ -8,7 +8,7 @@ Scheduler's and shared by every run on a server.
 - a gang whose tenant the Scheduler does not have (the configuration changed after the run started) is
   rejected, naming the tenants, and so is a pending one whose tenant a new configuration drops; a gang
   bigger than its tenant may ever hold is rejected at once, naming the limit;
-- a waiting gang's tenant, priority class and reason, in tenant terms, show in ``gangflow queue`` and in
+- a waiting gang's tenant, priority class and reason, in tenant terms, show in ``gangflow cluster`` and in
   ``gangflow status`` of its run.
 
 The training runs use examples/multitenant.py (2 ranks of torch on CPU with gloo, 2 GPU slots per gang);
@@ -338,7 +338,7 @@ def test_a_waiting_gang_says_why_in_tenant_terms(stack: Stack, project: Path, tm
             return all((pending_entry(queue, g) or {}).get("reason") for g in (waiting, team_c))
 
         await stack.wait_for("two gangs pending", both_pending, BOUND)
-        queue = cli_json(stack, "queue")  # what a user sees
+        queue = cli_json(stack, "cluster")  # what a user sees
         entry = pending_entry(queue, waiting)
         assert entry is not None and (entry["tenant"], entry["priority"]) == ("team-a", "low"), entry
         reason = entry["reason"]

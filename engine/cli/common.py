@@ -13,7 +13,7 @@ from typing import Any
 from temporalio.service import RPCError, RPCStatusCode
 
 from engine.client import Client
-from engine.errors import InputError
+from engine.errors import GangflowError, InputError
 from engine.runtime import Endpoint, connect
 from engine.scheduling.config import QueueConfig, QueueConfigError, load_queue_config
 
@@ -25,6 +25,7 @@ __all__ = [
     "EXIT_OK",
     "CliError",
     "client_for",
+    "connection_args",
     "endpoint_for",
     "follow",
     "queue_file_error",
@@ -37,12 +38,34 @@ __all__ = [
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
-class CliError(Exception):
-    """Ends a command with one line on stderr and ``code`` as the exit status."""
+class CliError(GangflowError):
+    """Ends a command with one line on stderr and ``code`` as the exit status.
+
+    A ``GangflowError`` like every error raised on purpose; it never crosses Temporal. A command that turns
+    the ``GangflowError`` of a call into a ``CliError`` of its own must let a ``CliError`` from the same
+    block through unchanged (it already carries its exit code)."""
+
+    kind = "CliError"
 
     def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
         super().__init__(message)
         self.code = code
+
+
+def connection_args(p: argparse.ArgumentParser) -> None:
+    """The options that name the server and the credentials (what ``endpoint_for`` reads)."""
+    p.add_argument("--address", help="Temporal host:port (default $GANGFLOW_ADDRESS or localhost:7233)")
+    p.add_argument("--namespace", help="Temporal namespace (default $GANGFLOW_NAMESPACE or default)")
+    p.add_argument("--api-key", help="an API key or JWT for Temporal (default $GANGFLOW_API_KEY; never printed)")
+    p.add_argument("--tls", action="store_true", help="TLS with the system's roots (default $GANGFLOW_TLS)")
+    p.add_argument("--tls-ca", metavar="FILE", help="the server's CA certificate, PEM (default $GANGFLOW_TLS_CA)")
+    p.add_argument("--tls-cert", metavar="FILE", help="mutual TLS: our certificate (default $GANGFLOW_TLS_CERT)")
+    p.add_argument("--tls-key", metavar="FILE", help="mutual TLS: its private key (default $GANGFLOW_TLS_KEY)")
+    p.add_argument(
+        "--tenant",
+        help="the tenant (default $GANGFLOW_TENANT or default); with GANGFLOW_NAMESPACE='gf-{tenant}' it picks the "
+        "tenant's namespace, and the credentials decide whether that is allowed",
+    )
 
 
 def endpoint_for(args: argparse.Namespace) -> Endpoint:

@@ -314,7 +314,7 @@ def show_queues(data: Mapping[str, Any]) -> None:
 
 
 def _tenant_summary(tenants: Mapping[str, Any]) -> Table:
-    """``gangflow queue``'s per-tenant lines: GPUs only (``gangflow queues show`` has every resource)."""
+    """``gangflow cluster``'s per-tenant lines: GPUs only (``gangflow queues show`` has every resource)."""
     table = Table(title="tenants", show_edge=False, header_style="bold")
     table.add_column("tenant", no_wrap=True)
     for column in ("GPUs used/quota", "borrowed", "lent", "pending", "share"):
@@ -389,7 +389,7 @@ def _preempting(g: Mapping[str, Any], now: float) -> str:
 
 
 def show_queue(data: dict[str, Any], now: float | None = None) -> None:
-    """``gangflow queue``: nodes (drained ones with their reason), tenants, running gangs (those being
+    """``gangflow cluster``: nodes (drained ones with their reason), tenants, running gangs (those being
     preempted with why and how much of their grace is gone; ``now``: epoch seconds), the pending queue."""
     now = time.time() if now is None else now
     nodes = Table(title="nodes", show_edge=False, header_style="bold")

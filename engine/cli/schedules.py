@@ -232,6 +232,8 @@ async def _create(parsed: argparse.Namespace, defn: Any, target: str | None, par
         client = await client_for(parsed, prepared.envelope.run.artifacts)
         client.task_queue = parsed.task_queue
         info = await Schedules(client).create_prepared(prepared, replace_existing=parsed.replace)
+    except CliError:  # client_for's (bad credentials options: exit 2) is a GangflowError too: kept as it is
+        raise
     except (TypeMismatchError, TenancyError, DefinitionError) as exc:  # InputError is one
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
     except GangflowError as exc:

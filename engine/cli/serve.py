@@ -334,7 +334,7 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         helpers += _spawn_nodes(server.address, args.nodes, args.gpus_per_node, state, namespace)
         if args.nodes:
             console.print(
-                f"{args.nodes} node agent(s) with {args.gpus_per_node} GPU slot(s) each; see 'gangflow queue'"
+                f"{args.nodes} node agent(s) with {args.gpus_per_node} GPU slot(s) each; see 'gangflow cluster'"
             )
         temporal = await _connect(Endpoint.resolve(server.address, namespace))
         platform = None

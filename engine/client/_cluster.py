@@ -200,7 +200,7 @@ class ClusterClient:
             totals = state.get("totals", {})
             raise GangflowError(
                 f"the Scheduler holds no gang {gang_id!r} ({totals.get('running', 0)} running, "
-                f"{totals.get('pending', 0)} pending); 'gangflow queue' lists them"
+                f"{totals.get('pending', 0)} pending); 'gangflow cluster' lists them"
             )
         if not force:
             try:

@@ -1,4 +1,4 @@
-"""JSON-able views of the policy: ``describe`` for ``gangflow queue``, ``queues`` for ``gangflow queues show``.
+"""JSON-able views of the policy: ``describe`` for ``gangflow cluster``, ``queues`` for ``gangflow queues show``.
 
 Only plain str / int / float / bool / None / list / dict values, so ``json.dumps`` takes them as they are.
 Both are O(gangs): they answer queries, never run per event.

@@ -4,7 +4,7 @@
 gang needs and what stops it, in tenant terms ("team-a is at its quota of 8 GPUs and cannot borrow").
 A pending reason is sent to the gang only when it changes, so it carries *what* blocks the gang and
 never counters that move with every event (queue position, free GPU counts): the live position comes
-from ``gangflow queue``. Texts are deterministic (sorted, no clocks): they are part of the policy's
+from ``gangflow cluster``. Texts are deterministic (sorted, no clocks): they are part of the policy's
 output.
 """
 

@@ -1,4 +1,4 @@
-"""What ``gangflow queue`` and ``gangflow node drain|undrain`` print for drained nodes and for gangs being
+"""What ``gangflow cluster`` and ``gangflow node drain|undrain`` print for drained nodes and for gangs being
 preempted, rendered from a real policy's ``describe()`` (no server: the view is plain JSON)."""
 
 from __future__ import annotations

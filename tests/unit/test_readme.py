@@ -52,7 +52,7 @@ COMMANDS = _commands()
 
 def test_the_readme_shows_the_commands():
     named = {name for name, _ in COMMANDS}
-    assert {"dev", "run", "status", "logs", "queue", "release", "node", "worker"} <= named, named
+    assert {"dev", "run", "status", "logs", "cluster", "release", "node", "worker"} <= named, named
 
 
 @pytest.mark.parametrize(("command", "tokens"), COMMANDS, ids=[" ".join([c, *t])[:60] for c, t in COMMANDS])

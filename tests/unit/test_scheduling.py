@@ -78,7 +78,7 @@ def gpus_of(policy: Policy, gang_id: str) -> dict[str, tuple[int, ...]]:
 
 
 def queued(policy: Policy) -> list[str]:
-    """The pending gangs in the order ``gangflow queue`` shows them."""
+    """The pending gangs in the order ``gangflow cluster`` shows them."""
     return [p["gang_id"] for p in policy.describe()["pending"]]
 
 
