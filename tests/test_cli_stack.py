@@ -62,9 +62,10 @@ class DevStack:
             str(self.state),
         ]
         self.log = open(self.state.parent / f"dev-{self.port}.log", "a")  # noqa: SIM115
+        offset = self.log.tell()  # a restart appends: wait for this start's banner, not the last one's
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True, env=self.env, cwd=ROOT)
         deadline = time.monotonic() + 30
-        while "gangflow run" not in Path(self.log.name).read_text():
+        while "gangflow run" not in Path(self.log.name).read_text()[offset:]:
             assert self.proc.poll() is None and time.monotonic() < deadline, Path(self.log.name).read_text()
             time.sleep(0.1)
         time.sleep(0.5)  # the worker starts polling right after the banner
@@ -112,10 +113,12 @@ def test_dev_stack_restart_keeps_detached_run_and_leaves_no_orphans(tmp_path):
     assert [pid for pid in before if alive(pid)] == []  # no orphan server or worker
 
     stack.start()  # same state dir: history, search attributes and artifacts are all still there
-    listed = stack.cli("list", "--status", "running", "--json")
-    assert run_id in [r["run_id"] for r in json.loads(listed.stdout)]
+    # the run was mid-way when the stack stopped (step 1 of 4 started); the new worker may already have
+    # finished it by the time the banner shows, on a quiet machine: either state proves it survived
+    listed = stack.cli("list", "--json")
+    assert run_id in [r["run_id"] for r in json.loads(listed.stdout)], listed.stdout + listed.stderr
     status = stack.cli("status", run_id, "--json")
-    assert json.loads(status.stdout)["status"] == "RUNNING"
+    assert json.loads(status.stdout)["status"] in ("RUNNING", "COMPLETED")
     deadline = time.monotonic() + 60
     while json.loads(stack.cli("status", run_id, "--json").stdout)["status"] == "RUNNING":
         assert time.monotonic() < deadline
