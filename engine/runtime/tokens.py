@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
 from engine.atomic import write_atomic
+from engine.errors import GangflowError
 from workflows.platform import PLATFORM_NAMESPACE, tenant_namespace
 
 __all__ = [
@@ -50,8 +51,10 @@ DEFAULT_TTL_S = 86400
 _KEY_FILE, _JWKS_FILE = "dev-key.pem", "jwks.json"
 
 
-class TokenError(Exception):
+class TokenError(GangflowError):
     """A token was refused (bad signature, expired, unknown key, malformed): the reason is for the log only."""
+
+    kind = "TokenError"
 
 
 @dataclass(frozen=True)
