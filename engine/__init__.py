@@ -1,6 +1,7 @@
 """gangflow: typed, durable ML pipelines on Temporal.
 
 from engine import task, workflow, Resources, Retry, File, Directory
+@task(plugin=PyTorch(nnodes=2), gang=Gang(max_restarts=1, preemptible=False)): a distributed task's options
 engine.now(), engine.random(), engine.uuid4(), await engine.sleep(s): replay-safe in a workflow body
 engine.preemption(): in a rank, the preemption notice (deadline, reason) or None
 @task(secrets=[Secret("hf-token", env="HF_TOKEN")]); engine.secret("hf-token") inside the task
@@ -9,8 +10,10 @@ await engine.approve("promote?"), await engine.wait_for_input("threshold", float
 Annotated[pd.DataFrame, Schema(x="float64")] for a checked DataFrame input or output
 """
 
+from engine import checkpoint  # the module: `from engine import checkpoint`, then checkpoint.save(...)
 from engine.core import (
     DefinitionError,
+    Gang,
     GangflowError,
     InputError,
     PayloadTooLargeError,
@@ -36,6 +39,7 @@ __all__ = [
     "DefinitionError",
     "Directory",
     "File",
+    "Gang",
     "GangPlugin",
     "GangflowError",
     "InputError",

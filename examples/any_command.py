@@ -8,7 +8,7 @@ places the gang, gives each rank its framework's environment, and runs the progr
     gangflow logs <run id> --task ranks
 """
 
-from engine import task, workflow
+from engine import Gang, task, workflow
 from plugins.jax import Jax
 from plugins.mpi import MPI
 from plugins.pytorch import PyTorch
@@ -35,12 +35,15 @@ def ranks() -> None:
     """Any executable under mpiexec: a shell script here, a compiled solver as well."""
 
 
-@task(plugin=MPI(nnodes=2, slots_per_node=1, command=["sh", "scripts/ranks.sh", "--fail-on", "1"]), max_restarts=0)
+@task(
+    plugin=MPI(nnodes=2, slots_per_node=1, command=["sh", "scripts/ranks.sh", "--fail-on", "1"]),
+    gang=Gang(max_restarts=0),
+)
 def ranks_fail() -> None:
     """Rank 1's program exits 1: the task fails with its output."""
 
 
-@task(plugin=PyTorch(nnodes=2, script="scripts/fails.py", args=("1",)), max_restarts=0)
+@task(plugin=PyTorch(nnodes=2, script="scripts/fails.py", args=("1",)), gang=Gang(max_restarts=0))
 def fails() -> None:
     """Process 1's script exits 1: the task fails with its stderr."""
 

@@ -21,7 +21,7 @@ import time
 
 from pydantic import BaseModel
 
-from engine import Resources, checkpoint, report, task, workflow
+from engine import Gang, Resources, checkpoint, report, task, workflow
 from plugins.pytorch import PyTorch
 
 
@@ -37,8 +37,7 @@ class Summary(BaseModel):
 @task(
     plugin=PyTorch(nnodes=2, nproc_per_node=1, timeout=30),
     resources=Resources(cpu=1),
-    max_restarts=3,
-    hang_timeout=20,
+    gang=Gang(max_restarts=3, hang_timeout=20),
 )
 def train(total_steps: int = 100, checkpoint_every: int = 10, step_seconds: float = 0.05) -> Summary:
     import torch

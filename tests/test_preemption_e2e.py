@@ -60,12 +60,12 @@ import signal
 import time
 from dataclasses import dataclass
 
-from engine import GangPlugin, Resources, checkpoint, report, task
+from engine import Gang, GangPlugin, Resources, checkpoint, report, task
 from plugins.jax import Jax
 
 
 @dataclass(frozen=True)
-class Gang(GangPlugin):
+class Ranks(GangPlugin):
     nnodes: int = 1
     nproc_per_node: int = 1
 
@@ -91,23 +91,23 @@ def _train(steps: int, every: int, save_s: float, cooperate: bool, fail_save: bo
     return {"first": start, "applied": applied, "attempt": int(os.environ["GANGFLOW_ATTEMPT"]), "rank": rank}
 
 
-@task(plugin=Gang(), resources=Resources(gpu=2))
+@task(plugin=Ranks(), resources=Resources(gpu=2))
 def train(steps: int, every: int = 1000, save_s: float = 0.0) -> dict:
     return _train(steps, every, save_s, True)
 
 
-@task(plugin=Gang(), resources=Resources(gpu=2), preemption_grace=4)
+@task(plugin=Ranks(), resources=Resources(gpu=2), gang=Gang(preemption_grace=4))
 def stubborn(steps: int, every: int) -> dict:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the notice is ignored: killed when the grace ends
     return _train(steps, every, 0.0, False)
 
 
-@task(plugin=Gang(), resources=Resources(gpu=2), preemptible=False)
+@task(plugin=Ranks(), resources=Resources(gpu=2), gang=Gang(preemptible=False))
 def steady(steps: int) -> dict:
     return _train(steps, 1000, 0.0, True)
 
 
-@task(plugin=Gang(), resources=Resources(gpu=2))
+@task(plugin=Ranks(), resources=Resources(gpu=2))
 def fragile(steps: int) -> dict:
     return _train(steps, 10, 0.0, True, fail_save=True)
 
@@ -121,7 +121,7 @@ def jax_train(steps: int) -> dict:
     return {**out, "total": float(total)}
 
 
-@task(plugin=Gang(nnodes=2), resources=Resources(gpu=1))
+@task(plugin=Ranks(nnodes=2), resources=Resources(gpu=1))
 def wide(steps: int, save_s: float = 0.0) -> dict:
     return _train(steps, 1000, save_s, True)
 """

@@ -31,7 +31,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from engine import GangPlugin, Resources, task, workflow
+from engine import Gang, GangPlugin, Resources, task, workflow
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ async def train(marker: str) -> int:
     return await hold(marker=marker)
 
 
-@task(plugin=Ranks(), priority="urgent")
+@task(plugin=Ranks(), gang=Gang(priority="urgent"))
 def rushed(n: int) -> int:
     return n
 

@@ -5,5 +5,3 @@ Nothing is imported here: the worker (``engine.runtime.worker``) imports the wor
 and importing one module of this package does not load the others. The names they share with the client and
 the node agents are in ``engine.core.protocol``.
 """
-
-__all__: list[str] = []

@@ -76,6 +76,7 @@ from engine.artifacts.store import ArtifactStore
 from engine.core.atomic import publishing
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, source_file
 from engine.core.wire import CodeRef
+from engine.errors import GangflowError
 
 __all__ = [
     "BUNDLE_PREFIX",
@@ -95,8 +96,11 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 FRAMEWORK_PACKAGES = frozenset({"engine", "workflows", "plugins"})
 
 
-class CodeNotFoundError(LookupError):
-    pass
+class CodeNotFoundError(GangflowError, LookupError):
+    """The code a run names cannot be loaded (a bad reference, a bundle that does not match, an import
+    that fails, an object that is no @task or @workflow). Never retried."""
+
+    kind = "CodeNotFound"
 
 
 class _BundleImport:

@@ -3,6 +3,7 @@
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, task, workflow
 from engine.core.dispatch import Dispatcher, current_dispatcher, using_dispatcher
 from engine.core.interface import Interface, Param
+from engine.core.options import Gang, TaskOptions
 from engine.core.resources import Resources, Retry
 from engine.errors import (
     DefinitionError,
@@ -15,6 +16,7 @@ from engine.errors import (
 __all__ = [
     "DefinitionError",
     "Dispatcher",
+    "Gang",
     "GangflowError",
     "InputError",
     "Interface",
@@ -23,6 +25,7 @@ __all__ = [
     "Resources",
     "Retry",
     "TaskDefinition",
+    "TaskOptions",
     "TypeMismatchError",
     "WorkflowDefinition",
     "current_dispatcher",

@@ -12,20 +12,35 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from engine.core.dispatch import DirectDispatcher, current_dispatcher, using_dispatcher
 from engine.core.gang import GangShape, gang_shape
 from engine.core.interface import Interface
+from engine.core.options import (
+    DEFAULT_LOST_NODE_WAIT,
+    MAX_PREEMPTION_GRACE,
+    Gang,
+    TaskOptions,
+    gang_from_keywords,
+    warn_deprecated_keywords,
+)
 from engine.core.resources import Resources, Retry, to_timedelta
 from engine.core.secrets import Secret, check_secrets
 from engine.errors import DefinitionError
 
 __all__ = [
+    "DEFAULT_HEARTBEAT_TIMEOUT",
+    "DEFAULT_LIGHTWEIGHT_TIMEOUT",
+    "DEFAULT_LOST_NODE_WAIT",
+    "DEFAULT_TASK_TIMEOUT",
+    "MAX_PREEMPTION_GRACE",
+    "Gang",
     "TaskDefinition",
+    "TaskOptions",
     "WorkflowDefinition",
     "definition_of",
     "source_file",
@@ -45,10 +60,6 @@ DEFAULT_TASK_TIMEOUT = timedelta(hours=24)
 DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 #: lightweight tasks run as local activities: short CPU work only
 DEFAULT_LIGHTWEIGHT_TIMEOUT = timedelta(minutes=1)
-#: how long a gang waits for lost nodes to come back (a cluster restarting after maintenance)
-DEFAULT_LOST_NODE_WAIT = timedelta(minutes=10)
-#: a preempted gang holds GPUs that another gang waits for: a grace longer than a day is a mistake
-MAX_PREEMPTION_GRACE = timedelta(days=1)
 
 
 def _check_name(name: str, what: str) -> str:
@@ -125,150 +136,126 @@ def task(fn: Callable[P, R], /) -> Callable[P, R]: ...
 
 
 @overload
-def task(
-    *,
-    name: str | None = None,
-    version: str | None = None,
-    resources: Resources | None = None,
-    retries: int | Retry = 0,
-    timeout: float | timedelta | None = None,
-    heartbeat_timeout: float | timedelta | None = None,
-    lightweight: bool = False,
-    plugin: Any = None,
-    max_restarts: int = 3,
-    hang_timeout: float | timedelta | None = None,
-    lost_node_wait: float | timedelta | None = None,
-    priority: str | None = None,
-    preemptible: bool | None = None,
-    preemption_grace: float | timedelta | None = None,
-    secrets: Sequence[Secret] | None = None,
-    cache: bool = False,
-    cache_version: str | None = None,
-) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+def task(**options: Unpack[TaskOptions]) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
-def task(
-    fn: Callable[..., Any] | None = None,
-    /,
-    *,
-    name: str | None = None,
-    version: str | None = None,
-    resources: Resources | None = None,
-    retries: int | Retry = 0,
-    timeout: float | timedelta | None = None,
-    heartbeat_timeout: float | timedelta | None = None,
-    lightweight: bool = False,
-    plugin: Any = None,
-    max_restarts: int = 3,
-    hang_timeout: float | timedelta | None = None,
-    lost_node_wait: float | timedelta | None = None,
-    priority: str | None = None,
-    preemptible: bool | None = None,
-    preemption_grace: float | timedelta | None = None,
-    secrets: Sequence[Secret] | None = None,
-    cache: bool = False,
-    cache_version: str | None = None,
-) -> Any:
-    """Declare a typed task.
+def task(fn: Callable[..., Any] | None = None, /, **options: Unpack[TaskOptions]) -> Any:
+    """Declare a typed task: ``@task``, ``@task()`` or ``@task(option=...)`` (the options: :class:`TaskOptions`).
 
-    ``retries`` is an int (that many retries after the first try) or a :class:`Retry`. ``timeout`` bounds
-    one attempt (seconds or a timedelta). ``lightweight=True`` runs the task as a Temporal *local
-    activity* inside the workflow worker: still durable and retried, but without a round trip through
-    the task queue (a few ms instead of tens); meant for short CPU work. ``plugin`` makes it a
-    distributed task run as a gang of ranks.
-
-    For distributed tasks: ``max_restarts`` is the budget for *system* failures (a node lost, a rank
-    killed from outside, a hung gang); each restart relaunches every rank from the latest checkpoint.
-    ``hang_timeout`` (seconds) treats a gang as hung when a rank has not called ``engine.report`` for
-    that long (the clock starts at launch, so it must cover start-up too); off by default.
-    ``lost_node_wait`` (seconds, default 600) is how long a gang that only lost nodes could hold waits for
-    them to come back (a whole-cluster restart) before it fails as unschedulable.
-    ``priority`` names the priority class of its gangs (one of the cluster's ``priority_classes``; checked
-    when a run starts, since the classes belong to the cluster, not to the code); it wins over the run's
-    ``--priority``. ``preemptible=False`` keeps its gangs from ever being preempted, whatever their class.
-    ``preemption_grace`` (seconds) is how long a preempted gang's ranks have to checkpoint and exit after
-    the notice before they are killed (default: the cluster's ``policy.preemption_grace``, 120 s); ranks
-    that exit earlier release the GPUs at once.
+    ``name`` (default: the function's) and ``version`` label it. ``resources`` is a :class:`Resources`
+    (per node for a distributed task). ``retries`` is an int (that many retries after the first try) or a
+    :class:`Retry`. ``timeout`` bounds one attempt (seconds or a timedelta; default 24 h, 1 min for a
+    lightweight task); ``heartbeat_timeout`` (default 10 s) is how soon a vanished worker is noticed.
+    ``lightweight=True`` runs the task as a Temporal *local activity* inside the workflow worker: still
+    durable and retried, but without a round trip through the task queue (a few ms instead of tens); meant
+    for short CPU work. ``plugin`` makes it a distributed task run as a gang of ranks, and ``gang`` (a
+    :class:`Gang`, with ``plugin`` only) says how its gangs are restarted, watched, queued and preempted.
     ``secrets`` lists the :class:`~engine.Secret` names the task needs: a plain task with secrets runs in a
     process of its own that alone gets their values (``engine.secret(name)``); ranks get them likewise.
     ``cache=True`` reuses the result of an earlier successful call with the same inputs (Files and Directories
     by content), across runs and workers of the tenant; ``cache_version`` (a str, default ``"0"``) is bumped
     by hand when the body changes in a way that changes results.
+
+    ``max_restarts``, ``hang_timeout``, ``lost_node_wait``, ``priority``, ``preemptible`` and
+    ``preemption_grace`` as keywords of their own are deprecated (a DeprecationWarning each): they are the
+    fields of :class:`Gang` now.
     """
+    unknown = sorted(set(options) - TaskOptions.__optional_keys__)
+    if unknown:
+        raise DefinitionError(f"@task() got an unexpected keyword argument {unknown[0]!r}")
+    deprecated = warn_deprecated_keywords(options, stacklevel=2)  # warned at the user's decorator line
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(func) or inspect.isclass(func):
             raise DefinitionError(f"@task must decorate a function, got {func!r}")
-        task_name = _check_name(name or func.__name__, "task")
-        owner = f"task {task_name!r}"
-        try:
-            retry = Retry.coerce(retries)
-            limit = to_timedelta(timeout, f"{owner}: timeout")
-            beat = to_timedelta(heartbeat_timeout, f"{owner}: heartbeat_timeout")
-            hang = to_timedelta(hang_timeout, f"{owner}: hang_timeout")
-            node_wait = to_timedelta(lost_node_wait, f"{owner}: lost_node_wait")
-            grace = to_timedelta(preemption_grace, f"{owner}: preemption_grace")
-        except ValueError as exc:
-            raise DefinitionError(f"{owner}: {exc}") from None
-        if resources is not None and not isinstance(resources, Resources):
-            raise DefinitionError(f"{owner}: resources must be a Resources(...), got {resources!r}")
-        if lightweight and plugin is not None:
-            raise DefinitionError(f"{owner}: a distributed task (plugin=) cannot be lightweight")
-        if lightweight and resources is not None and resources.gpu:
-            raise DefinitionError(f"{owner}: a lightweight task runs in the workflow worker and cannot ask for GPUs")
-        shape = gang_shape(plugin, resources or Resources(), owner) if plugin is not None else None
-        if shape is None and hang is not None:
-            raise DefinitionError(f"{owner}: hang_timeout applies to distributed tasks (plugin=...) only")
-        if shape is None and node_wait is not None:
-            raise DefinitionError(f"{owner}: lost_node_wait applies to distributed tasks (plugin=...) only")
-        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-            raise DefinitionError(f"{owner}: max_restarts must be a non-negative int, got {max_restarts!r}")
-        _check_scheduling(owner, shape, priority, preemptible)
-        if shape is None and grace is not None:
-            raise DefinitionError(f"{owner}: preemption_grace applies to distributed tasks (plugin=...) only")
-        if grace is not None and grace > MAX_PREEMPTION_GRACE:
-            raise DefinitionError(f"{owner}: preemption_grace must be at most {MAX_PREEMPTION_GRACE}, got {grace}")
-        needs = check_secrets(owner, secrets)
-        _check_cache(owner, cache, cache_version)
-        if needs and lightweight:
-            raise DefinitionError(f"{owner}: a lightweight task runs in the workflow worker and cannot have secrets")
-        defn = TaskDefinition(
-            name=task_name,
-            fn=func,
-            interface=Interface.from_function(func, owner),
-            module=func.__module__,
-            qualname=func.__qualname__,
-            version=version,
-            resources=resources or Resources(),
-            retry=retry,
-            timeout=limit or (DEFAULT_LIGHTWEIGHT_TIMEOUT if lightweight else DEFAULT_TASK_TIMEOUT),
-            heartbeat_timeout=beat or DEFAULT_HEARTBEAT_TIMEOUT,
-            lightweight=lightweight,
-            plugin=plugin,
-            gang=shape,
-            max_restarts=max_restarts,
-            hang_timeout=hang,
-            lost_node_wait=node_wait or DEFAULT_LOST_NODE_WAIT,
-            is_async=inspect.iscoroutinefunction(func),
-            priority=priority,
-            preemptible=preemptible is not False,
-            preemption_grace=grace,
-            secrets=needs,
-            cache=cache,
-            cache_version=(cache_version if cache_version is not None else "0") if cache else None,
-        )
-
-        @functools.wraps(func)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            dispatcher = current_dispatcher()
-            if dispatcher is None:
-                return func(*args, **kwargs)
-            return dispatcher.run_task(defn, defn.interface.bind(args, kwargs))
-
-        setattr(call, _ATTR, defn)
-        return call
+        return _define(func, options, deprecated)
 
     return decorate(fn) if fn is not None else decorate
+
+
+def _define(func: Callable[..., Any], options: TaskOptions, deprecated: dict[str, object]) -> Callable[..., Any]:
+    """Check ``options`` for ``func`` and wrap it: a plain call outside a run, a dispatched one inside."""
+    task_name = _check_name(options.get("name") or func.__name__, "task")
+    owner = f"task {task_name!r}"
+    resources, plugin = options.get("resources"), options.get("plugin")
+    lightweight = options.get("lightweight", False)
+    try:
+        retry = Retry.coerce(options.get("retries", 0))
+        limit = to_timedelta(options.get("timeout"), "timeout")
+        beat = to_timedelta(options.get("heartbeat_timeout"), "heartbeat_timeout")
+    except ValueError as exc:
+        raise DefinitionError(f"{owner}: {exc}") from None
+    if resources is not None and not isinstance(resources, Resources):
+        raise DefinitionError(f"{owner}: resources must be a Resources(...), got {resources!r}")
+    if lightweight and plugin is not None:
+        raise DefinitionError(f"{owner}: a distributed task (plugin=) cannot be lightweight")
+    if lightweight and resources is not None and resources.gpu:
+        raise DefinitionError(f"{owner}: a lightweight task runs in the workflow worker and cannot ask for GPUs")
+    shape = gang_shape(plugin, resources or Resources(), owner) if plugin is not None else None
+    gang = _gang_options(owner, shape, options.get("gang"), deprecated)
+    needs = check_secrets(owner, options.get("secrets"))
+    cache, cache_version = options.get("cache", False), options.get("cache_version")
+    _check_cache(owner, cache, cache_version)
+    if needs and lightweight:
+        raise DefinitionError(f"{owner}: a lightweight task runs in the workflow worker and cannot have secrets")
+    defn = TaskDefinition(
+        name=task_name,
+        fn=func,
+        interface=Interface.from_function(func, owner),
+        module=func.__module__,
+        qualname=func.__qualname__,
+        version=options.get("version"),
+        resources=resources or Resources(),
+        retry=retry,
+        timeout=limit or (DEFAULT_LIGHTWEIGHT_TIMEOUT if lightweight else DEFAULT_TASK_TIMEOUT),
+        heartbeat_timeout=beat or DEFAULT_HEARTBEAT_TIMEOUT,
+        lightweight=lightweight,
+        plugin=plugin,
+        gang=shape,
+        # the definition keeps the gang options as fields of its own: the workflows read them so (Gang holds
+        # timedeltas already: to_timedelta only narrows the type)
+        max_restarts=gang.max_restarts,
+        hang_timeout=to_timedelta(gang.hang_timeout, "hang_timeout"),
+        lost_node_wait=to_timedelta(gang.lost_node_wait, "lost_node_wait") or DEFAULT_LOST_NODE_WAIT,
+        is_async=inspect.iscoroutinefunction(func),
+        priority=gang.priority,
+        preemptible=gang.preemptible,
+        preemption_grace=to_timedelta(gang.preemption_grace, "preemption_grace"),
+        secrets=needs,
+        cache=cache,
+        cache_version=(cache_version if cache_version is not None else "0") if cache else None,
+    )
+
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        dispatcher = current_dispatcher()
+        if dispatcher is None:
+            return func(*args, **kwargs)
+        return dispatcher.run_task(defn, defn.interface.bind(args, kwargs))
+
+    setattr(call, _ATTR, defn)
+    return call
+
+
+def _gang_options(owner: str, shape: GangShape | None, gang: object, deprecated: dict[str, object]) -> Gang:
+    """The task's Gang: ``gang=`` or the deprecated keywords mapped onto one (not both), for a distributed
+    task only; a plain task gets the defaults, which nothing reads."""
+    if gang is not None and not isinstance(gang, Gang):
+        raise DefinitionError(f"{owner}: gang must be a Gang(...), got {gang!r}")
+    if gang is not None and deprecated:
+        raise DefinitionError(
+            f"{owner}: {', '.join(f'{k}=' for k in deprecated)} and gang= both given: "
+            "move the former into gang=Gang(...)"
+        )
+    if deprecated:
+        gang = gang_from_keywords(owner, deprecated)
+        if shape is None and set(deprecated) == {"max_restarts"}:
+            gang = None  # checked and ignored, as before Gang (see warn_deprecated_keywords)
+    if shape is None and gang is not None:
+        given = [f"{k}=" for k in deprecated] or ["gang="]
+        verb = "applies" if len(given) == 1 else "apply"
+        raise DefinitionError(f"{owner}: {', '.join(given)} {verb} to distributed tasks (plugin=...) only")
+    return gang if gang is not None else Gang()
 
 
 def _check_cache(owner: str, cache: object, version: object) -> None:
@@ -279,22 +266,6 @@ def _check_cache(owner: str, cache: object, version: object) -> None:
         raise DefinitionError(f"{owner}: cache_version applies to cached tasks only (add cache=True)")
     if version is not None and (not isinstance(version, str) or not version.strip()):
         raise DefinitionError(f"{owner}: cache_version must be a non-empty str such as '1', got {version!r}")
-
-
-def _check_scheduling(owner: str, shape: GangShape | None, priority: object, preemptible: object) -> None:
-    """``priority`` and ``preemptible`` shape how gangs are queued and preempted: distributed tasks only."""
-    if shape is None:
-        for option, value in (("priority", priority), ("preemptible", preemptible)):
-            if value is not None:
-                raise DefinitionError(f"{owner}: {option} applies to distributed tasks (plugin=...) only")
-    # a class name as the queue configuration spells it: a stray space would only fail later, at run start
-    if priority is not None and (not isinstance(priority, str) or not priority or priority != priority.strip()):
-        raise DefinitionError(
-            f"{owner}: priority must name a priority class (a non-empty str without surrounding spaces), "
-            f"got {priority!r}"
-        )
-    if preemptible is not None and not isinstance(preemptible, bool):
-        raise DefinitionError(f"{owner}: preemptible must be True or False, got {preemptible!r}")
 
 
 def workflow(

@@ -28,6 +28,7 @@ from jwt.algorithms import RSAAlgorithm
 
 from engine.core.atomic import write_atomic
 from engine.core.protocol import PLATFORM_NAMESPACE, tenant_namespace
+from engine.errors import GangflowError
 
 __all__ = [
     "DEFAULT_TTL_S",
@@ -50,8 +51,10 @@ DEFAULT_TTL_S = 86400
 _KEY_FILE, _JWKS_FILE = "dev-key.pem", "jwks.json"
 
 
-class TokenError(Exception):
+class TokenError(GangflowError):
     """A token was refused (bad signature, expired, unknown key, malformed): the reason is for the log only."""
+
+    kind = "TokenError"
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.errors import GangflowError
+
 __all__ = ["ColumnCheck", "Schema", "SchemaViolation"]
 
 
-class SchemaViolation(ValueError):
+class SchemaViolation(GangflowError, ValueError):
     """A value does not have the schema's columns or dtypes (a ValueError, so pydantic reports it as a
     validation error; the codec turns it into a TypeMismatchError)."""
+
+    kind = "SchemaViolation"
 
 
 @dataclass(frozen=True)

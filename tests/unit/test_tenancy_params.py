@@ -1,18 +1,20 @@
-"""Tenants and priorities as users give them, checked without a server: ``@task(priority=, preemptible=)``,
+"""Tenants and priorities as users give them, checked without a server: ``Gang(priority=, preemptible=)``,
 the run's tenant and priority in its envelope, the client's check against a queue configuration, the
 CLI's options and its refusal of a bad queue file before anything is contacted, and the tables."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 import types
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import gangflow_cli
 
-from engine import DefinitionError, InputError, Resources, task, workflow
+from engine import DefinitionError, Gang, InputError, Resources, task, workflow
 from engine.cli import render
 from engine.cli.app import build_parser, run_options
 from engine.client import (
@@ -32,23 +34,23 @@ from engine.types.codec import pack, unpack
 NOWHERE = "127.0.0.1:9"
 
 
-class Gang(GangPlugin):
+class Ranks(GangPlugin):
     def __init__(self, nnodes: int = 2, nproc_per_node: int = 1) -> None:
         self.nnodes, self.nproc_per_node = nnodes, nproc_per_node
 
     @classmethod
-    def notice(cls, signal_name: str) -> Gang:
-        gang = cls()
-        gang.notice_signal = signal_name
-        return gang
+    def notice(cls, signal_name: str) -> Ranks:
+        ranks = cls()
+        ranks.notice_signal = signal_name
+        return ranks
 
 
-@task(plugin=Gang(), resources=Resources(gpu=1), priority="high", preemptible=False)
+@task(plugin=Ranks(), resources=Resources(gpu=1), gang=Gang(priority="high", preemptible=False))
 def train(n: int) -> int:
     return n
 
 
-@task(plugin=Gang())
+@task(plugin=Ranks())
 def evaluate(n: int) -> int:
     return n
 
@@ -63,13 +65,13 @@ async def pipeline(n: int = 1) -> int:
     return await evaluate(n=await train(n=await prep(n=n)))
 
 
-@task(plugin=Gang(), priority="low")
+@task(plugin=Ranks(), gang=Gang(priority="low"))
 def elsewhere(n: int) -> int:
     """Called by no workflow here: its class is nobody's business before a run that calls it."""
     return n
 
 
-@task(plugin=Gang(), priority="urgent")
+@task(plugin=Ranks(), gang=Gang(priority="urgent"))
 def rushed(n: int) -> int:
     return n
 
@@ -103,7 +105,7 @@ async def quiet(n: int = 1) -> int:
     return await prep(n=n)
 
 
-# -- @task(priority=, preemptible=) ---------------------------------------------------------------
+# -- Gang(priority=, preemptible=) -----------------------------------------------------------------
 def test_a_distributed_task_carries_its_priority_and_preemptibility():
     trained, evaluated = definition_of(train), definition_of(evaluate)
     assert (trained.priority, trained.preemptible) == ("high", False)
@@ -114,42 +116,60 @@ def test_a_distributed_task_carries_its_priority_and_preemptibility():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"priority": "high"}, "priority applies to distributed tasks (plugin=...) only"),
-        ({"preemptible": False}, "preemptible applies to distributed tasks (plugin=...) only"),
-        ({"preemptible": True}, "preemptible applies to distributed tasks (plugin=...) only"),
-        ({"preemption_grace": 30}, "preemption_grace applies to distributed tasks (plugin=...) only"),
+        ({"gang": Gang(priority="high")}, "gang= applies"),
+        ({"gang": Gang()}, "gang= applies"),  # even the defaults: a plain task has no gangs
+        ({"priority": "high"}, "priority= applies"),  # the deprecated keywords, the same one message
+        ({"preemptible": True}, "preemptible= applies"),
+        ({"preemptible": False, "preemption_grace": 30}, "preemptible=, preemption_grace= apply"),
     ],
 )
-def test_priority_and_preemptible_are_for_distributed_tasks_only(options: dict[str, Any], message: str):
-    with pytest.raises(DefinitionError, match=r"task 'plain': " + message.replace("(", r"\(").replace(")", r"\)")):
+def test_gang_options_are_for_distributed_tasks_only(options: dict[str, Any], message: str):
+    expected = r"^task 'plain': " + re.escape(message) + r" to distributed tasks \(plugin=\.\.\.\) only$"
+    with pytest.raises(DefinitionError, match=expected), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
 
         @task(**options)
         def plain(n: int) -> int:
             return n
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"priority": ""}, "priority must name a priority class (a non-empty str without surrounding spaces), got ''"),
-        ({"priority": " high"}, "got ' high'"),
-        ({"priority": 100}, "got 100"),
-        ({"preemptible": 0}, "preemptible must be True or False, got 0"),
-        ({"preemptible": "no"}, "preemptible must be True or False, got 'no'"),
-        ({"preemption_grace": 0}, "preemption_grace must be positive, got 0"),
-        ({"preemption_grace": -5}, "preemption_grace must be positive, got -5"),
-        ({"preemption_grace": 2 * 86400}, "preemption_grace must be at most 1 day, 0:00:00, got 2 days"),
-        ({"plugin": Gang.notice("SIGKILL")}, "notice_signal must be one of SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP"),
-    ],
-)
-def test_bad_priority_or_preemptible_fail_at_decoration(options: dict[str, Any], message: str):
-    with pytest.raises(DefinitionError) as caught:
+BAD_GANGS = [
+    ({"priority": ""}, "priority must name a priority class (a non-empty str without surrounding spaces), got ''"),
+    ({"priority": " high"}, "got ' high'"),
+    ({"priority": 100}, "got 100"),
+    ({"preemptible": 0}, "preemptible must be True or False, got 0"),
+    ({"preemptible": "no"}, "preemptible must be True or False, got 'no'"),
+    ({"preemption_grace": 0}, "preemption_grace must be positive, got 0"),
+    ({"preemption_grace": -5}, "preemption_grace must be positive, got -5"),
+    ({"preemption_grace": 2 * 86400}, "preemption_grace must be at most 1 day, 0:00:00, got 2 days"),
+]
 
-        @task(**{"plugin": Gang(), **options})
+
+@pytest.mark.parametrize(("options", "message"), BAD_GANGS)
+def test_a_bad_gang_fails_where_it_is_built(options: dict[str, Any], message: str):
+    with pytest.raises(DefinitionError) as caught:
+        Gang(**options)
+    assert str(caught.value).startswith("Gang: ") and message in str(caught.value)
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_GANGS)
+def test_bad_deprecated_keywords_fail_at_decoration_naming_the_task(options: dict[str, Any], message: str):
+    with pytest.raises(DefinitionError) as caught, pytest.warns(DeprecationWarning):
+
+        @task(**{"plugin": Ranks(), **options})
         def gang(n: int) -> int:
             return n
 
     assert str(caught.value).startswith("task 'gang': ") and message in str(caught.value)
+    assert "Gang: " not in str(caught.value)  # the user wrote no Gang
+
+
+def test_a_bad_notice_signal_fails_at_decoration():
+    with pytest.raises(DefinitionError, match=r"^task 'gang': .*notice_signal must be one of SIGTERM, SIGUSR1"):
+
+        @task(plugin=Ranks.notice("SIGKILL"))
+        def gang(n: int) -> int:
+            return n
 
 
 def test_a_distributed_task_carries_its_preemption_grace_and_its_plugins_notice_signal():
@@ -157,7 +177,7 @@ def test_a_distributed_task_carries_its_preemption_grace_and_its_plugins_notice_
 
     from plugins.jax import Jax
 
-    @task(plugin=Jax(), preemption_grace=timedelta(minutes=5))
+    @task(plugin=Jax(), gang=Gang(preemption_grace=timedelta(minutes=5)))
     def jax_train(n: int) -> int:
         return n
 
