@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.scheduling.events import Decision, NodeDrained, Preempted, Rejected
+from engine.scheduling.events import Decision, GangRejected, NodeDrained, Preempted
 from engine.scheduling.reasons import drained_wait_reason, draining_reason, lost_wait_expired_reason, lost_wait_reason
 from engine.scheduling.state import Notice, Queued
 
@@ -36,7 +36,7 @@ def wait_for_lost(policy: Policy, heap: list[tuple[int, str]], decisions: list[D
         since = queued.lost_wait_since
         if since is not None and policy._now - since >= request.lost_node_wait_s:
             policy._forget(gang_id)
-            decisions.append(Rejected(gang_id=gang_id, reason=lost_wait_expired_reason(request, policy.inventory)))
+            decisions.append(GangRejected(gang_id=gang_id, reason=lost_wait_expired_reason(request, policy.inventory)))
             continue
         reason = reason or lost_wait_reason(request, policy.inventory)
         policy._say(queued, reason, decisions)

@@ -49,7 +49,7 @@ but not gone": a gang that only it could hold waits for an undrain, with a reaso
 deadline and without holding up the queue; it is never rejected for it. The flag and its reason survive
 the node's re-registrations, its loss and ``snapshot``.
 
-**Decisions**, in order: what the event itself caused (``Rejected``), then ``Admitted`` / ``Preempted``
+**Decisions**, in order: what the event itself caused (``GangRejected``), then ``Admitted`` / ``Preempted``
 as the order is walked, and ``Pending`` for a gang whose reason changed (a new gang always gets one).
 
 **Where.** This module holds the state, the events and the admission cycle. The victim search is
@@ -73,13 +73,13 @@ from engine.scheduling.events import (
     ConfigApplied,
     Decision,
     Event,
+    GangRejected,
     GangReleased,
     GangSubmitted,
     NodeDrained,
     NodeLost,
     NodeRegistered,
     Pending,
-    Rejected,
     Tick,
 )
 from engine.scheduling.inventory import Inventory
@@ -169,7 +169,7 @@ class Policy:
     def _submit(self, request: GangRequest, decisions: list[Decision]) -> bool:
         refusal = self._refusal(request)
         if refusal is not None:
-            decisions.append(Rejected(gang_id=request.gang_id, reason=refusal))
+            decisions.append(GangRejected(gang_id=request.gang_id, reason=refusal))
             return False
         cls = self.config.priority(request.priority)
         seq = self._requeue.pop(request.gang_id, None)
@@ -257,7 +257,7 @@ class Policy:
             request = queued.request
             refusal = self._refusal(request)
             if refusal is not None:
-                decisions.append(Rejected(gang_id=request.gang_id, reason=refusal))
+                decisions.append(GangRejected(gang_id=request.gang_id, reason=refusal))
                 continue
             cls = config.priority(request.priority)
             queued.prio, queued.preemptible = cls.value, cls.preemptible and request.preemptible

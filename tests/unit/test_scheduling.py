@@ -16,11 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
+import engine.scheduling
 from engine.scheduling import (
     Admitted,
     ConfigApplied,
     Decision,
     Event,
+    GangRejected,
     GangReleased,
     GangRequest,
     GangSubmitted,
@@ -30,7 +32,6 @@ from engine.scheduling import (
     Pending,
     Policy,
     Preempted,
-    Rejected,
     Tick,
     load_queue_config,
 )
@@ -67,7 +68,7 @@ def admitted(decisions: list[Decision]) -> list[str]:
     return [d.gang_id for d in decisions if isinstance(d, Admitted)]
 
 
-def only(decisions: list[Decision], kind: type[Pending] | type[Rejected], gang_id: str) -> str:
+def only(decisions: list[Decision], kind: type[Pending] | type[GangRejected], gang_id: str) -> str:
     reasons = [d.reason for d in decisions if isinstance(d, kind) and d.gang_id == gang_id]
     assert len(reasons) == 1, decisions
     return reasons[0]
@@ -201,38 +202,38 @@ def test_duplicate_gang_id_is_rejected_and_the_original_is_untouched() -> None:
     policy, _ = run([*TWO_NODES, gang("x", nnodes=2, gpus=2), gang("y", gpus=1)])
     before = policy.snapshot()
     decisions = policy.step(gang("x", gpus=1))
-    assert only(decisions, Rejected, "x") == (
+    assert only(decisions, GangRejected, "x") == (
         "rejected: gang id 'x' is already running; release it before submitting it again"
     )
     decisions = policy.step(gang("y"))
-    assert only(decisions, Rejected, "y") == "rejected: gang id 'y' is already queued"
+    assert only(decisions, GangRejected, "y") == "rejected: gang id 'y' is already queued"
     assert policy.snapshot() == before
 
 
 def test_malformed_requests_are_rejected_with_what_is_wrong() -> None:
     policy, decisions = run([*TWO_NODES, gang("bad", nnodes=0, gpus=-1, cpus=-0.5, mem=-1)])
-    reason = only(decisions, Rejected, "bad")
+    reason = only(decisions, GangRejected, "bad")
     assert reason.startswith("rejected: malformed request: ")
     assert "nnodes must be at least 1, got 0" in reason
     assert "gpus_per_node must not be negative, got -1" in reason
     assert "cpus_per_node must not be negative, got -0.5" in reason
     assert "mem_per_node must not be negative, got -1" in reason
     decisions = policy.step(gang("", gpus=1))
-    assert "gang_id is empty" in only(decisions, Rejected, "")
+    assert "gang_id is empty" in only(decisions, GangRejected, "")
     assert policy.pending == {} and policy.running == {}
 
 
 def test_a_gang_larger_than_the_cluster_is_rejected_at_once() -> None:
     policy, decisions = run([*TWO_NODES, gang("wide", nnodes=3, gpus=1)])
-    assert only(decisions, Rejected, "wide") == (
+    assert only(decisions, GangRejected, "wide") == (
         "rejected: needs 3 GPUs on 3 nodes (1 GPU, 1 CPU per node); "
         "only 2 of 2 alive nodes are that big even when idle (largest: 2 GPUs, 8 CPUs)"
     )
     decisions = policy.step(gang("fat", nnodes=1, gpus=8))
-    assert "only 0 of 2 alive nodes are that big" in only(decisions, Rejected, "fat")
-    assert "largest: 2 GPUs" in only(decisions, Rejected, "fat")
+    assert "only 0 of 2 alive nodes are that big" in only(decisions, GangRejected, "fat")
+    assert "largest: 2 GPUs" in only(decisions, GangRejected, "fat")
     _, decisions = run([gang("early", gpus=1)])
-    assert only(decisions, Rejected, "early") == (
+    assert only(decisions, GangRejected, "early") == (
         "rejected: needs 1 GPU on 1 node (1 GPU, 1 CPU per node); no alive node is registered"
     )
     assert policy.pending == {}
@@ -241,7 +242,7 @@ def test_a_gang_larger_than_the_cluster_is_rejected_at_once() -> None:
 def test_a_gang_that_needs_lost_nodes_waits_for_them_without_blocking_the_queue() -> None:
     # a whole-cluster restart: the nodes are lost, not gone; a gang that needs them waits (bounded)
     policy, decisions = run([*TWO_NODES, NodeLost(node_id="b"), gang("pair", nnodes=2, gpus=1)], now=100.0)
-    assert not [d for d in decisions if isinstance(d, Rejected)]
+    assert not [d for d in decisions if isinstance(d, GangRejected)]
     assert "waiting for lost node b to come back (up to 600 s" in only(decisions, Pending, "pair")
     assert policy.pending["pair"].lost_wait_since == 100.0
     # it does not hold the queue: a gang behind it that fits starts at once
@@ -260,7 +261,7 @@ def test_a_gang_waiting_for_lost_nodes_is_rejected_after_its_wait() -> None:
     decisions = policy.step(Tick(), now=29.0)
     assert decisions == [] and queued(policy) == ["pair"]
     decisions = policy.step(Tick(), now=30.0)
-    assert only(decisions, Rejected, "pair") == (
+    assert only(decisions, GangRejected, "pair") == (
         "unschedulable: needs 2 GPUs on 2 nodes (1 GPU, 1 CPU per node); waited 30 s for lost node b to come "
         "back, and they did not"
     )
@@ -270,7 +271,7 @@ def test_a_gang_waiting_for_lost_nodes_is_rejected_after_its_wait() -> None:
 
 def test_rejection_counts_lost_nodes_and_says_so() -> None:
     _, decisions = run([*TWO_NODES, NodeLost(node_id="b"), gang("triple", nnodes=3, gpus=1)])
-    reason = only(decisions, Rejected, "triple")
+    reason = only(decisions, GangRejected, "triple")
     assert "only 2 of 2 registered nodes (1 of them lost) are that big even when idle" in reason
 
 
@@ -397,7 +398,7 @@ def test_node_lost_for_an_unknown_node_is_a_noop() -> None:
 
 def test_reregistration_updates_capacity_and_address() -> None:
     policy, decisions = run([node("a", gpus=1), gang("g", gpus=2, nnodes=1)])
-    assert "only 0 of 1 alive node" in only(decisions, Rejected, "g")  # a has only 1 GPU
+    assert "only 0 of 1 alive node" in only(decisions, GangRejected, "g")  # a has only 1 GPU
     policy, _ = run([node("a", gpus=4), NodeRegistered(spec=NodeSpec(node_id="a", address="new", gpus=8, cpus=1))])
     view = node_view(policy, "a")
     assert (view["address"], view["gpus_total"], view["cpus_total"]) == ("new", 8, 1.0)
@@ -520,7 +521,10 @@ def test_events_and_decisions_round_trip_through_their_tagged_unions() -> None:
     decisions += policy.step(GangReleased(gang_id="one"))
     _, rejected = run([gang("r")])
     all_decisions = [*decisions, *rejected]
-    assert {type(d) for d in all_decisions} == {Admitted, Pending, Preempted, Rejected}
+    assert {type(d) for d in all_decisions} == {Admitted, Pending, Preempted, GangRejected}
+    # the class was renamed from Rejected: its tag on the wire (outboxes, histories) is the same, the old name works
+    assert rejected[0].model_dump(mode="json") == {"kind": "rejected", "gang_id": "r", "reason": rejected[0].reason}
+    assert engine.scheduling.Rejected is GangRejected
     decision_adapter = TypeAdapter(list[Decision])
     assert decision_adapter.validate_python(decision_adapter.dump_python(all_decisions, mode="json")) == all_decisions
 
@@ -676,8 +680,10 @@ def test_random_event_sequences_keep_the_invariants(data: st.DataObject) -> None
 
         # a submission is refused at once ("rejected: ..."); a queued gang is dropped only once its wait for
         # lost nodes ran out ("unschedulable: ...")
-        refused = [d.gang_id for d in decisions if isinstance(d, Rejected) and d.reason.startswith("rejected:")]
-        expired = [d.gang_id for d in decisions if isinstance(d, Rejected) and d.reason.startswith("unschedulable:")]
+        refused = [d.gang_id for d in decisions if isinstance(d, GangRejected) and d.reason.startswith("rejected:")]
+        expired = [
+            d.gang_id for d in decisions if isinstance(d, GangRejected) and d.reason.startswith("unschedulable:")
+        ]
         assert not refused or (isinstance(event, GangSubmitted) and refused == [event.request.gang_id])
         for gang_id in expired:
             waited = pending_before.get(gang_id) or policy.pending.get(gang_id)
