@@ -10,10 +10,9 @@ from __future__ import annotations
 import heapq
 import json
 import textwrap
-from collections.abc import Iterable
-from typing import Any
 
 import pytest
+from scheduling_builders import TWO_TEAMS, admitted, config, gang, node, only, order, preempted, run, used_gpus
 
 from engine.scheduling import (
     Admitted,
@@ -24,73 +23,14 @@ from engine.scheduling import (
     GangReleased,
     GangRequest,
     GangSubmitted,
-    NodeRegistered,
-    NodeSpec,
     Pending,
     Policy,
     Preempted,
-    QueueConfig,
     Tick,
-    load_queue_config,
 )
 
 GI = 2**30
 
-# ---------------------------------------------------------------- helpers
-
-
-def config(text: str) -> QueueConfig:
-    return load_queue_config(textwrap.dedent(text))
-
-
-def node(node_id: str, gpus: int = 2, cpus: float = 16, mem: int | None = None) -> NodeRegistered:
-    return NodeRegistered(spec=NodeSpec(node_id=node_id, address=f"{node_id}.local", gpus=gpus, cpus=cpus, mem=mem))
-
-
-def gang(gang_id: str, tenant: str, gpus: int = 1, nnodes: int = 1, cpus: float = 1.0, **fields: Any) -> GangSubmitted:
-    request = GangRequest(
-        gang_id=gang_id, nnodes=nnodes, gpus_per_node=gpus, cpus_per_node=cpus, tenant=tenant, **fields
-    )
-    return GangSubmitted(request=request)
-
-
-def run(events: Iterable[Event], policy: Policy, now: float | None = None) -> list[Decision]:
-    """Apply events in order; return all of their decisions."""
-    decisions: list[Decision] = []
-    for event in events:
-        decisions += policy.step(event, now)
-    return decisions
-
-
-def admitted(decisions: list[Decision]) -> list[str]:
-    return [d.gang_id for d in decisions if isinstance(d, Admitted)]
-
-
-def preempted(decisions: list[Decision]) -> list[tuple[str, str, str, str]]:
-    """(victim, preemptor, preemptor's tenant, cause) for each preemption."""
-    return [(d.gang_id, d.by, d.by_tenant, d.cause) for d in decisions if isinstance(d, Preempted)]
-
-
-def only(decisions: list[Decision], kind: type[Pending] | type[GangRejected], gang_id: str) -> str:
-    reasons = [d.reason for d in decisions if isinstance(d, kind) and d.gang_id == gang_id]
-    assert len(reasons) == 1, decisions
-    return reasons[0]
-
-
-def used_gpus(policy: Policy, tenant: str) -> int:
-    return int(policy.queues()["tenants"][tenant]["used"]["gpu"])
-
-
-def order(policy: Policy) -> list[str]:
-    return [p["gang_id"] for p in policy.describe()["pending"]]
-
-
-TWO_TEAMS = """\
-cohorts: [{name: research}]
-tenants:
-  - {name: team-a, cohort: research, quota: {gpu: 2}}
-  - {name: team-b, cohort: research, quota: {gpu: 2}}
-"""
 CLUSTER = [node("a"), node("b")]  # 4 GPUs
 
 
