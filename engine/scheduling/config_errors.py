@@ -28,6 +28,7 @@ def _path(loc: tuple[int | str, ...]) -> str:
 
 
 def kind_of(value: object) -> str:
+    """What a message calls a value the user wrote: "a mapping", "a list", or its type and a short repr."""
     if isinstance(value, Mapping):
         return "a mapping"
     if isinstance(value, list | tuple):
