@@ -12,6 +12,7 @@ __all__ = [
     "InputError",
     "NodeNotFoundError",
     "PayloadTooLargeError",
+    "QueueConfigError",
     "TypeMismatchError",
 ]
 
@@ -54,3 +55,11 @@ class NodeNotFoundError(GangflowError, LookupError):
     lists the nodes it knows."""
 
     kind = "NodeNotFound"
+
+
+class QueueConfigError(GangflowError, ValueError):
+    """A queue configuration that cannot be used (``engine.scheduling.config``); the message starts with the
+    field at fault. A ValueError too, as it was before it joined this tree."""
+
+    #: the failure type the Scheduler's ``apply_queues`` update already answers with
+    kind = "QueueConfigError"

@@ -56,6 +56,7 @@ from engine.scheduling import (
     ConfigApplied,
     Decision,
     Event,
+    GangRejected,
     GangReleased,
     GangRequest,
     GangSubmitted,
@@ -66,7 +67,6 @@ from engine.scheduling import (
     Policy,
     Preempted,
     QueueConfigError,
-    Rejected,
     Tick,
     drain_request,
     dump_queue_config,
@@ -135,7 +135,7 @@ class Scheduler:
         except (ValidationError, TypeError, ValueError) as exc:
             gang_id = request.get("gang_id") if isinstance(request, dict) else None
             if isinstance(gang_id, str) and gang_id:  # someone waits for an answer: tell it what is wrong
-                self.outbox.append(Rejected(gang_id=gang_id, reason=f"rejected: malformed request: {exc}"))
+                self.outbox.append(GangRejected(gang_id=gang_id, reason=f"rejected: malformed request: {exc}"))
             else:
                 workflow.logger.warning("ignoring a malformed gang request %r: %s", request, exc)
 
@@ -313,7 +313,7 @@ class Scheduler:
         to one gang go one after the other, in order (a placement before the preemption of that placement)."""
         final: dict[str, int] = {}
         for index, decision in enumerate(self.outbox):
-            if isinstance(decision, Pending | Admitted | Rejected):
+            if isinstance(decision, Pending | Admitted | GangRejected):
                 final[decision.gang_id] = index
         wanted = [d for i, d in enumerate(self.outbox) if not isinstance(d, Pending) or final[d.gang_id] == i]
         room = max(0, MAX_IN_FLIGHT - len(self.sending))
@@ -337,7 +337,7 @@ class Scheduler:
         payload: Any
         if isinstance(decision, Admitted):
             gang_id, name, payload = decision.gang_id, PLACEMENT_SIGNAL, decision.placement.model_dump(mode="json")
-        elif isinstance(decision, Rejected):
+        elif isinstance(decision, GangRejected):
             gang_id, name, payload = decision.gang_id, REJECTED_SIGNAL, decision.reason
         elif isinstance(decision, Pending):
             gang_id, name, payload = decision.gang_id, PENDING_SIGNAL, decision.reason

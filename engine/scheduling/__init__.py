@@ -23,6 +23,7 @@ from engine.scheduling.events import (
     ConfigApplied,
     Decision,
     Event,
+    GangRejected,
     GangReleased,
     GangSubmitted,
     NodeDrained,
@@ -30,10 +31,10 @@ from engine.scheduling.events import (
     NodeRegistered,
     Pending,
     Preempted,
-    Rejected,
     Tick,
     drain_request,
 )
+from engine.scheduling.events import Rejected as Rejected  # the old name of GangRejected, not in __all__
 from engine.scheduling.model import (
     DEFAULT_LOST_NODE_WAIT_S,
     DEFAULT_NODE_TTL_S,
@@ -53,6 +54,7 @@ __all__ = [
     "ConfigApplied",
     "Decision",
     "Event",
+    "GangRejected",
     "GangReleased",
     "GangRequest",
     "GangSubmitted",
@@ -69,7 +71,6 @@ __all__ = [
     "PriorityClass",
     "QueueConfig",
     "QueueConfigError",
-    "Rejected",
     "ResourceAmounts",
     "TenantConfig",
     "Tick",

@@ -57,19 +57,18 @@ message starts with the field at fault, e.g. ``tenants[1].quota.gpu: must be >= 
 
 from __future__ import annotations
 
-import difflib
 import math
 import pathlib
 import re
-import types
-import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import PrivateAttr, ValidationError, field_validator, model_validator
 
 from engine.core.protocol import check_tenant
+from engine.errors import QueueConfigError
+from engine.scheduling.config_errors import explain
+from engine.scheduling.config_yaml import AMOUNT_FIELDS, WrittenCpus, mark_written_cpus, read_queue_source
 from engine.scheduling.model import Frozen
 from engine.scheduling.units import MILLI, cpus_of, parse_cpu, parse_duration, parse_gpu, parse_mem
 
@@ -89,23 +88,6 @@ __all__ = [
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _RESOURCES = ("gpu", "cpu", "mem")
-_AMOUNT_FIELDS = ("quota", "borrowing_limit", "lending_limit")
-
-
-class _WrittenCpus:
-    """A plain number the user wrote for ``cpu`` in a file: CPUs, unlike a plain number in code (millicores)."""
-
-    __slots__ = ("written",)
-
-    def __init__(self, written: int | float) -> None:
-        self.written = written
-
-    def __repr__(self) -> str:  # pydantic shows the input in its own errors
-        return repr(self.written)
-
-
-class QueueConfigError(ValueError):
-    """A queue configuration that cannot be used; the message starts with the field at fault."""
 
 
 def _check_label(value: str, what: str) -> str:
@@ -143,7 +125,7 @@ class ResourceAmounts(Frozen):
     def _cpu(cls, value: object) -> int | None:
         if value is None:
             return None
-        if isinstance(value, _WrittenCpus):
+        if isinstance(value, WrittenCpus):
             return parse_cpu(value.written)  # a plain number in a file: CPUs
         if isinstance(value, str):
             return parse_cpu(value)
@@ -395,48 +377,7 @@ def _check_references(config: QueueConfig) -> None:
 DEFAULT_QUEUE_CONFIG = QueueConfig(tenants=(TenantConfig(name="default"),))
 
 
-# --- reading -------------------------------------------------------------------------------------------
-
-
-# a SafeLoader that refuses a key given twice (PyYAML silently keeps the last one: a tenant would vanish);
-# built with type() because PyYAML ships no type hints, so mypy cannot see SafeLoader as a class
-_Loader: Any = type("_Loader", (yaml.SafeLoader,), {})
-
-
-def _construct_mapping(loader: Any, node: Any) -> dict[Any, Any]:
-    seen: dict[Any, Any] = {}
-    for key_node, _ in node.value:
-        # before merging: keys brought in by ``<<: *anchor`` may be overridden, as YAML allows
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node)
-        try:
-            duplicate = key in seen
-        except TypeError:  # an unhashable key; construct_mapping below reports it
-            continue
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first at line {seen[key].line + 1})", key_node.start_mark
-            )
-        seen[key] = key_node.start_mark
-    mapping: dict[Any, Any] = loader.construct_mapping(node)
-    return mapping
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _parse_yaml(text: str, origin: str | None) -> Any:
-    where = f"{origin}: " if origin else ""
-    try:
-        return yaml.load(text, Loader=_Loader)  # a SafeLoader: no arbitrary objects
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        context = f" ({error.context})" if error.context else ""
-        raise QueueConfigError(f"{where}{at}invalid YAML: {error.problem or 'syntax error'}{context}") from None
-    except yaml.YAMLError as error:
-        raise QueueConfigError(f"{where}invalid YAML: {error}") from None
+# --- reading and writing (the YAML itself: engine.scheduling.config_yaml; its errors: config_errors) -------
 
 
 def load_queue_config(source: str | pathlib.Path | Mapping[str, Any]) -> QueueConfig:
@@ -445,62 +386,12 @@ def load_queue_config(source: str | pathlib.Path | Mapping[str, Any]) -> QueueCo
     Raises ``QueueConfigError`` (never a raw pydantic or YAML error) whose message starts with the field at
     fault; all field errors are listed, one per line.
     """
-    origin: str | None = None
-    if isinstance(source, pathlib.Path):
-        origin = str(source)
-        try:
-            text = source.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise QueueConfigError(f"{source}: no such file") from None
-        except (OSError, UnicodeDecodeError) as error:
-            raise QueueConfigError(f"{source}: cannot read the queue configuration: {error}") from None
-        data: Any = _parse_yaml(text, origin)
-    elif isinstance(source, str):
-        data = _parse_yaml(source, None)
-    elif isinstance(source, Mapping):
-        data = source
-    else:
-        raise QueueConfigError(
-            f"the queue configuration must be YAML text, a pathlib.Path or a mapping, got {type(source).__name__}"
-        )
-    where = f"{origin}: " if origin else ""
-    if data is None:
-        raise QueueConfigError(f"{where}the queue configuration is empty; at least `tenants:` is required")
-    if not isinstance(data, Mapping):
-        hint = ""
-        if isinstance(data, str) and data.endswith((".yaml", ".yml")):
-            hint = " (to read a file, pass a pathlib.Path, not its name as a str)"
-        raise QueueConfigError(
-            f"{where}the queue configuration must be a mapping with `tenants:`, got {_kind(data)}{hint}"
-        )
+    data = read_queue_source(source)  # engine.scheduling.config_yaml
     try:
-        return QueueConfig.model_validate(_mark_written_cpus(data))
+        return QueueConfig.model_validate(mark_written_cpus(data))
     except ValidationError as error:
         # field errors start with the field path (not the file name): callers can add the file themselves
-        raise QueueConfigError(_explain(error)) from None
-
-
-def _mark_written_cpus(data: Mapping[Any, Any]) -> dict[Any, Any]:
-    """A shallow copy of ``data`` in which each plain number under ``tenants[i].<amounts>.cpu`` means CPUs.
-
-    Anything of an unexpected shape is left alone for the model to report with its field path.
-    """
-    copied = dict(data)
-    tenants = copied.get("tenants")
-    if not isinstance(tenants, list | tuple):
-        return copied
-    marked: list[Any] = []
-    for tenant in tenants:
-        if isinstance(tenant, Mapping):
-            tenant = dict(tenant)
-            for field in _AMOUNT_FIELDS:
-                amounts = tenant.get(field)
-                cpu = amounts.get("cpu") if isinstance(amounts, Mapping) else None
-                if isinstance(cpu, int | float) and not isinstance(cpu, bool):
-                    tenant[field] = {**amounts, "cpu": _WrittenCpus(cpu)}  # type: ignore[dict-item]
-        marked.append(tenant)
-    copied["tenants"] = marked
-    return copied
+        raise QueueConfigError(explain(error, QueueConfig)) from None
 
 
 def _cpu_quantity(millicores: int) -> str:
@@ -517,96 +408,8 @@ def dump_queue_config(config: QueueConfig) -> dict[str, Any]:
     """
     dumped = config.model_dump(mode="json", exclude_none=True)
     for tenant in dumped["tenants"]:
-        for field in _AMOUNT_FIELDS:
+        for field in AMOUNT_FIELDS:
             amounts = tenant.get(field)
             if amounts is not None and "cpu" in amounts:
                 amounts["cpu"] = _cpu_quantity(amounts["cpu"])
     return dumped
-
-
-# --- pydantic errors as field paths ---------------------------------------------------------------------
-
-
-def _path(loc: tuple[int | str, ...]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-def _kind(value: object) -> str:
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list | tuple):
-        return "a list"
-    shown = repr(value)
-    return f"{type(value).__name__} {shown if len(shown) <= 60 else shown[:57] + '...'}"
-
-
-def _unwrap(annotation: Any) -> Any:
-    """``X | None`` -> X; ``tuple[X, ...]`` stays (an index selects X)."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        members = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return members[0] if len(members) == 1 else annotation
-    return annotation
-
-
-def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
-    """The model class whose fields live at ``loc`` (for listing the allowed keys), or None."""
-    current: Any = QueueConfig
-    for part in loc:
-        if isinstance(part, int):
-            if typing.get_origin(current) is not tuple:
-                return None
-            current = _unwrap(typing.get_args(current)[0])
-        elif isinstance(current, type) and issubclass(current, BaseModel) and part in current.model_fields:
-            current = _unwrap(current.model_fields[part].annotation)
-        else:
-            return None
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
-def _explain_one(err: Any) -> str:
-    loc: tuple[int | str, ...] = tuple(err["loc"])
-    path = _path(loc) or "the queue configuration"
-    kind: str = err["type"]
-    value = err.get("input")
-    ctx = err.get("ctx") or {}
-    if kind == "value_error" and isinstance(ctx.get("error"), QueueConfigError):
-        return str(ctx["error"])  # already names its field
-    if kind == "value_error":
-        return f"{path}: {ctx.get('error', err['msg'])}"
-    if kind in ("extra_forbidden", "invalid_key"):
-        parent = _path(loc[:-1])
-        path = f"{parent}.{loc[-1]}" if parent else str(loc[-1])
-        model = _model_at(loc[:-1])
-        allowed = list(model.model_fields) if model else []
-        near = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        listed = f" (allowed: {', '.join(allowed)})" if allowed else ""
-        return f"{path}: unknown key {loc[-1]!r}{listed}{hint}"
-    if kind == "missing":
-        return f"{path}: required" + ("; at least one tenant is" if loc == ("tenants",) else "")
-    if kind in ("model_type", "dict_type", "model_attributes_type"):
-        return f"{path}: must be a mapping, got {_kind(value)}"
-    if kind in ("tuple_type", "list_type"):
-        hint = " (write one `- name: ...` entry per item)" if isinstance(value, Mapping) else ""
-        return f"{path}: must be a list, got {_kind(value)}{hint}"
-    if kind == "string_type":
-        hint = " (quote it: YAML reads yes/no/on/off/true/false as booleans)" if isinstance(value, bool) else ""
-        return f"{path}: must be a string, got {_kind(value)}{hint}"
-    if kind == "literal_error":
-        return f"{path}: must be one of {ctx.get('expected', '')}, got {value!r}"
-    if kind in ("int_parsing", "int_type", "int_from_float"):
-        return f"{path}: must be an integer, got {_kind(value)}"
-    if kind in ("float_parsing", "float_type", "finite_number"):
-        return f"{path}: must be a finite number, got {_kind(value)}"
-    if kind in ("bool_parsing", "bool_type"):
-        return f"{path}: must be true or false, got {_kind(value)}"
-    message = str(err["msg"])
-    return f"{path}: {message[:1].lower()}{message[1:]}"
-
-
-def _explain(error: ValidationError) -> str:
-    lines = [_explain_one(err) for err in error.errors()]
-    return "\n".join(dict.fromkeys(lines))  # one line per problem, in pydantic's (document) order

@@ -21,6 +21,7 @@ __all__ = [
     "ConfigApplied",
     "Decision",
     "Event",
+    "GangRejected",
     "GangReleased",
     "GangSubmitted",
     "NodeDrained",
@@ -28,7 +29,6 @@ __all__ = [
     "NodeRegistered",
     "Pending",
     "Preempted",
-    "Rejected",
     "Tick",
     "drain_request",
 ]
@@ -145,12 +145,19 @@ class Admitted(Frozen):
         return self.placement.gang_id
 
 
-class Rejected(Frozen):
-    """The request is malformed, a duplicate, or can never fit the alive cluster; it is not queued."""
+class GangRejected(Frozen):
+    """The gang request is malformed, a duplicate, or can never fit the alive cluster; it is not queued.
+
+    Its tag on the wire stays ``"rejected"`` (decisions in outboxes and histories carry it): only the class
+    name changed, away from ``engine.Rejected`` (an approval rejected)."""
 
     kind: Literal["rejected"] = "rejected"
     gang_id: str
     reason: str
+
+
+#: the old name of ``GangRejected``, kept for code that imports it
+Rejected = GangRejected
 
 
 class Pending(Frozen):
@@ -175,4 +182,4 @@ class Preempted(Frozen):
     grace_s: float
 
 
-Decision: TypeAlias = Annotated[Admitted | Rejected | Pending | Preempted, Field(discriminator="kind")]
+Decision: TypeAlias = Annotated[Admitted | GangRejected | Pending | Preempted, Field(discriminator="kind")]

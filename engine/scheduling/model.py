@@ -52,7 +52,7 @@ class GangRequest(Frozen):
     """One distributed task attempt: ``nnodes`` distinct nodes, each offering the per-node amounts.
 
     Deliberately *not* range-checked here: the request comes from a GangRun workflow that waits for a
-    decision, so a malformed one must turn into a ``Rejected`` with a reason (``step`` does that), not
+    decision, so a malformed one must turn into a ``GangRejected`` with a reason (``step`` does that), not
     into a validation error inside the Scheduler workflow. ``mem_per_node=None`` means "don't care".
     ``tenant`` and ``priority`` (a priority class name; None = the configuration's default) are resolved
     against the queue configuration when the request arrives. ``preemptible=False`` (a task's own

@@ -49,131 +49,54 @@ but not gone": a gang that only it could hold waits for an undrain, with a reaso
 deadline and without holding up the queue; it is never rejected for it. The flag and its reason survive
 the node's re-registrations, its loss and ``snapshot``.
 
-**Decisions**, in order: what the event itself caused (``Rejected``), then ``Admitted`` / ``Preempted``
+**Decisions**, in order: what the event itself caused (``GangRejected``), then ``Admitted`` / ``Preempted``
 as the order is walked, and ``Pending`` for a gang whose reason changed (a new gang always gets one).
+
+**Where.** This module holds the state, the events and the admission cycle. The victim search is
+``engine.scheduling.preemption``, the waits for lost and drained nodes ``engine.scheduling.node_waits``,
+the continue-as-new encoding ``engine.scheduling.snapshot``, the per-gang records they share
+``engine.scheduling.state``; they read and update the policy's state, which stays this class's.
 """
 
 from __future__ import annotations
 
-import base64
 import heapq
-import itertools
-import json
-import zlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any
 
 from engine.scheduling import describe as views
-from engine.scheduling.config import DEFAULT_QUEUE_CONFIG, QueueConfig, dump_queue_config, load_queue_config
+from engine.scheduling import node_waits, preemption
+from engine.scheduling import snapshot as snapshots
+from engine.scheduling.config import DEFAULT_QUEUE_CONFIG, QueueConfig
 from engine.scheduling.events import (
     Admitted,
     ConfigApplied,
     Decision,
     Event,
+    GangRejected,
     GangReleased,
     GangSubmitted,
     NodeDrained,
     NodeLost,
     NodeRegistered,
     Pending,
-    Preempted,
-    Rejected,
     Tick,
 )
-from engine.scheduling.inventory import Inventory, millicores
-from engine.scheduling.model import DEFAULT_NODE_TTL_S, GangRequest, NodeAssignment, NodeSpec, Placement
-from engine.scheduling.preemption import Victim, choose_victims
+from engine.scheduling.inventory import Inventory
+from engine.scheduling.model import DEFAULT_NODE_TTL_S, GangRequest, Placement
 from engine.scheduling.reasons import (
     behind_reason,
     capacity_reason,
-    drained_wait_reason,
-    draining_reason,
-    lost_wait_expired_reason,
-    lost_wait_reason,
     malformed_reason,
-    needs,
     never_fits_reason,
     nominated_reason,
     queued_reason,
     quota_reason,
 )
+from engine.scheduling.state import Fit, Queued, QueueKey, Running, Shape, shape_of
 from engine.scheduling.tenancy import Tenancy, Vec, demand
 
 __all__ = ["Policy"]
-
-Shape = tuple[int, int, int, int | None]  # nnodes, GPUs, millicores and bytes per node
-QueueKey = tuple[int, Shape]  # (-priority value, shape)
-Cause = Literal["reclaim", "priority", "backfill", "defrag"]
-#: whether a shape fits the offered nodes when idle ("now"), else what it waits for: lost nodes to come back
-#: ("lost", up to the gang's ``lost_node_wait_s``) or drained nodes to be undrained ("drained": an operator's
-#: decision, no deadline); "never": not even every registered node could hold it
-Fit = Literal["now", "lost", "drained", "never"]
-_SNAPSHOT_VERSION = 1
-#: how soon a gang whose victim search was put off (one search per event) searches again, policy seconds
-SEARCH_PUT_OFF_S = 5.0
-#: how many of a tenant's most recent gangs a victim search considers to free quota (not nodes)
-MORE_VICTIMS = 256
-
-
-@dataclass(slots=True)
-class _Queued:
-    request: GangRequest
-    seq: int
-    prio: int
-    preemptible: bool
-    vec: Vec
-    shape: Shape
-    reason: str = ""
-    lost_wait_since: float | None = None
-    victims: set[str] = field(default_factory=set)  # preempted for this gang and not released yet
-    cause: str = ""
-    #: the last victim search found nothing: (policy version then, when a too-young victim comes of age)
-    failed_search: tuple[int, float] | None = None
-
-    @property
-    def key(self) -> QueueKey:
-        return (-self.prio, self.shape)
-
-
-@dataclass(frozen=True, slots=True)
-class _Notice:
-    """A preemption decided for a running gang that has not released yet (``describe`` shows it)."""
-
-    cause: str
-    by: str  # the gang it makes room for, or the node being drained
-    by_tenant: str
-    since: float
-    grace_s: float
-
-    def row(self) -> list[Any]:
-        return [self.cause, self.by, self.by_tenant, self.since, self.grace_s]
-
-
-@dataclass(slots=True)
-class _Running:
-    request: GangRequest
-    placement: Placement
-    seq: int  # its place in the order (kept when a preempted gang comes back)
-    admit_seq: int
-    admitted_at: float
-    prio: int
-    preemptible: bool
-    vec: Vec
-    backfill: bool
-    preempted_for: str | None = None  # the pending gang it makes room for (a drain names no gang)
-    #: set once the gang is preempted (for a gang or a drain): it is never chosen again, and it comes back
-    #: at its place in the order when it releases
-    preemption: _Notice | None = None
-
-
-def _failed(search: tuple[int, float] | None) -> list[Any] | None:
-    # JSON has no infinity: "no victim comes of age" is null
-    return None if search is None else [search[0], None if search[1] == float("inf") else search[1]]
-
-
-def _shape(request: GangRequest) -> Shape:
-    return (request.nnodes, request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node)
 
 
 class Policy:
@@ -183,10 +106,10 @@ class Policy:
         self.config = config
         self.inventory = Inventory(node_ttl_s)
         self.tenancy = Tenancy(config)
-        self.running: dict[str, _Running] = {}  # in admission order
-        self.pending: dict[str, _Queued] = {}
+        self.running: dict[str, Running] = {}  # in admission order
+        self.pending: dict[str, Queued] = {}
         self._queues: dict[str, dict[QueueKey, list[tuple[int, str]]]] = {}  # tenant -> key -> heap (seq, id)
-        self._by_tenant: dict[str, dict[str, _Running]] = {}
+        self._by_tenant: dict[str, dict[str, Running]] = {}
         self._seq = 0
         self._now = 0.0
         #: bumps on what can turn a failed victim search into a successful one (a release, a node or config
@@ -223,7 +146,7 @@ class Policy:
         elif isinstance(event, NodeLost):
             changed = self.inventory.set_offered(event.node_id, alive=False)
         elif isinstance(event, NodeDrained):
-            changed = self._drain(event, decisions)
+            changed = node_waits.drain(self, event, decisions)
         elif isinstance(event, GangSubmitted):
             changed = self._submit(event.request, decisions)
         elif isinstance(event, GangReleased):
@@ -246,18 +169,18 @@ class Policy:
     def _submit(self, request: GangRequest, decisions: list[Decision]) -> bool:
         refusal = self._refusal(request)
         if refusal is not None:
-            decisions.append(Rejected(gang_id=request.gang_id, reason=refusal))
+            decisions.append(GangRejected(gang_id=request.gang_id, reason=refusal))
             return False
         cls = self.config.priority(request.priority)
         seq = self._requeue.pop(request.gang_id, None)
         if seq is None:
             seq = self._next_seq()
         preemptible = cls.preemptible and request.preemptible
-        queued = _Queued(request, seq, cls.value, preemptible, demand(request), _shape(request))
+        queued = Queued(request, seq, cls.value, preemptible, demand(request), shape_of(request))
         self._enqueue(queued)
         return True
 
-    def _enqueue(self, queued: _Queued) -> None:
+    def _enqueue(self, queued: Queued) -> None:
         self.pending[queued.request.gang_id] = queued
         heap = self._queues.setdefault(queued.request.tenant, {}).setdefault(queued.key, [])
         heapq.heappush(heap, (queued.seq, queued.request.gang_id))
@@ -334,7 +257,7 @@ class Policy:
             request = queued.request
             refusal = self._refusal(request)
             if refusal is not None:
-                decisions.append(Rejected(gang_id=request.gang_id, reason=refusal))
+                decisions.append(GangRejected(gang_id=request.gang_id, reason=refusal))
                 continue
             cls = config.priority(request.priority)
             queued.prio, queued.preemptible = cls.value, cls.preemptible and request.preemptible
@@ -347,7 +270,7 @@ class Policy:
         return self._seq
 
     # -- the admission cycle -------------------------------------------------------------------------
-    def _head(self, heap: list[tuple[int, str]]) -> _Queued | None:
+    def _head(self, heap: list[tuple[int, str]]) -> Queued | None:
         while heap:
             seq, gang_id = heap[0]
             queued = self.pending.get(gang_id)
@@ -360,7 +283,7 @@ class Policy:
         """Whether the request fits the offered nodes when idle, else what it waits for (``Fit``), cached per
         shape until the nodes change. Drained nodes are "not usable now but not gone": a gang that only
         they could hold waits for an operator, however long, and never for a lost node's deadline."""
-        shape = shape or _shape(request)
+        shape = shape or shape_of(request)
         cached = self._fits.get(shape)
         if cached is None or cached[0] != self.inventory.topology:
             n = request.nnodes
@@ -378,7 +301,7 @@ class Policy:
         return cached[1]
 
     def _cycle(self, decisions: list[Decision], *, timed: bool, searches: int) -> None:
-        self._revive_lost_waiters()
+        node_waits.revive_lost_waiters(self)
         if not self.pending:
             return
         policy = self.config.policy
@@ -404,7 +327,7 @@ class Policy:
             self._pversion += 1
         for gang_id in [g for g, at in self._retry.items() if at <= self._now]:
             del self._retry[gang_id]  # come of age: the gang's next look searches again
-        blocker: _Queued | None = None
+        blocker: Queued | None = None
         blocker_why = ""
         failed_shapes: set[Shape] = set()
         reserved = frozenset().union(*self._reserved.values()) if self._reserved else frozenset()
@@ -425,10 +348,10 @@ class Policy:
             heap = self._queues[tenant][key]
             fit = self._fit(request, queued.shape)
             if fit == "drained":
-                self._wait_for_drain(queued, decisions)
+                node_waits.wait_for_drain(self, queued, decisions)
                 continue
             if fit != "now":
-                self._wait_for_lost(heap, decisions, timed=timed)
+                node_waits.wait_for_lost(self, heap, decisions, timed=timed)
                 continue
             if (
                 blocker is not None
@@ -458,10 +381,10 @@ class Policy:
             blocked = self.tenancy.blocked(tenant, vec)
             if blocked is not None:
                 refused.setdefault(tenant, []).append(vec)
-                if queued.victims or self._preempt_for(queued, decisions, timed=timed):
+                if queued.victims or preemption.preempt_for(self, queued, decisions, timed=timed):
                     self._say(queued, nominated_reason(request, sorted(queued.victims), queued.cause), decisions)
                 else:
-                    reclaim = blocked.within_nominal and self._reclaimable(queued)
+                    reclaim = blocked.within_nominal and preemption.reclaimable(self, queued)
                     cohort = self.tenancy.root(tenant)
                     tkey = ("quota", tenant, blocked, queued.shape, reclaim)
                     text = self._text(tkey, quota_reason, tenant, blocked, cohort, request, reclaim)
@@ -476,7 +399,9 @@ class Policy:
             if placement is None:
                 failed_shapes.add(shape)
                 waiting_first = blocker is None
-                if queued.victims or (waiting_first and self._preempt_for(queued, decisions, timed=timed, defrag=True)):
+                if queued.victims or (
+                    waiting_first and preemption.preempt_for(self, queued, decisions, timed=timed, defrag=True)
+                ):
                     self._say(queued, nominated_reason(request, sorted(queued.victims), queued.cause), decisions)
                     why = "waits for the gangs it preempted to release"
                 else:
@@ -493,13 +418,13 @@ class Policy:
             if nxt is not None:  # ranked again when it comes up, as the tenant's share moved
                 heapq.heappush(order, (key[0], False, 0.0, nxt.seq, -1, nxt.request.gang_id, tenant, key))
 
-    def tiers(self, tenant: str, heads: list[_Queued]) -> dict[int, tuple[bool, float]]:
+    def tiers(self, tenant: str, heads: list[Queued]) -> dict[int, tuple[bool, float]]:
         """Per priority value, how the tenant's heads rank against other tenants': (whether its next gang in
         FIFO order would make it borrow, its fair share). A gang that keeps its tenant within its quota goes
         before one that would make its tenant borrow (so nothing is admitted only to be reclaimed at once,
         Kueue's "final share" idea); then the lowest share. Within a tenant and priority the tier is the
         same for every head, so its gangs keep their FIFO order."""
-        first: dict[int, _Queued] = {}
+        first: dict[int, Queued] = {}
         for head in heads:
             if head.prio not in first or head.seq < first[head.prio].seq:
                 first[head.prio] = head
@@ -513,20 +438,6 @@ class Policy:
         self._tier_cache[tenant] = (stamp, tiers)
         return tiers
 
-    def _reclaimable(self, queued: _Queued) -> bool:
-        """Whether a borrower of the gang's root cohort runs a gang it may reclaim (preemptible, and of lower
-        priority under ``reclaim_within_cohort: lower_priority``), old enough or not yet."""
-        rule, tenant = self.config.policy.reclaim_within_cohort, queued.request.tenant
-        root = self.tenancy.root(tenant)
-        if rule == "never" or root is None:
-            return False
-        return any(
-            n and (rule == "any" or prio < queued.prio)
-            for name, counts in self._prio_counts.items()
-            if name != tenant and self.tenancy.root(name) == root and self.tenancy.borrowing(name)
-            for prio, n in counts.items()
-        )
-
     def _text(self, key: tuple[Any, ...], build: Callable[..., str], *args: Any) -> str:
         """A reason text, built once per distinct situation (``key``): many gangs wait for the same thing."""
         text = self._texts.get(key)
@@ -536,15 +447,15 @@ class Policy:
             text = self._texts[key] = build(*args)
         return text
 
-    def _say(self, queued: _Queued, reason: str, decisions: list[Decision]) -> None:
+    def _say(self, queued: Queued, reason: str, decisions: list[Decision]) -> None:
         if reason != queued.reason:
             queued.reason = reason
             decisions.append(Pending(gang_id=queued.request.gang_id, reason=reason))
 
-    def _admit(self, queued: _Queued, placement: Placement, *, backfill: bool, decisions: list[Decision]) -> None:
+    def _admit(self, queued: Queued, placement: Placement, *, backfill: bool, decisions: list[Decision]) -> None:
         request = queued.request
         gang_id = request.gang_id
-        running = _Running(
+        running = Running(
             request,
             placement,
             queued.seq,
@@ -568,7 +479,7 @@ class Policy:
         self._forget(gang_id)
         decisions.append(Admitted(placement=placement))
 
-    def _count_prio(self, running: _Running, sign: int) -> None:
+    def _count_prio(self, running: Running, sign: int) -> None:
         if running.preemptible:
             counts = self._prio_counts.setdefault(running.request.tenant, {})
             counts[running.prio] = counts.get(running.prio, 0) + sign
@@ -579,236 +490,6 @@ class Policy:
         self._reserved.pop(gang_id, None)
         self._lost_waiters.discard(gang_id)
         self._retry.pop(gang_id, None)
-
-    # -- lost nodes ------------------------------------------------------------------------------------
-    def _wait_for_lost(self, heap: list[tuple[int, str]], decisions: list[Decision], *, timed: bool) -> None:
-        """A whole queue (one shape) fits only with lost nodes back: its gangs wait for them, each up to its
-        ``lost_node_wait_s``, without holding up anyone else."""
-        reason = ""
-        for seq, gang_id in sorted(heap):
-            queued = self.pending.get(gang_id)
-            if queued is None or queued.seq != seq:
-                continue
-            request = queued.request
-            if queued.lost_wait_since is None and timed:
-                queued.lost_wait_since = self._now
-            self._lost_waiters.add(gang_id)
-            since = queued.lost_wait_since
-            if since is not None and self._now - since >= request.lost_node_wait_s:
-                self._forget(gang_id)
-                decisions.append(Rejected(gang_id=gang_id, reason=lost_wait_expired_reason(request, self.inventory)))
-                continue
-            reason = reason or lost_wait_reason(request, self.inventory)
-            self._say(queued, reason, decisions)
-
-    def _revive_lost_waiters(self) -> None:
-        for gang_id in sorted(self._lost_waiters):
-            queued = self.pending.get(gang_id)
-            if queued is None:
-                self._lost_waiters.discard(gang_id)
-            elif self._fit(queued.request) in ("now", "drained"):  # no deadline while an operator decides
-                queued.lost_wait_since = None
-                self._lost_waiters.discard(gang_id)
-
-    # -- drained nodes ---------------------------------------------------------------------------------
-    def _drain(self, event: NodeDrained, decisions: list[Decision]) -> bool:
-        """Drain or undrain a node; True when what it offers changed. A drain preempts every preemptible
-        gang on the node whatever its age (the operator needs the node; ``min_runtime`` and the no-cycle
-        rule are about gangs taking each other's place), once: a gang already leaving keeps its notice.
-        Gangs that are not preemptible run there to their end."""
-        node = self.inventory.nodes.get(event.node_id)
-        if node is None:
-            return False
-        changed = self.inventory.set_offered(event.node_id, drained=event.drained, reason=event.reason)
-        if not event.drained:
-            return changed
-        grace = self.config.policy.preemption_grace
-        reason = draining_reason(event.node_id, node.drain_reason)
-        for gang_id in sorted(node.held):
-            running = self.running.get(gang_id)
-            if running is None or not running.preemptible or running.preemption is not None:
-                continue
-            running.preemption = _Notice("drain", event.node_id, "", self._now, grace)
-            decisions.append(
-                Preempted(gang_id=gang_id, by=event.node_id, by_tenant="", cause="drain", reason=reason, grace_s=grace)
-            )
-        return changed
-
-    def _wait_for_drain(self, queued: _Queued, decisions: list[Decision]) -> None:
-        """The head of a queue (one shape) that only drained nodes could hold: it waits for an operator to
-        undrain them, without a deadline and without holding up anyone else; the gangs behind it in its
-        queue say they are queued behind it."""
-        self._reserved.pop(queued.request.gang_id, None)  # nothing to keep free for it while it cannot fit
-        key = ("drained", queued.shape, self.inventory.topology)
-        self._say(queued, self._text(key, drained_wait_reason, queued.request, self.inventory), decisions)
-
-    def drain_report(self, node_id: str) -> dict[str, list[str]]:
-        """The running gangs on a node by what a drain does to them: ``leaving`` (preempted, not released
-        yet) and ``remaining`` (not preemptible: they run there to their end). O(gangs on the node)."""
-        node = self.inventory.nodes.get(node_id)
-        report: dict[str, list[str]] = {"leaving": [], "remaining": []}
-        for gang_id in sorted(node.held if node is not None else ()):
-            running = self.running.get(gang_id)
-            if running is not None and running.preemption is not None:
-                report["leaving"].append(gang_id)
-            elif running is not None and not running.preemptible:
-                report["remaining"].append(gang_id)
-        return report
-
-    # -- preemption ------------------------------------------------------------------------------------
-    def _preempt_for(self, queued: _Queued, decisions: list[Decision], *, timed: bool, defrag: bool = False) -> bool:
-        """Find and preempt the victims that let ``queued`` start; False if there are none (yet)."""
-        failed = queued.failed_search
-        if failed is not None and failed[0] == self._pversion and self._now < failed[1]:
-            return False  # nothing changed since the last search found nothing
-        if self._searches_left <= 0:
-            # put off to bound this event's cost: a Tick comes back for it soon, whatever else happens
-            self._retry[queued.request.gang_id] = self._now + SEARCH_PUT_OFF_S
-            return False
-        self._searches_left -= 1
-        rank, more, routes, young = self._ranking(queued, timed=timed, defrag=defrag)
-        chosen = choose_victims(self.inventory, self.tenancy, queued.request, queued.vec, self.running, rank, more)
-        victims, nodes = chosen if chosen is not None else ([], frozenset[str]())
-        comes_of_age = min(young, default=float("inf"))
-        moved = [self.running[v.request.gang_id] for v in victims if routes[v.request.gang_id] == "defrag"]
-        if moved and not self._can_move(queued, victims, moved):
-            victims = []
-        if not victims and young and defrag:
-            # The gangs in its way are too young to preempt yet. Keep new backfill off the nodes it would take
-            # meanwhile: else short gangs could keep replacing each other there, never old enough, and
-            # starve it (the bound in the module docstring needs this).
-            rank, more, _, _ = self._ranking(queued, timed=False, defrag=defrag)
-            later = choose_victims(self.inventory, self.tenancy, queued.request, queued.vec, self.running, rank, more)
-            if later is not None:
-                self._reserved[queued.request.gang_id] = later[1]
-        if not victims:
-            queued.failed_search = (self._pversion, comes_of_age)
-            if comes_of_age != float("inf"):
-                self._retry[queued.request.gang_id] = comes_of_age
-            return False
-        self._retry.pop(queued.request.gang_id, None)
-        gang_id, tenant = queued.request.gang_id, queued.request.tenant
-        grace = self.config.policy.preemption_grace
-        causes = []
-        for victim in victims:
-            running = self.running[victim.request.gang_id]
-            cause = routes[running.request.gang_id]
-            causes.append(cause)
-            running.preempted_for = gang_id
-            running.preemption = _Notice(cause, gang_id, tenant, self._now, grace)
-            self._evicted_for.setdefault(running.request.gang_id, set()).add(gang_id)
-            reason = (
-                f"preempted ({cause}) to make room for gang {gang_id!r} of {tenant}, which needs "
-                f"{needs(queued.request)}"
-            )
-            decisions.append(
-                Preempted(
-                    gang_id=running.request.gang_id,
-                    by=gang_id,
-                    by_tenant=tenant,
-                    cause=cause,
-                    reason=reason,
-                    grace_s=grace,
-                )
-            )
-        queued.victims = {v.request.gang_id for v in victims}
-        queued.cause = ", ".join(sorted(set(causes)))
-        queued.failed_search = None
-        self._reserved[gang_id] = nodes
-        return True
-
-    def _can_move(self, queued: _Queued, victims: Sequence[Victim], moved: list[_Running]) -> bool:
-        """Whether, with ``victims`` gone and ``queued`` placed, every gang ``moved`` for defragmentation fits
-        the idle capacity left at once (else moving it would only trade one waiting gang for another)."""
-        inventory = self.inventory
-        released = [self.running[v.request.gang_id] for v in victims]
-        taken: list[tuple[GangRequest, Placement]] = []
-        for running in released:
-            inventory.release(running.request.gang_id, running.placement)
-        try:
-            for request in [queued.request, *(r.request for r in sorted(moved, key=lambda r: -r.vec[0]))]:
-                placement = inventory.place(request)
-                if placement is None:
-                    return False
-                inventory.take(request, placement)
-                taken.append((request, placement))
-            return True
-        finally:
-            for request, placement in reversed(taken):
-                inventory.release(request.gang_id, placement)
-            for running in released:
-                inventory.take(running.request, running.placement)
-
-    def _ranking(
-        self, queued: _Queued, *, timed: bool, defrag: bool
-    ) -> tuple[Callable[[str], tuple[bool, int, int] | None], Callable[[], list[str]], dict[str, Cause], list[float]]:
-        """How ``queued`` ranks the running gangs as victims (None: not one), the candidates that free quota
-        in preference order (computed only if asked), why each victim may go (reclaim over priority over
-        backfill over defrag when several apply), and when the next one too young to go comes of age.
-
-        ``defrag`` (the first gang in order, blocked by the nodes, not by its quota): smaller gangs of no
-        higher priority may move to make room, when the cluster has enough idle GPUs for it elsewhere
-        (``_preempt_for`` checks that every such victim can start again at once)."""
-        policy = self.config.policy
-        request = queued.request
-        tenant, root = request.tenant, self.tenancy.root(request.tenant)
-        counts = self._prio_counts.get(tenant, {})
-        lower = policy.within_tenant == "lower_priority" and any(n for p, n in counts.items() if p < queued.prio)
-        borrowers = {
-            t.name
-            for t in self.config.tenants
-            if t.name != tenant and self.tenancy.root(t.name) == root and self.tenancy.borrowing(t.name)
-        }
-        reclaim = (
-            bool(borrowers)
-            and policy.reclaim_within_cohort != "never"
-            and root is not None
-            and self.tenancy.within_nominal(tenant, queued.vec)
-        )
-        backfilled = self._backfill_seq > queued.seq
-        defrag = defrag and self.inventory.free_gpus >= queued.vec[0] > 0
-        forbidden = self._evicted_for.get(request.gang_id, set())
-        routes: dict[str, Cause] = {}
-        comes_of_age: list[float] = []
-
-        def route(r: _Running) -> Cause | None:
-            other = r.request.tenant
-            if reclaim and other in borrowers and (policy.reclaim_within_cohort == "any" or r.prio < queued.prio):
-                return "reclaim"
-            if lower and other == tenant and r.prio < queued.prio:
-                return "priority"
-            if backfilled and r.backfill and r.admit_seq > queued.seq and r.prio <= queued.prio:
-                return "backfill"
-            if defrag and r.prio <= queued.prio and r.vec[0] < queued.vec[0]:
-                return "defrag"
-            return None
-
-        def rank(gang_id: str) -> tuple[bool, int, int] | None:
-            r = self.running[gang_id]
-            if not r.preemptible or r.preemption is not None or gang_id in forbidden:
-                return None
-            cause = route(r)
-            if cause is None:
-                return None
-            of_age = r.admitted_at + policy.min_runtime  # the same sum as the deadline it gives
-            if timed and of_age > self._now:
-                comes_of_age.append(of_age)
-                return None
-            routes[gang_id] = cause
-            return (r.request.tenant not in borrowers, r.prio, -r.admit_seq)
-
-        def more() -> list[str]:
-            # only reclaim and priority free the tenant's quota; their gangs, best victims first
-            tenants = sorted(borrowers) if reclaim else []
-            tenants += [tenant] if lower else []
-            # the most recently admitted of each (the preferred victims), a bounded number: a search costs
-            # O(that), not O(every gang the cohort runs)
-            ids = [g for t in tenants for g in itertools.islice(reversed(self._by_tenant.get(t, {})), MORE_VICTIMS)]
-            return sorted((g for g in ids if rank(g) is not None), key=lambda g: rank(g) or (False, 0, 0))
-
-        if not (lower or backfilled or reclaim or defrag):
-            return (lambda _: None), list, routes, comes_of_age  # nobody could be a victim: no walk at all
-        return rank, more, routes, comes_of_age
 
     # -- time ------------------------------------------------------------------------------------------
     def next_deadline(self) -> float | None:
@@ -825,179 +506,25 @@ class Policy:
 
     # -- views -----------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        """Nodes, running gangs, the queue in order with reasons, and the tenants (``gangflow queue``)."""
+        """Nodes, running gangs, the queue in order with reasons, and the tenants (``gangflow cluster``)."""
         return views.describe(self)
 
     def queues(self) -> dict[str, Any]:
         """Per tenant: nominal, used, borrowed, lent, pending and share (``gangflow queues show``)."""
         return views.queues(self)
 
+    def drain_report(self, node_id: str) -> dict[str, list[str]]:
+        """The running gangs on a node by what a drain does to them: ``leaving`` (preempted, not released
+        yet) and ``remaining`` (not preemptible: they run there to their end). O(gangs on the node)."""
+        return node_waits.drain_report(self, node_id)
+
     # -- continue-as-new -------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        """Everything ``restore`` needs, compact: 15,000 queued gangs take a few hundred KB of JSON before
-        compression, well under Temporal's 2 MB payload limit after it. Repeated strings (tenants, reasons)
-        are stored once."""
-        strings: dict[str, int] = {}
-
-        def sid(text: str) -> int:
-            return strings.setdefault(text, len(strings))
-
-        def req(r: GangRequest) -> list[Any]:
-            return [
-                r.gang_id,
-                r.nnodes,
-                r.gpus_per_node,
-                r.cpus_per_node,
-                r.mem_per_node,
-                sid(r.tenant),
-                r.priority,
-                r.preemptible,
-                r.lost_node_wait_s,
-            ]
-
-        data = {
-            "ttl": self.inventory.node_ttl_s,
-            "now": self._now,
-            "seq": self._seq,
-            "config": dump_queue_config(self.config),
-            "nodes": [
-                [
-                    n.spec.node_id,
-                    n.spec.address,
-                    n.spec.gpus,
-                    n.spec.cpus,
-                    n.spec.mem,
-                    n.alive,
-                    n.last_seen,
-                    n.drained,
-                    sid(n.drain_reason),
-                ]
-                for n in self.inventory.nodes.values()
-            ],
-            "running": [
-                [
-                    req(r.request),
-                    [[a.node_id, a.address, a.node_rank, list(a.gpu_ids)] for a in r.placement.nodes],
-                    r.seq,
-                    r.admit_seq,
-                    r.admitted_at,
-                    r.prio,
-                    r.preemptible,
-                    r.backfill,
-                    r.preempted_for,
-                    None if r.preemption is None else r.preemption.row(),
-                ]
-                for r in self.running.values()
-            ],
-            "pending": [
-                [
-                    req(q.request),
-                    q.seq,
-                    q.prio,
-                    q.preemptible,
-                    sid(q.reason),
-                    q.lost_wait_since,
-                    sorted(q.victims),
-                    q.cause,
-                    _failed(q.failed_search),
-                ]
-                for q in sorted(self.pending.values(), key=lambda q: q.seq)
-            ],
-            "requeue": self._requeue,
-            "reserved": {k: sorted(v) for k, v in self._reserved.items()},
-            "backfill_seq": self._backfill_seq,
-            "pversion": self._pversion,
-            "retry": self._retry,
-            "evicted_for": {k: sorted(v) for k, v in self._evicted_for.items()},
-            "strings": list(strings),
-        }
-        blob = zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 6)
-        return {"v": _SNAPSHOT_VERSION, "zlib": base64.b64encode(blob).decode("ascii")}
+        """Everything ``restore`` needs, compact (``engine.scheduling.snapshot``): 15,000 queued gangs take a
+        few hundred KB of JSON before compression, well under Temporal's 2 MB payload limit after it."""
+        return snapshots.take(self)
 
     @classmethod
     def restore(cls, snapshot: dict[str, Any]) -> Policy:
         """The policy ``snapshot`` saved; it decides exactly as the original would have."""
-        if snapshot.get("v") != _SNAPSHOT_VERSION:
-            raise ValueError(f"unknown scheduler snapshot version {snapshot.get('v')!r}")
-        data = json.loads(zlib.decompress(base64.b64decode(snapshot["zlib"])))
-        strings: list[str] = data["strings"]
-
-        def req(v: list[Any]) -> GangRequest:
-            return GangRequest(
-                gang_id=v[0],
-                nnodes=v[1],
-                gpus_per_node=v[2],
-                cpus_per_node=v[3],
-                mem_per_node=v[4],
-                tenant=strings[v[5]],
-                priority=v[6],
-                preemptible=v[7],
-                lost_node_wait_s=v[8],
-            )
-
-        policy = cls(load_queue_config(data["config"]), node_ttl_s=data["ttl"])
-        policy._now, policy._seq = data["now"], data["seq"]
-        inventory = policy.inventory
-        # Rows grew at their end over time (the drain reason, the preemption notice): a snapshot from before
-        # a field was added still restores (runs in flight carry one across an upgrade).
-        for node_id, address, gpus, cpus, mem, alive, last_seen, drained, *more in data["nodes"]:
-            spec = NodeSpec(node_id=node_id, address=address, gpus=gpus, cpus=cpus, mem=mem)
-            inventory.register(spec, last_seen)
-            reason = strings[more[0]] if more else ""
-            inventory.set_offered(node_id, alive=alive, drained=drained, reason=reason)
-        notices: dict[str, list[Any] | None] = {}
-        for r, nodes, seq, admit_seq, admitted_at, prio, preemptible, backfill, preempted_for, *more in data["running"]:
-            request = req(r)
-            notices[request.gang_id] = more[0] if more else None
-            placement = Placement(
-                gang_id=request.gang_id,
-                nodes=tuple(
-                    NodeAssignment(node_id=n, address=a, node_rank=k, gpu_ids=tuple(g)) for n, a, k, g in nodes
-                ),
-            )
-            running = _Running(
-                request,
-                placement,
-                seq,
-                admit_seq,
-                admitted_at,
-                prio,
-                preemptible,
-                demand(request),
-                backfill,
-                preempted_for,
-            )
-            inventory.take(request, placement)
-            policy.tenancy.add(request.tenant, running.vec)
-            policy.running[request.gang_id] = running
-            policy._by_tenant.setdefault(request.tenant, {})[request.gang_id] = running
-            policy._count_prio(running, 1)
-        for r, seq, prio, preemptible, reason, since, victims, cause, failed in data["pending"]:
-            request = req(r)
-            vec = demand(request)
-            queued = _Queued(
-                request, seq, prio, preemptible, vec, _shape(request), strings[reason], since, set(victims), cause
-            )
-            if failed is not None:  # a restored policy searches exactly when the original would have
-                queued.failed_search = (failed[0], float("inf") if failed[1] is None else failed[1])
-            policy._enqueue(queued)
-            if since is not None:
-                policy._lost_waiters.add(request.gang_id)
-        policy._requeue = dict(data["requeue"])
-        policy._reserved = {k: frozenset(v) for k, v in data["reserved"].items()}
-        policy._backfill_seq = data["backfill_seq"]
-        policy._pversion = data["pversion"]
-        policy._topology_seen = inventory.topology  # the count restarts with the restored nodes
-        policy._retry = dict(data["retry"])
-        policy._evicted_for = {k: set(v) for k, v in data["evicted_for"].items()}
-        for gang_id, running in policy.running.items():
-            notice = notices[gang_id]
-            if notice is not None:
-                running.preemption = _Notice(*notice)
-            elif running.preempted_for is not None:  # an older snapshot: what it knew of the preemption
-                preemptor = policy.pending.get(running.preempted_for)
-                cause = preemptor.cause if preemptor is not None and "," not in preemptor.cause else ""
-                tenant = preemptor.request.tenant if preemptor is not None else ""
-                grace = policy.config.policy.preemption_grace
-                running.preemption = _Notice(cause, running.preempted_for, tenant, policy._now, grace)
-        return policy
+        return snapshots.restore(cls, snapshot)

@@ -1,8 +1,16 @@
-"""Choosing victims: few whole gangs whose removal lets a waiting gang start, at a bounded cost.
+"""Preemption: which running gangs a waiting gang may preempt, and the few whole gangs it does.
 
-The policy says which running gangs the waiting gang may preempt and how much it prefers each
-(``rank``: lower is preferred; None: not a candidate). Its preference: gangs of borrowing tenants first,
-then the lowest priority, then the most recently admitted.
+**Who may go** (``preempt_for``, for the policy's admission cycle): a gang that cannot start ranks the
+running gangs as victims by the four causes of ``engine.scheduling.policy`` (reclaim, priority, backfill,
+defrag; the first that applies names the cause). A victim is preemptible, not already leaving, not a
+gang this one was itself preempted for (no cycles), and admitted at least ``policy.min_runtime`` ago.
+An event runs a bounded number of searches: a search put off comes back within ``SEARCH_PUT_OFF_S``,
+and one that found nothing is not repeated before something that could change its answer moves.
+
+**Choosing victims** (``choose_victims``): few whole gangs whose removal lets the waiting gang start, at a
+bounded cost. The policy says which running gangs the waiting gang may preempt and how much it prefers
+each (``rank``: lower is preferred; None: not a candidate). Its preference: gangs of borrowing tenants
+first, then the lowest priority, then the most recently admitted.
 
 1. Nodes are looked at from the one with the most free GPUs down (they need the fewest victims), at most
    ``NODES_LOOKED_AT`` beyond what the gang needs: a search costs O(that), not O(cluster). On each node,
@@ -19,19 +27,213 @@ acts on the answer, and the answer is deterministic.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
+from engine.scheduling.events import Decision, Preempted
 from engine.scheduling.inventory import Inventory, millicores
 from engine.scheduling.model import GangRequest, Placement
+from engine.scheduling.reasons import needs
+from engine.scheduling.state import Cause, Notice, Queued, Running
 from engine.scheduling.tenancy import Tenancy, Vec
 
-__all__ = ["NODES_LOOKED_AT", "Victim", "choose_victims"]
+if TYPE_CHECKING:
+    from engine.scheduling.policy import Policy
+
+__all__ = [
+    "MORE_VICTIMS",
+    "NODES_LOOKED_AT",
+    "SEARCH_PUT_OFF_S",
+    "Victim",
+    "choose_victims",
+    "preempt_for",
+    "reclaimable",
+]
 
 #: how many nodes beyond the gang's own ``nnodes`` a search looks at (the ones with the most free GPUs)
 NODES_LOOKED_AT = 8
+#: how soon a gang whose victim search was put off (one search per event) searches again, policy seconds
+SEARCH_PUT_OFF_S = 5.0
+#: how many of a tenant's most recent gangs a victim search considers to free quota (not nodes)
+MORE_VICTIMS = 256
 
 
+# -- who may go --------------------------------------------------------------------------------------------
+def preempt_for(
+    policy: Policy, queued: Queued, decisions: list[Decision], *, timed: bool, defrag: bool = False
+) -> bool:
+    """Find and preempt the victims that let ``queued`` start; False if there are none (yet)."""
+    failed = queued.failed_search
+    if failed is not None and failed[0] == policy._pversion and policy._now < failed[1]:
+        return False  # nothing changed since the last search found nothing
+    if policy._searches_left <= 0:
+        # put off to bound this event's cost: a Tick comes back for it soon, whatever else happens
+        policy._retry[queued.request.gang_id] = policy._now + SEARCH_PUT_OFF_S
+        return False
+    policy._searches_left -= 1
+    rank, more, routes, young = _ranking(policy, queued, timed=timed, defrag=defrag)
+    chosen = choose_victims(policy.inventory, policy.tenancy, queued.request, queued.vec, policy.running, rank, more)
+    victims, nodes = chosen if chosen is not None else ([], frozenset[str]())
+    comes_of_age = min(young, default=float("inf"))
+    moved = [policy.running[v.request.gang_id] for v in victims if routes[v.request.gang_id] == "defrag"]
+    if moved and not _can_move(policy, queued, victims, moved):
+        victims = []
+    if not victims and young and defrag:
+        # The gangs in its way are too young to preempt yet. Keep new backfill off the nodes it would take
+        # meanwhile: else short gangs could keep replacing each other there, never old enough, and
+        # starve it (the bound in ``engine.scheduling.policy``'s docstring needs this).
+        rank, more, _, _ = _ranking(policy, queued, timed=False, defrag=defrag)
+        later = choose_victims(policy.inventory, policy.tenancy, queued.request, queued.vec, policy.running, rank, more)
+        if later is not None:
+            policy._reserved[queued.request.gang_id] = later[1]
+    if not victims:
+        queued.failed_search = (policy._pversion, comes_of_age)
+        if comes_of_age != float("inf"):
+            policy._retry[queued.request.gang_id] = comes_of_age
+        return False
+    policy._retry.pop(queued.request.gang_id, None)
+    gang_id, tenant = queued.request.gang_id, queued.request.tenant
+    grace = policy.config.policy.preemption_grace
+    causes = []
+    for victim in victims:
+        running = policy.running[victim.request.gang_id]
+        cause = routes[running.request.gang_id]
+        causes.append(cause)
+        running.preempted_for = gang_id
+        running.preemption = Notice(cause, gang_id, tenant, policy._now, grace)
+        policy._evicted_for.setdefault(running.request.gang_id, set()).add(gang_id)
+        reason = (
+            f"preempted ({cause}) to make room for gang {gang_id!r} of {tenant}, which needs {needs(queued.request)}"
+        )
+        decisions.append(
+            Preempted(
+                gang_id=running.request.gang_id,
+                by=gang_id,
+                by_tenant=tenant,
+                cause=cause,
+                reason=reason,
+                grace_s=grace,
+            )
+        )
+    queued.victims = {v.request.gang_id for v in victims}
+    queued.cause = ", ".join(sorted(set(causes)))
+    queued.failed_search = None
+    policy._reserved[gang_id] = nodes
+    return True
+
+
+def _can_move(policy: Policy, queued: Queued, victims: Sequence[Victim], moved: list[Running]) -> bool:
+    """Whether, with ``victims`` gone and ``queued`` placed, every gang ``moved`` for defragmentation fits
+    the idle capacity left at once (else moving it would only trade one waiting gang for another)."""
+    inventory = policy.inventory
+    released = [policy.running[v.request.gang_id] for v in victims]
+    taken: list[tuple[GangRequest, Placement]] = []
+    for running in released:
+        inventory.release(running.request.gang_id, running.placement)
+    try:
+        for request in [queued.request, *(r.request for r in sorted(moved, key=lambda r: -r.vec[0]))]:
+            placement = inventory.place(request)
+            if placement is None:
+                return False
+            inventory.take(request, placement)
+            taken.append((request, placement))
+        return True
+    finally:
+        for request, placement in reversed(taken):
+            inventory.release(request.gang_id, placement)
+        for running in released:
+            inventory.take(running.request, running.placement)
+
+
+def _ranking(
+    policy: Policy, queued: Queued, *, timed: bool, defrag: bool
+) -> tuple[Callable[[str], tuple[bool, int, int] | None], Callable[[], list[str]], dict[str, Cause], list[float]]:
+    """How ``queued`` ranks the running gangs as victims (None: not one), the candidates that free quota
+    in preference order (computed only if asked), why each victim may go (reclaim over priority over
+    backfill over defrag when several apply), and when the next one too young to go comes of age.
+
+    ``defrag`` (the first gang in order, blocked by the nodes, not by its quota): smaller gangs of no
+    higher priority may move to make room, when the cluster has enough idle GPUs for it elsewhere
+    (``preempt_for`` checks that every such victim can start again at once)."""
+    knobs = policy.config.policy
+    request = queued.request
+    tenant, root = request.tenant, policy.tenancy.root(request.tenant)
+    counts = policy._prio_counts.get(tenant, {})
+    lower = knobs.within_tenant == "lower_priority" and any(n for p, n in counts.items() if p < queued.prio)
+    borrowers = {
+        t.name
+        for t in policy.config.tenants
+        if t.name != tenant and policy.tenancy.root(t.name) == root and policy.tenancy.borrowing(t.name)
+    }
+    reclaim = (
+        bool(borrowers)
+        and knobs.reclaim_within_cohort != "never"
+        and root is not None
+        and policy.tenancy.within_nominal(tenant, queued.vec)
+    )
+    backfilled = policy._backfill_seq > queued.seq
+    defrag = defrag and policy.inventory.free_gpus >= queued.vec[0] > 0
+    forbidden = policy._evicted_for.get(request.gang_id, set())
+    routes: dict[str, Cause] = {}
+    comes_of_age: list[float] = []
+
+    def route(r: Running) -> Cause | None:
+        other = r.request.tenant
+        if reclaim and other in borrowers and (knobs.reclaim_within_cohort == "any" or r.prio < queued.prio):
+            return "reclaim"
+        if lower and other == tenant and r.prio < queued.prio:
+            return "priority"
+        if backfilled and r.backfill and r.admit_seq > queued.seq and r.prio <= queued.prio:
+            return "backfill"
+        if defrag and r.prio <= queued.prio and r.vec[0] < queued.vec[0]:
+            return "defrag"
+        return None
+
+    def rank(gang_id: str) -> tuple[bool, int, int] | None:
+        r = policy.running[gang_id]
+        if not r.preemptible or r.preemption is not None or gang_id in forbidden:
+            return None
+        cause = route(r)
+        if cause is None:
+            return None
+        of_age = r.admitted_at + knobs.min_runtime  # the same sum as the deadline it gives
+        if timed and of_age > policy._now:
+            comes_of_age.append(of_age)
+            return None
+        routes[gang_id] = cause
+        return (r.request.tenant not in borrowers, r.prio, -r.admit_seq)
+
+    def more() -> list[str]:
+        # only reclaim and priority free the tenant's quota; their gangs, best victims first
+        tenants = sorted(borrowers) if reclaim else []
+        tenants += [tenant] if lower else []
+        # the most recently admitted of each (the preferred victims), a bounded number: a search costs
+        # O(that), not O(every gang the cohort runs)
+        ids = [g for t in tenants for g in itertools.islice(reversed(policy._by_tenant.get(t, {})), MORE_VICTIMS)]
+        return sorted((g for g in ids if rank(g) is not None), key=lambda g: rank(g) or (False, 0, 0))
+
+    if not (lower or backfilled or reclaim or defrag):
+        return (lambda _: None), list, routes, comes_of_age  # nobody could be a victim: no walk at all
+    return rank, more, routes, comes_of_age
+
+
+def reclaimable(policy: Policy, queued: Queued) -> bool:
+    """Whether a borrower of the gang's root cohort runs a gang it may reclaim (preemptible, and of lower
+    priority under ``reclaim_within_cohort: lower_priority``), old enough or not yet."""
+    rule, tenant = policy.config.policy.reclaim_within_cohort, queued.request.tenant
+    root = policy.tenancy.root(tenant)
+    if rule == "never" or root is None:
+        return False
+    return any(
+        n and (rule == "any" or prio < queued.prio)
+        for name, counts in policy._prio_counts.items()
+        if name != tenant and policy.tenancy.root(name) == root and policy.tenancy.borrowing(name)
+        for prio, n in counts.items()
+    )
+
+
+# -- choosing victims --------------------------------------------------------------------------------------
 class Victim(Protocol):
     @property
     def request(self) -> GangRequest: ...

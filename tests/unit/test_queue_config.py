@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import engine.errors
 from engine.scheduling.config import (
     DEFAULT_QUEUE_CONFIG,
     PolicyConfig,
@@ -500,6 +501,12 @@ def test_every_field_error_is_listed_one_per_line() -> None:
         "tenants[1].qouta",
         "policy.min_runtime",
     }
+
+
+def test_the_error_is_a_gangflow_error_and_still_a_value_error() -> None:
+    assert QueueConfigError is engine.errors.QueueConfigError
+    assert issubclass(QueueConfigError, engine.errors.GangflowError) and issubclass(QueueConfigError, ValueError)
+    assert QueueConfigError.kind == "QueueConfigError"  # the failure type the Scheduler answers apply_queues with
 
 
 def test_yaml_syntax_errors_say_the_line(tmp_path: pathlib.Path) -> None:

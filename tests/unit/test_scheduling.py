@@ -8,19 +8,20 @@ tenants are in ``test_scheduling_tenants.py``, random event streams in ``test_sc
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
+from scheduling_builders import admitted, gang, gpus_of, node, node_view, only, order, run_last
 
+import engine.scheduling
 from engine.scheduling import (
     Admitted,
     ConfigApplied,
     Decision,
     Event,
+    GangRejected,
     GangReleased,
     GangRequest,
     GangSubmitted,
@@ -30,98 +31,47 @@ from engine.scheduling import (
     Pending,
     Policy,
     Preempted,
-    Rejected,
     Tick,
     load_queue_config,
 )
 
-# ---------------------------------------------------------------- helpers
-
-
-def node(node_id: str, gpus: int = 4, cpus: float = 8, mem: int | None = None) -> NodeRegistered:
-    return NodeRegistered(spec=NodeSpec(node_id=node_id, address=f"{node_id}.local", gpus=gpus, cpus=cpus, mem=mem))
-
-
-def gang(
-    gang_id: str, nnodes: int = 1, gpus: int = 0, cpus: float = 1.0, mem: int | None = None, **fields: Any
-) -> GangSubmitted:
-    return GangSubmitted(
-        request=GangRequest(
-            gang_id=gang_id, nnodes=nnodes, gpus_per_node=gpus, cpus_per_node=cpus, mem_per_node=mem, **fields
-        )
-    )
-
-
-def run(
-    events: Iterable[Event], policy: Policy | None = None, now: float | None = None
-) -> tuple[Policy, list[Decision]]:
-    """Apply events in order; return the policy and the decisions of the *last* event."""
-    policy = policy or Policy()
-    decisions: list[Decision] = []
-    for event in events:
-        decisions = policy.step(event, now)
-    return policy, decisions
-
-
-def admitted(decisions: list[Decision]) -> list[str]:
-    return [d.gang_id for d in decisions if isinstance(d, Admitted)]
-
-
-def only(decisions: list[Decision], kind: type[Pending] | type[Rejected], gang_id: str) -> str:
-    reasons = [d.reason for d in decisions if isinstance(d, kind) and d.gang_id == gang_id]
-    assert len(reasons) == 1, decisions
-    return reasons[0]
-
-
-def gpus_of(policy: Policy, gang_id: str) -> dict[str, tuple[int, ...]]:
-    return {a.node_id: a.gpu_ids for a in policy.running[gang_id].placement.nodes}
-
-
-def queued(policy: Policy) -> list[str]:
-    """The pending gangs in the order ``gangflow cluster`` shows them."""
-    return [p["gang_id"] for p in policy.describe()["pending"]]
-
-
-def node_view(policy: Policy, node_id: str) -> dict[str, Any]:
-    return next(n for n in policy.describe()["nodes"] if n["node_id"] == node_id)
-
-
-TWO_NODES = [node("a", gpus=2), node("b", gpus=2)]
+# the nodes of these tests have 4 GPUs and 8 CPUs unless they say otherwise; their gangs ask for what they say
+TWO_NODES = [node("a", gpus=2, cpus=8), node("b", gpus=2, cpus=8)]
 
 # ---------------------------------------------------------------- admission
 
 
 def test_admission_is_all_or_nothing() -> None:
-    policy, _ = run([*TWO_NODES, gang("one", gpus=1)])
+    policy, _ = run_last([*TWO_NODES, gang("one", gpus=1)])
     decisions = policy.step(gang("pair", nnodes=2, gpus=2))
     # one node has room for its share, the other does not: nothing is taken at all
     assert admitted(decisions) == []
     assert "pair" not in policy.running
-    assert queued(policy) == ["pair"]
+    assert order(policy) == ["pair"]
     assert node_view(policy, "b")["free_gpu_ids"] == [0, 1]
     only(decisions, Pending, "pair")
 
 
 def test_gangs_that_each_need_the_whole_cluster_never_overlap() -> None:
-    policy, first = run([*TWO_NODES, gang("x", nnodes=2, gpus=2)])
+    policy, first = run_last([*TWO_NODES, gang("x", nnodes=2, gpus=2)])
     assert admitted(first) == ["x"]
     second = policy.step(gang("y", nnodes=2, gpus=2))
     assert admitted(second) == []
-    assert queued(policy) == ["y"]
+    assert order(policy) == ["y"]
     after = policy.step(GangReleased(gang_id="x"))
     assert admitted(after) == ["y"]
     assert list(policy.running) == ["y"]
     assert gpus_of(policy, "y") == {"a": (0, 1), "b": (0, 1)}
-    assert queued(policy) == []
+    assert order(policy) == []
 
 
 def test_a_small_gang_backfills_preemptibly_while_a_big_gang_waits() -> None:
-    policy, _ = run([*TWO_NODES, gang("one", gpus=1), gang("big", nnodes=2, gpus=2)])
+    policy, _ = run_last([*TWO_NODES, gang("one", gpus=1), gang("big", nnodes=2, gpus=2)])
     assert "smaller gangs may use the idle GPUs meanwhile, preemptibly" in policy.pending["big"].reason
     decisions = policy.step(gang("tiny", gpus=1))
     # idle GPUs are used: tiny starts behind big, but only as backfill
     assert admitted(decisions) == ["tiny"]
-    assert queued(policy) == ["big"]
+    assert order(policy) == ["big"]
     view = next(r for r in policy.describe()["running"] if r["gang_id"] == "tiny")
     assert view["backfill"] is True and view["preemptible"] is True
     assert next(r for r in policy.describe()["running"] if r["gang_id"] == "one")["backfill"] is False
@@ -137,7 +87,7 @@ def test_a_small_gang_backfills_preemptibly_while_a_big_gang_waits() -> None:
     )
     # the GPUs freed for big are not backfilled again meanwhile
     decisions = policy.step(gang("late", gpus=1))
-    assert admitted(decisions) == [] and queued(policy) == ["big", "late"]
+    assert admitted(decisions) == [] and order(policy) == ["big", "late"]
     # once tiny has left, big gets the whole cluster
     decisions = policy.step(GangReleased(gang_id="tiny"))
     assert admitted(decisions) == ["big"]
@@ -147,11 +97,11 @@ def test_a_small_gang_backfills_preemptibly_while_a_big_gang_waits() -> None:
 
 def test_without_backfill_a_small_gang_waits_behind_a_big_one() -> None:
     config = load_queue_config({"tenants": [{"name": "default"}], "policy": {"backfill": False}})
-    policy, _ = run([*TWO_NODES, gang("one", gpus=1), gang("big", nnodes=2, gpus=2)], Policy(config))
+    policy, _ = run_last([*TWO_NODES, gang("one", gpus=1), gang("big", nnodes=2, gpus=2)], Policy(config))
     assert "smaller gangs may use" not in policy.pending["big"].reason
     decisions = policy.step(gang("tiny", gpus=1))
     assert admitted(decisions) == []
-    assert queued(policy) == ["big", "tiny"]
+    assert order(policy) == ["big", "tiny"]
     assert only(decisions, Pending, "tiny") == (
         "pending: behind gang 'big' of default, which goes first (priority, then fair share, then submission "
         "order) and waits for capacity; needs 1 GPU on 1 node (1 GPU, 1 CPU per node)"
@@ -160,35 +110,35 @@ def test_without_backfill_a_small_gang_waits_behind_a_big_one() -> None:
 
 
 def test_a_gang_that_is_not_preemptible_does_not_backfill() -> None:
-    policy, _ = run([*TWO_NODES, gang("one", gpus=1), gang("big", nnodes=2, gpus=2)])
+    policy, _ = run_last([*TWO_NODES, gang("one", gpus=1), gang("big", nnodes=2, gpus=2)])
     decisions = policy.step(gang("precious", gpus=1, preemptible=False))
     assert admitted(decisions) == []
     assert "(this gang is not preemptible, so it does not backfill)" in only(decisions, Pending, "precious")
     # a CPU-only gang of another shape still backfills
-    assert admitted(policy.step(gang("cpu-only", cpus=1))) == ["cpu-only"]
+    assert admitted(policy.step(gang("cpu-only", gpus=0, cpus=1))) == ["cpu-only"]
 
 
 def test_admission_repeats_while_the_next_gang_fits() -> None:
-    policy, _ = run(
+    policy, _ = run_last(
         [*TWO_NODES, gang("all", nnodes=2, gpus=2), gang("p", gpus=1), gang("q", gpus=2), gang("r", gpus=2)]
     )
-    assert queued(policy) == ["p", "q", "r"]
+    assert order(policy) == ["p", "q", "r"]
     decisions = policy.step(GangReleased(gang_id="all"))
     # p and q fit together (p on a, q on b); r does not fit any more and is told why
     assert admitted(decisions) == ["p", "q"]
-    assert queued(policy) == ["r"]
+    assert order(policy) == ["r"]
     assert only(decisions, Pending, "r").startswith("pending: waiting for capacity: needs 2 GPUs on 1 node")
 
 
 def test_released_pending_request_leaves_the_queue_and_unknown_release_is_a_noop() -> None:
-    policy, _ = run([*TWO_NODES, gang("x", nnodes=2, gpus=2), gang("y", gpus=1), gang("z", gpus=1)])
-    assert queued(policy) == ["y", "z"]
+    policy, _ = run_last([*TWO_NODES, gang("x", nnodes=2, gpus=2), gang("y", gpus=1), gang("z", gpus=1)])
+    assert order(policy) == ["y", "z"]
     assert policy.pending["z"].reason == (
         "pending: queued behind earlier gangs of default (first in, first out); needs 1 GPU on 1 node "
         "(1 GPU, 1 CPU per node)"
     )
     decisions = policy.step(GangReleased(gang_id="y"))
-    assert queued(policy) == ["z"]
+    assert order(policy) == ["z"]
     assert "x" in policy.running
     # z is now first of its kind: its reason changed, so it is told why it still waits
     assert only(decisions, Pending, "z").startswith("pending: waiting for capacity: needs 1 GPU on 1 node")
@@ -198,41 +148,41 @@ def test_released_pending_request_leaves_the_queue_and_unknown_release_is_a_noop
 
 
 def test_duplicate_gang_id_is_rejected_and_the_original_is_untouched() -> None:
-    policy, _ = run([*TWO_NODES, gang("x", nnodes=2, gpus=2), gang("y", gpus=1)])
+    policy, _ = run_last([*TWO_NODES, gang("x", nnodes=2, gpus=2), gang("y", gpus=1)])
     before = policy.snapshot()
     decisions = policy.step(gang("x", gpus=1))
-    assert only(decisions, Rejected, "x") == (
+    assert only(decisions, GangRejected, "x") == (
         "rejected: gang id 'x' is already running; release it before submitting it again"
     )
-    decisions = policy.step(gang("y"))
-    assert only(decisions, Rejected, "y") == "rejected: gang id 'y' is already queued"
+    decisions = policy.step(gang("y", gpus=0))
+    assert only(decisions, GangRejected, "y") == "rejected: gang id 'y' is already queued"
     assert policy.snapshot() == before
 
 
 def test_malformed_requests_are_rejected_with_what_is_wrong() -> None:
-    policy, decisions = run([*TWO_NODES, gang("bad", nnodes=0, gpus=-1, cpus=-0.5, mem=-1)])
-    reason = only(decisions, Rejected, "bad")
+    policy, decisions = run_last([*TWO_NODES, gang("bad", nnodes=0, gpus=-1, cpus=-0.5, mem=-1)])
+    reason = only(decisions, GangRejected, "bad")
     assert reason.startswith("rejected: malformed request: ")
     assert "nnodes must be at least 1, got 0" in reason
     assert "gpus_per_node must not be negative, got -1" in reason
     assert "cpus_per_node must not be negative, got -0.5" in reason
     assert "mem_per_node must not be negative, got -1" in reason
     decisions = policy.step(gang("", gpus=1))
-    assert "gang_id is empty" in only(decisions, Rejected, "")
+    assert "gang_id is empty" in only(decisions, GangRejected, "")
     assert policy.pending == {} and policy.running == {}
 
 
 def test_a_gang_larger_than_the_cluster_is_rejected_at_once() -> None:
-    policy, decisions = run([*TWO_NODES, gang("wide", nnodes=3, gpus=1)])
-    assert only(decisions, Rejected, "wide") == (
+    policy, decisions = run_last([*TWO_NODES, gang("wide", nnodes=3, gpus=1)])
+    assert only(decisions, GangRejected, "wide") == (
         "rejected: needs 3 GPUs on 3 nodes (1 GPU, 1 CPU per node); "
         "only 2 of 2 alive nodes are that big even when idle (largest: 2 GPUs, 8 CPUs)"
     )
     decisions = policy.step(gang("fat", nnodes=1, gpus=8))
-    assert "only 0 of 2 alive nodes are that big" in only(decisions, Rejected, "fat")
-    assert "largest: 2 GPUs" in only(decisions, Rejected, "fat")
-    _, decisions = run([gang("early", gpus=1)])
-    assert only(decisions, Rejected, "early") == (
+    assert "only 0 of 2 alive nodes are that big" in only(decisions, GangRejected, "fat")
+    assert "largest: 2 GPUs" in only(decisions, GangRejected, "fat")
+    _, decisions = run_last([gang("early", gpus=1)])
+    assert only(decisions, GangRejected, "early") == (
         "rejected: needs 1 GPU on 1 node (1 GPU, 1 CPU per node); no alive node is registered"
     )
     assert policy.pending == {}
@@ -240,27 +190,27 @@ def test_a_gang_larger_than_the_cluster_is_rejected_at_once() -> None:
 
 def test_a_gang_that_needs_lost_nodes_waits_for_them_without_blocking_the_queue() -> None:
     # a whole-cluster restart: the nodes are lost, not gone; a gang that needs them waits (bounded)
-    policy, decisions = run([*TWO_NODES, NodeLost(node_id="b"), gang("pair", nnodes=2, gpus=1)], now=100.0)
-    assert not [d for d in decisions if isinstance(d, Rejected)]
+    policy, decisions = run_last([*TWO_NODES, NodeLost(node_id="b"), gang("pair", nnodes=2, gpus=1)], now=100.0)
+    assert not [d for d in decisions if isinstance(d, GangRejected)]
     assert "waiting for lost node b to come back (up to 600 s" in only(decisions, Pending, "pair")
     assert policy.pending["pair"].lost_wait_since == 100.0
     # it does not hold the queue: a gang behind it that fits starts at once
     decisions = policy.step(gang("solo", gpus=1), now=101.0)
-    assert admitted(decisions) == ["solo"] and queued(policy) == ["pair"]
+    assert admitted(decisions) == ["solo"] and order(policy) == ["pair"]
     # b registers again: the pair starts on the capacity left
-    decisions = policy.step(node("b", gpus=2), now=102.0)
+    decisions = policy.step(node("b", gpus=2, cpus=8), now=102.0)
     assert admitted(decisions) == ["pair"]
 
 
 def test_a_gang_waiting_for_lost_nodes_is_rejected_after_its_wait() -> None:
     request = GangRequest(gang_id="pair", nnodes=2, gpus_per_node=1, lost_node_wait_s=30)
     events: list[Event] = [*TWO_NODES, NodeLost(node_id="b"), GangSubmitted(request=request)]
-    policy, _ = run(events, Policy(node_ttl_s=1000), now=0.0)
+    policy, _ = run_last(events, Policy(node_ttl_s=1000), now=0.0)
     assert policy.next_deadline() == 30.0  # the Scheduler wakes up then (a expires at 1000; b, lost, never)
     decisions = policy.step(Tick(), now=29.0)
-    assert decisions == [] and queued(policy) == ["pair"]
+    assert decisions == [] and order(policy) == ["pair"]
     decisions = policy.step(Tick(), now=30.0)
-    assert only(decisions, Rejected, "pair") == (
+    assert only(decisions, GangRejected, "pair") == (
         "unschedulable: needs 2 GPUs on 2 nodes (1 GPU, 1 CPU per node); waited 30 s for lost node b to come "
         "back, and they did not"
     )
@@ -269,27 +219,27 @@ def test_a_gang_waiting_for_lost_nodes_is_rejected_after_its_wait() -> None:
 
 
 def test_rejection_counts_lost_nodes_and_says_so() -> None:
-    _, decisions = run([*TWO_NODES, NodeLost(node_id="b"), gang("triple", nnodes=3, gpus=1)])
-    reason = only(decisions, Rejected, "triple")
+    _, decisions = run_last([*TWO_NODES, NodeLost(node_id="b"), gang("triple", nnodes=3, gpus=1)])
+    reason = only(decisions, GangRejected, "triple")
     assert "only 2 of 2 registered nodes (1 of them lost) are that big even when idle" in reason
 
 
 def test_a_node_that_stops_registering_expires_even_when_idle() -> None:
-    policy, _ = run([node("a", gpus=2)], now=0.0)
-    run([node("b", gpus=2)], policy, now=10.0)
+    policy, _ = run_last([node("a", gpus=2, cpus=8)], now=0.0)
+    run_last([node("b", gpus=2, cpus=8)], policy, now=10.0)
     assert policy.next_deadline() == 20.0  # a's registration expires first (ttl 20 s)
     policy.step(Tick(), now=20.0)
     assert node_view(policy, "a")["alive"]  # exactly at the ttl: not yet
     policy.step(Tick(), now=20.5)
     assert not node_view(policy, "a")["alive"] and node_view(policy, "b")["alive"]
     assert policy.next_deadline() == 30.0
-    policy.step(node("a", gpus=2), now=21.0)  # re-registration revives it
+    policy.step(node("a", gpus=2, cpus=8), now=21.0)  # re-registration revives it
     assert node_view(policy, "a")["alive"] and policy.inventory.nodes["a"].last_seen == 21.0
 
 
 def test_without_a_clock_nothing_expires() -> None:
     # unit tests of the pure rules pass no ``now``: no deadline fires
-    policy, _ = run([node("a", gpus=2)], now=0.0)
+    policy, _ = run_last([node("a", gpus=2, cpus=8)], now=0.0)
     policy.step(Tick())
     policy.step(Tick())
     assert node_view(policy, "a")["alive"]
@@ -299,7 +249,7 @@ def test_without_a_clock_nothing_expires() -> None:
 
 
 def test_placement_packs_onto_the_fullest_node_and_takes_the_lowest_gpu_ids() -> None:
-    policy, _ = run([node("a", gpus=4), node("b", gpus=4), gang("first", gpus=2)])
+    policy, _ = run_last([node("a", gpus=4, cpus=8), node("b", gpus=4, cpus=8), gang("first", gpus=2)])
     assert gpus_of(policy, "first") == {"a": (0, 1)}  # a tie: the lowest node id
     policy.step(gang("second", gpus=1))
     assert gpus_of(policy, "second") == {"a": (2,)}  # a has fewer GPUs free than b: pack it
@@ -311,13 +261,15 @@ def test_placement_packs_onto_the_fullest_node_and_takes_the_lowest_gpu_ids() ->
 
 
 def test_placement_ties_on_gpus_break_by_fewer_free_cpus() -> None:
-    policy, _ = run([node("a", gpus=2, cpus=16), node("b", gpus=2, cpus=4), gang("cpu", nnodes=1, cpus=2)])
+    policy, _ = run_last([node("a", gpus=2, cpus=16), node("b", gpus=2, cpus=4), gang("cpu", gpus=0, nnodes=1, cpus=2)])
     # a CPU-only gang: both nodes have 2 GPUs free, b has fewer CPUs free
     assert gpus_of(policy, "cpu") == {"b": ()}
 
 
 def test_node_ranks_follow_node_id_order_and_carry_addresses() -> None:
-    _, decisions = run([node("c"), node("a"), node("b"), gang("g", nnodes=3, gpus=1)])
+    _, decisions = run_last(
+        [node("c", gpus=4, cpus=8), node("a", gpus=4, cpus=8), node("b", gpus=4, cpus=8), gang("g", nnodes=3, gpus=1)]
+    )
     placement = next(d for d in decisions if isinstance(d, Admitted)).placement
     assert [(a.node_id, a.node_rank, a.address) for a in placement.nodes] == [
         ("a", 0, "a.local"),
@@ -328,29 +280,31 @@ def test_node_ranks_follow_node_id_order_and_carry_addresses() -> None:
 
 def test_cpus_are_accounted_exactly_in_millicores() -> None:
     # with float sums 0.1 + 0.2 > 0.3 and the second gang would never fit
-    policy, decisions = run([node("a", gpus=0, cpus=0.3), gang("p", cpus=0.1)])
-    decisions = policy.step(gang("q", cpus=0.2))
+    policy, decisions = run_last([node("a", gpus=0, cpus=0.3), gang("p", gpus=0, cpus=0.1)])
+    decisions = policy.step(gang("q", gpus=0, cpus=0.2))
     assert admitted(decisions) == ["q"]
-    decisions = policy.step(gang("r", cpus=0.1))
+    decisions = policy.step(gang("r", gpus=0, cpus=0.1))
     assert admitted(decisions) == []
     assert node_view(policy, "a")["cpus_free"] == 0
 
 
 def test_memory_is_checked_where_nodes_report_it() -> None:
     gib = 2**30
-    policy, decisions = run([node("a", mem=8 * gib), gang("m", mem=6 * gib), gang("n", mem=4 * gib)])
+    policy, decisions = run_last(
+        [node("a", gpus=4, cpus=8, mem=8 * gib), gang("m", gpus=0, mem=6 * gib), gang("n", gpus=0, mem=4 * gib)]
+    )
     assert admitted(decisions) == []
     assert only(decisions, Pending, "n").startswith(
         "pending: waiting for capacity: needs 1 node (1 CPU, 4 GiB per node); no node has 1 CPU, 4 GiB free"
     )
     assert node_view(policy, "a")["mem_free"] == 2 * gib
     # a node that does not report memory is not limited by it
-    decisions = policy.step(node("b", mem=None))
+    decisions = policy.step(node("b", gpus=4, cpus=8, mem=None))
     assert admitted(decisions) == ["n"]
 
 
 def test_placement_what_if_ignores_the_queue() -> None:
-    policy, _ = run([*TWO_NODES, gang("x", gpus=1)])
+    policy, _ = run_last([*TWO_NODES, gang("x", gpus=1)])
     placement = policy.inventory.place(GangRequest(gang_id="w", nnodes=2, gpus_per_node=1))
     assert placement is not None
     assert [(a.node_id, a.gpu_ids) for a in placement.nodes] == [("a", (1,)), ("b", (0,))]
@@ -362,7 +316,7 @@ def test_placement_what_if_ignores_the_queue() -> None:
 
 
 def test_lost_node_is_not_offered_keeps_its_allocations_and_comes_back_on_registration() -> None:
-    policy, _ = run([*TWO_NODES, gang("big", gpus=2), gang("small", gpus=1)])
+    policy, _ = run_last([*TWO_NODES, gang("big", gpus=2), gang("small", gpus=1)])
     assert gpus_of(policy, "big") == {"a": (0, 1)}
     assert gpus_of(policy, "small") == {"b": (0,)}
     policy.step(NodeLost(node_id="b"))
@@ -377,11 +331,11 @@ def test_lost_node_is_not_offered_keeps_its_allocations_and_comes_back_on_regist
     assert set(policy.running) == {"big", "small"}
     # no alive node could hold it now: it waits for the lost ones instead
     assert "waiting for lost nodes a, b to come back" in only(decisions, Pending, "wants-1")
-    decisions = policy.step(node("b", gpus=2))
+    decisions = policy.step(node("b", gpus=2, cpus=8))
     assert node_view(policy, "b")["alive"] is True
     assert admitted(decisions) == ["wants-1"]
     assert gpus_of(policy, "wants-1") == {"b": (1,)}  # GPU 0 is still small's
-    decisions = policy.step(node("a", gpus=2))
+    decisions = policy.step(node("a", gpus=2, cpus=8))
     assert decisions == []
     assert node_view(policy, "a")["used_gpu_ids"] == [0, 1]
     policy.step(GangReleased(gang_id="big"))
@@ -389,24 +343,26 @@ def test_lost_node_is_not_offered_keeps_its_allocations_and_comes_back_on_regist
 
 
 def test_node_lost_for_an_unknown_node_is_a_noop() -> None:
-    policy, _ = run(TWO_NODES)
+    policy, _ = run_last(TWO_NODES)
     before = policy.snapshot()
     assert policy.step(NodeLost(node_id="zzz")) == []
     assert policy.snapshot() == before
 
 
 def test_reregistration_updates_capacity_and_address() -> None:
-    policy, decisions = run([node("a", gpus=1), gang("g", gpus=2, nnodes=1)])
-    assert "only 0 of 1 alive node" in only(decisions, Rejected, "g")  # a has only 1 GPU
-    policy, _ = run([node("a", gpus=4), NodeRegistered(spec=NodeSpec(node_id="a", address="new", gpus=8, cpus=1))])
+    policy, decisions = run_last([node("a", gpus=1, cpus=8), gang("g", gpus=2, nnodes=1)])
+    assert "only 0 of 1 alive node" in only(decisions, GangRejected, "g")  # a has only 1 GPU
+    policy, _ = run_last(
+        [node("a", gpus=4, cpus=8), NodeRegistered(spec=NodeSpec(node_id="a", address="new", gpus=8, cpus=1))]
+    )
     view = node_view(policy, "a")
     assert (view["address"], view["gpus_total"], view["cpus_total"]) == ("new", 8, 1.0)
 
 
 def test_a_node_that_shrinks_keeps_the_allocations_it_had() -> None:
-    policy, _ = run([node("a", gpus=4), gang("g", gpus=3)])
+    policy, _ = run_last([node("a", gpus=4, cpus=8), gang("g", gpus=3)])
     assert gpus_of(policy, "g") == {"a": (0, 1, 2)}
-    policy.step(node("a", gpus=2))
+    policy.step(node("a", gpus=2, cpus=8))
     assert "g" in policy.running and node_view(policy, "a")["free_gpu_ids"] == []
     decisions = policy.step(gang("h", gpus=1))
     assert admitted(decisions) == []
@@ -418,7 +374,7 @@ def test_a_node_that_shrinks_keeps_the_allocations_it_had() -> None:
 
 
 def test_pending_reason_says_what_is_needed_and_is_sent_only_when_it_changes() -> None:
-    policy, _ = run([*TWO_NODES, gang("one", gpus=1)])
+    policy, _ = run_last([*TWO_NODES, gang("one", gpus=1)])
     decisions = policy.step(gang("pair", nnodes=2, gpus=2))
     reason = only(decisions, Pending, "pair")
     assert reason == (
@@ -429,7 +385,7 @@ def test_pending_reason_says_what_is_needed_and_is_sent_only_when_it_changes() -
     # Pending is sent when the reason changes, not again for an event that changes nothing for it
     assert policy.step(NodeLost(node_id="nope")) == []
     assert admitted(policy.step(gang("other", gpus=1))) == ["other"]
-    assert policy.step(node("c", gpus=1)) == []
+    assert policy.step(node("c", gpus=1, cpus=8)) == []
     decisions = policy.step(NodeLost(node_id="b"))
     changed = only(decisions, Pending, "pair")
     assert "only 2 alive nodes are big enough" not in changed
@@ -437,14 +393,14 @@ def test_pending_reason_says_what_is_needed_and_is_sent_only_when_it_changes() -
 
 
 def test_cpu_only_pending_reason() -> None:
-    _, decisions = run([node("a", gpus=0, cpus=2), gang("x", cpus=1.5), gang("y", cpus=1)])
+    _, decisions = run_last([node("a", gpus=0, cpus=2), gang("x", gpus=0, cpus=1.5), gang("y", gpus=0, cpus=1)])
     assert only(decisions, Pending, "y").startswith(
         "pending: waiting for capacity: needs 1 node (1 CPU per node); no node has 1 CPU free"
     )
 
 
 def test_reasons_never_carry_a_queue_position() -> None:
-    policy, _ = run([*TWO_NODES, gang("x", nnodes=2, gpus=2)])
+    policy, _ = run_last([*TWO_NODES, gang("x", nnodes=2, gpus=2)])
     reasons = []
     for i in range(6):
         reasons += [d.reason for d in policy.step(gang(f"g{i}", gpus=1 + i % 2)) if isinstance(d, Pending)]
@@ -457,10 +413,10 @@ def events_for_snapshot() -> tuple[list[Event], list[Event]]:
     before: list[Event] = [
         *TWO_NODES,
         node("m", gpus=0, cpus=0.75, mem=3 * 2**30),
-        node("c", gpus=2),
+        node("c", gpus=2, cpus=8),
         gang("x", nnodes=2, gpus=1, cpus=0.25),
         gang("y", nnodes=3, gpus=2),
-        gang("z", cpus=0.5, mem=2**30),
+        gang("z", gpus=0, cpus=0.5, mem=2**30),
         gang("w", gpus=1),
         NodeLost(node_id="c"),
         gang("v", nnodes=3, gpus=1, lost_node_wait_s=50),
@@ -469,7 +425,7 @@ def events_for_snapshot() -> tuple[list[Event], list[Event]]:
         GangReleased(gang_id="x"),
         gang("u", gpus=1),
         Tick(),
-        node("c", gpus=2),
+        node("c", gpus=2, cpus=8),
         GangReleased(gang_id="w"),
         gang("t", gpus=2),
         GangReleased(gang_id="u"),
@@ -481,7 +437,7 @@ def events_for_snapshot() -> tuple[list[Event], list[Event]]:
 
 def test_restore_of_a_snapshot_decides_exactly_like_the_original() -> None:
     before, after = events_for_snapshot()
-    original, _ = run(before, Policy(node_ttl_s=1000), now=10.0)
+    original, _ = run_last(before, Policy(node_ttl_s=1000), now=10.0)
     assert original.running and original.pending and not node_view(original, "c")["alive"]
     wire = json.loads(json.dumps(original.snapshot()))  # it travels as JSON through continue-as-new
     restored = Policy.restore(wire)
@@ -505,7 +461,7 @@ def test_restore_refuses_an_unknown_snapshot_version() -> None:
 def test_events_and_decisions_round_trip_through_their_tagged_unions() -> None:
     config = load_queue_config({"tenants": [{"name": "team-a", "quota": {"gpu": 2, "cpu": 4, "mem": "8Gi"}}]})
     events: list[Event] = [
-        node("a"),
+        node("a", gpus=4, cpus=8),
         NodeLost(node_id="a"),
         gang("g", nnodes=2, gpus=1, tenant="team-a", priority="high", preemptible=False),
         GangReleased(gang_id="g"),
@@ -516,17 +472,20 @@ def test_events_and_decisions_round_trip_through_their_tagged_unions() -> None:
     again = adapter.validate_json(adapter.dump_json(events))
     assert again == events
     assert again[-1].config.tenants[0].quota.cpu == 4000  # type: ignore[union-attr]
-    policy, decisions = run([*TWO_NODES, gang("one", gpus=1), gang("h", nnodes=2, gpus=2), gang("s", gpus=1)])
+    policy, decisions = run_last([*TWO_NODES, gang("one", gpus=1), gang("h", nnodes=2, gpus=2), gang("s", gpus=1)])
     decisions += policy.step(GangReleased(gang_id="one"))
-    _, rejected = run([gang("r")])
+    _, rejected = run_last([gang("r", gpus=0)])
     all_decisions = [*decisions, *rejected]
-    assert {type(d) for d in all_decisions} == {Admitted, Pending, Preempted, Rejected}
+    assert {type(d) for d in all_decisions} == {Admitted, Pending, Preempted, GangRejected}
+    # the class was renamed from Rejected: its tag on the wire (outboxes, histories) is the same, the old name works
+    assert rejected[0].model_dump(mode="json") == {"kind": "rejected", "gang_id": "r", "reason": rejected[0].reason}
+    assert engine.scheduling.Rejected is GangRejected
     decision_adapter = TypeAdapter(list[Decision])
     assert decision_adapter.validate_python(decision_adapter.dump_python(all_decisions, mode="json")) == all_decisions
 
 
 def test_describe_summarizes_nodes_running_and_pending() -> None:
-    policy, _ = run(
+    policy, _ = run_last(
         [*TWO_NODES, NodeLost(node_id="b"), gang("x", gpus=1), gang("y", gpus=2), gang("z", gpus=1, priority=None)]
     )
     summary = policy.describe()
@@ -676,8 +635,10 @@ def test_random_event_sequences_keep_the_invariants(data: st.DataObject) -> None
 
         # a submission is refused at once ("rejected: ..."); a queued gang is dropped only once its wait for
         # lost nodes ran out ("unschedulable: ...")
-        refused = [d.gang_id for d in decisions if isinstance(d, Rejected) and d.reason.startswith("rejected:")]
-        expired = [d.gang_id for d in decisions if isinstance(d, Rejected) and d.reason.startswith("unschedulable:")]
+        refused = [d.gang_id for d in decisions if isinstance(d, GangRejected) and d.reason.startswith("rejected:")]
+        expired = [
+            d.gang_id for d in decisions if isinstance(d, GangRejected) and d.reason.startswith("unschedulable:")
+        ]
         assert not refused or (isinstance(event, GangSubmitted) and refused == [event.request.gang_id])
         for gang_id in expired:
             waited = pending_before.get(gang_id) or policy.pending.get(gang_id)

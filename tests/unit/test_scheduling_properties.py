@@ -25,6 +25,7 @@ from engine.scheduling import (
     ConfigApplied,
     Decision,
     Event,
+    GangRejected,
     GangReleased,
     GangRequest,
     GangSubmitted,
@@ -36,7 +37,6 @@ from engine.scheduling import (
     Policy,
     Preempted,
     QueueConfig,
-    Rejected,
     TenantConfig,
     Tick,
     load_queue_config,
@@ -270,7 +270,7 @@ def check_step(world: World, event: Event, decisions: list[Decision]) -> None:
             assert by in d.reason and d.cause in d.reason
             world.preempting[victim] = by
             world.pairs.add((by, victim))
-        elif isinstance(d, Rejected):
+        elif isinstance(d, GangRejected):
             assert world.pending.pop(d.gang_id, None) is not None, f"rejected {d.gang_id}, which is not waiting"
             world.reasons.pop(d.gang_id, None)
             if submitted is not None and d.gang_id == submitted.gang_id:

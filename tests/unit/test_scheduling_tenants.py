@@ -10,87 +10,27 @@ from __future__ import annotations
 import heapq
 import json
 import textwrap
-from collections.abc import Iterable
-from typing import Any
 
 import pytest
+from scheduling_builders import TWO_TEAMS, admitted, config, gang, node, only, order, preempted, run, used_gpus
 
 from engine.scheduling import (
     Admitted,
     ConfigApplied,
     Decision,
     Event,
+    GangRejected,
     GangReleased,
     GangRequest,
     GangSubmitted,
-    NodeRegistered,
-    NodeSpec,
     Pending,
     Policy,
     Preempted,
-    QueueConfig,
-    Rejected,
     Tick,
-    load_queue_config,
 )
 
 GI = 2**30
 
-# ---------------------------------------------------------------- helpers
-
-
-def config(text: str) -> QueueConfig:
-    return load_queue_config(textwrap.dedent(text))
-
-
-def node(node_id: str, gpus: int = 2, cpus: float = 16, mem: int | None = None) -> NodeRegistered:
-    return NodeRegistered(spec=NodeSpec(node_id=node_id, address=f"{node_id}.local", gpus=gpus, cpus=cpus, mem=mem))
-
-
-def gang(gang_id: str, tenant: str, gpus: int = 1, nnodes: int = 1, cpus: float = 1.0, **fields: Any) -> GangSubmitted:
-    request = GangRequest(
-        gang_id=gang_id, nnodes=nnodes, gpus_per_node=gpus, cpus_per_node=cpus, tenant=tenant, **fields
-    )
-    return GangSubmitted(request=request)
-
-
-def run(events: Iterable[Event], policy: Policy, now: float | None = None) -> list[Decision]:
-    """Apply events in order; return all of their decisions."""
-    decisions: list[Decision] = []
-    for event in events:
-        decisions += policy.step(event, now)
-    return decisions
-
-
-def admitted(decisions: list[Decision]) -> list[str]:
-    return [d.gang_id for d in decisions if isinstance(d, Admitted)]
-
-
-def preempted(decisions: list[Decision]) -> list[tuple[str, str, str, str]]:
-    """(victim, preemptor, preemptor's tenant, cause) for each preemption."""
-    return [(d.gang_id, d.by, d.by_tenant, d.cause) for d in decisions if isinstance(d, Preempted)]
-
-
-def only(decisions: list[Decision], kind: type[Pending] | type[Rejected], gang_id: str) -> str:
-    reasons = [d.reason for d in decisions if isinstance(d, kind) and d.gang_id == gang_id]
-    assert len(reasons) == 1, decisions
-    return reasons[0]
-
-
-def used_gpus(policy: Policy, tenant: str) -> int:
-    return int(policy.queues()["tenants"][tenant]["used"]["gpu"])
-
-
-def order(policy: Policy) -> list[str]:
-    return [p["gang_id"] for p in policy.describe()["pending"]]
-
-
-TWO_TEAMS = """\
-cohorts: [{name: research}]
-tenants:
-  - {name: team-a, cohort: research, quota: {gpu: 2}}
-  - {name: team-b, cohort: research, quota: {gpu: 2}}
-"""
 CLUSTER = [node("a"), node("b")]  # 4 GPUs
 
 
@@ -199,7 +139,7 @@ def test_nested_cohorts_share_the_root_cohorts_pool() -> None:
     # and it is reclaimed across them
     assert preempted(policy.step(gang("b1", "team-b"))) == [("a4", "b1", "team-b", "reclaim")]
     # a tenant outside the tree has a quota of 0 GPUs and nothing to borrow: it is refused at once
-    assert "more than tenant loner may ever hold" in only(policy.step(gang("l1", "loner")), Rejected, "l1")
+    assert "more than tenant loner may ever hold" in only(policy.step(gang("l1", "loner")), GangRejected, "l1")
 
 
 def test_a_gang_bigger_than_its_tenant_may_ever_hold_is_rejected_at_submit() -> None:
@@ -215,16 +155,16 @@ def test_a_gang_bigger_than_its_tenant_may_ever_hold_is_rejected_at_submit() -> 
         )
     )
     run([node("a", gpus=4), node("b", gpus=4)], policy)
-    assert only(policy.step(gang("s", "solo", gpus=3)), Rejected, "s") == (
+    assert only(policy.step(gang("s", "solo", gpus=3)), GangRejected, "s") == (
         "rejected: needs 3 GPUs on 1 node (3 GPUs, 1 CPU per node), more than tenant solo may ever hold "
         "(2 GPUs: its quota of 2 GPUs plus what it may borrow)"
     )
     assert "more than tenant team-a may ever hold (3 GPUs: its quota of 2 GPUs" in only(
-        policy.step(gang("a", "team-a", gpus=2, nnodes=2)), Rejected, "a"
+        policy.step(gang("a", "team-a", gpus=2, nnodes=2)), GangRejected, "a"
     )
     # team-a lends all of its 2 GPUs but has no CPU quota to lend: team-b may hold 4 GPUs but only 4 CPUs
     assert "more than tenant team-b may ever hold (4 CPUs: its quota of 4 CPUs" in only(
-        policy.step(gang("b", "team-b", gpus=2, nnodes=2, cpus=3)), Rejected, "b"
+        policy.step(gang("b", "team-b", gpus=2, nnodes=2, cpus=3)), GangRejected, "b"
     )
     assert admitted(policy.step(gang("b-ok", "team-b", gpus=2, nnodes=2, cpus=2))) == ["b-ok"]
     assert policy.pending == {}
@@ -240,13 +180,13 @@ def test_unknown_tenant_and_unknown_priority_class_are_rejected_with_the_names_k
         )
     )
     run(CLUSTER, policy)
-    assert only(policy.step(gang("x", "team-z")), Rejected, "x") == (
+    assert only(policy.step(gang("x", "team-z")), GangRejected, "x") == (
         "rejected: unknown tenant 'team-z' (tenants: team-a, team-b)"
     )
-    assert only(policy.step(gang("y", "team-a", priority="urgent")), Rejected, "y") == (
+    assert only(policy.step(gang("y", "team-a", priority="urgent")), GangRejected, "y") == (
         "rejected: unknown priority class 'urgent' (priority classes: high, low)"
     )
-    assert only(Policy().step(gang("z", "default", priority="high")), Rejected, "z") == (
+    assert only(Policy().step(gang("z", "default", priority="high")), GangRejected, "z") == (
         "rejected: unknown priority class 'high' (priority classes: none are defined)"
     )
     assert policy.pending == {} and policy.running == {}
@@ -521,7 +461,7 @@ class Sim:
                 self.remaining[d.gang_id] -= self.now - self.started[d.gang_id]
                 self.generation[d.gang_id] = self.generation.get(d.gang_id, 0) + 1  # its "done" is void
                 self._push(self.now + d.grace_s, "preempted", d.gang_id)
-            elif isinstance(d, Rejected):
+            elif isinstance(d, GangRejected):
                 raise AssertionError(f"unexpected rejection: {d}")
 
     def run_until(self, end: float) -> None:
@@ -769,9 +709,9 @@ def test_a_config_change_reranks_rejects_pending_gangs_of_removed_tenants_and_ke
         """
     )
     decisions = policy.step(ConfigApplied(config=new))
-    assert only(decisions, Rejected, "b1") == "rejected: unknown tenant 'team-b' (tenants: team-a)"
-    assert only(decisions, Rejected, "ao") == "rejected: unknown priority class 'old' (priority classes: high, low)"
-    assert [d for d in decisions if not isinstance(d, Rejected)] == []
+    assert only(decisions, GangRejected, "b1") == "rejected: unknown tenant 'team-b' (tenants: team-a)"
+    assert only(decisions, GangRejected, "ao") == "rejected: unknown priority class 'old' (priority classes: high, low)"
+    assert [d for d in decisions if not isinstance(d, GangRejected)] == []
     assert order(policy) == ["al", "ah"]  # low is now the higher class
     # team-b's running gang keeps running, and keeps being shown while it holds GPUs
     assert "b0" in policy.running
@@ -793,7 +733,7 @@ def test_a_config_change_applies_new_quotas_to_pending_gangs() -> None:
     assert "at its quota of 1 GPU" in only(decisions, Pending, "a3")
     # a gang that no longer fits the tenant's quota at all is rejected
     assert "more than tenant team-a may ever hold" in only(
-        policy.step(ConfigApplied(config=config("tenants: [{name: team-a, quota: {gpu: 0}}]"))), Rejected, "a3"
+        policy.step(ConfigApplied(config=config("tenants: [{name: team-a, quota: {gpu: 0}}]"))), GangRejected, "a3"
     )
 
 
@@ -975,7 +915,7 @@ def test_a_gang_that_never_fits_its_quota_is_rejected_even_when_another_resource
     run([node("a"), node("b"), node("c"), gang("a1", "team-a", gpus=2), gang("a2", "team-a", gpus=2)], policy)
     # 6 CPUs: more than the 4 team-a may ever hold; its GPUs, all borrowed now, stop it first
     decisions = policy.step(gang("wide", "team-a", nnodes=3, cpus=2))
-    assert "more than tenant team-a may ever hold (4 CPUs" in only(decisions, Rejected, "wide")
+    assert "more than tenant team-a may ever hold (4 CPUs" in only(decisions, GangRejected, "wide")
     for decision in run([GangReleased(gang_id="a1"), GangReleased(gang_id="a2")], policy):
         assert not isinstance(decision, Pending) or decision.reason.startswith("pending: "), decision
 

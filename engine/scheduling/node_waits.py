@@ -1,0 +1,100 @@
+"""Nodes a gang cannot use now: lost ones (a bounded wait) and drained ones (an operator's decision).
+
+Both keep a gang waiting without holding up the queue (``engine.scheduling.policy``, **Nodes** and
+**Drain**). A gang that only lost nodes could hold waits for them up to its ``lost_node_wait_s`` and is
+then rejected; one that only drained nodes could hold waits for an undrain, without a deadline. A drain
+also preempts the preemptible gangs on the node, at once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.scheduling.events import Decision, GangRejected, NodeDrained, Preempted
+from engine.scheduling.reasons import drained_wait_reason, draining_reason, lost_wait_expired_reason, lost_wait_reason
+from engine.scheduling.state import Notice, Queued
+
+if TYPE_CHECKING:
+    from engine.scheduling.policy import Policy
+
+__all__ = ["drain", "drain_report", "revive_lost_waiters", "wait_for_drain", "wait_for_lost"]
+
+
+# -- lost nodes ------------------------------------------------------------------------------------------
+def wait_for_lost(policy: Policy, heap: list[tuple[int, str]], decisions: list[Decision], *, timed: bool) -> None:
+    """A whole queue (one shape) fits only with lost nodes back: its gangs wait for them, each up to its
+    ``lost_node_wait_s``, without holding up anyone else."""
+    reason = ""
+    for seq, gang_id in sorted(heap):
+        queued = policy.pending.get(gang_id)
+        if queued is None or queued.seq != seq:
+            continue
+        request = queued.request
+        if queued.lost_wait_since is None and timed:
+            queued.lost_wait_since = policy._now
+        policy._lost_waiters.add(gang_id)
+        since = queued.lost_wait_since
+        if since is not None and policy._now - since >= request.lost_node_wait_s:
+            policy._forget(gang_id)
+            decisions.append(GangRejected(gang_id=gang_id, reason=lost_wait_expired_reason(request, policy.inventory)))
+            continue
+        reason = reason or lost_wait_reason(request, policy.inventory)
+        policy._say(queued, reason, decisions)
+
+
+def revive_lost_waiters(policy: Policy) -> None:
+    for gang_id in sorted(policy._lost_waiters):
+        queued = policy.pending.get(gang_id)
+        if queued is None:
+            policy._lost_waiters.discard(gang_id)
+        elif policy._fit(queued.request) in ("now", "drained"):  # no deadline while an operator decides
+            queued.lost_wait_since = None
+            policy._lost_waiters.discard(gang_id)
+
+
+# -- drained nodes ---------------------------------------------------------------------------------------
+def drain(policy: Policy, event: NodeDrained, decisions: list[Decision]) -> bool:
+    """Drain or undrain a node; True when what it offers changed. A drain preempts every preemptible
+    gang on the node whatever its age (the operator needs the node; ``min_runtime`` and the no-cycle
+    rule are about gangs taking each other's place), once: a gang already leaving keeps its notice.
+    Gangs that are not preemptible run there to their end."""
+    node = policy.inventory.nodes.get(event.node_id)
+    if node is None:
+        return False
+    changed = policy.inventory.set_offered(event.node_id, drained=event.drained, reason=event.reason)
+    if not event.drained:
+        return changed
+    grace = policy.config.policy.preemption_grace
+    reason = draining_reason(event.node_id, node.drain_reason)
+    for gang_id in sorted(node.held):
+        running = policy.running.get(gang_id)
+        if running is None or not running.preemptible or running.preemption is not None:
+            continue
+        running.preemption = Notice("drain", event.node_id, "", policy._now, grace)
+        decisions.append(
+            Preempted(gang_id=gang_id, by=event.node_id, by_tenant="", cause="drain", reason=reason, grace_s=grace)
+        )
+    return changed
+
+
+def wait_for_drain(policy: Policy, queued: Queued, decisions: list[Decision]) -> None:
+    """The head of a queue (one shape) that only drained nodes could hold: it waits for an operator to
+    undrain them, without a deadline and without holding up anyone else; the gangs behind it in its
+    queue say they are queued behind it."""
+    policy._reserved.pop(queued.request.gang_id, None)  # nothing to keep free for it while it cannot fit
+    key = ("drained", queued.shape, policy.inventory.topology)
+    policy._say(queued, policy._text(key, drained_wait_reason, queued.request, policy.inventory), decisions)
+
+
+def drain_report(policy: Policy, node_id: str) -> dict[str, list[str]]:
+    """The running gangs on a node by what a drain does to them: ``leaving`` (preempted, not released
+    yet) and ``remaining`` (not preemptible: they run there to their end). O(gangs on the node)."""
+    node = policy.inventory.nodes.get(node_id)
+    report: dict[str, list[str]] = {"leaving": [], "remaining": []}
+    for gang_id in sorted(node.held if node is not None else ()):
+        running = policy.running.get(gang_id)
+        if running is not None and running.preemption is not None:
+            report["leaving"].append(gang_id)
+        elif running is not None and not running.preemptible:
+            report["remaining"].append(gang_id)
+    return report

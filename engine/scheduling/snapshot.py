@@ -1,0 +1,202 @@
+"""The policy's state across a continue-as-new: ``take`` (``Policy.snapshot``) and ``restore`` (``Policy.restore``).
+
+The Scheduler workflow carries the snapshot as the argument of its next run, so the format is a wire
+format: recorded histories hold it (tests/histories), and a run in flight carries one across an upgrade.
+It is versioned (``SNAPSHOT_VERSION``) and only ever grows at the end of its rows; a restored policy
+decides exactly as the original would have.
+
+Compact on purpose (Temporal's payload limit is 2 MB): the rows are positional lists, repeated strings
+(tenants, reasons) are stored once, and the JSON is zlib-compressed and base64-encoded.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from engine.scheduling.config import dump_queue_config, load_queue_config
+from engine.scheduling.model import GangRequest, NodeAssignment, NodeSpec, Placement
+from engine.scheduling.state import Notice, Queued, Running, shape_of
+from engine.scheduling.tenancy import demand
+
+if TYPE_CHECKING:
+    from engine.scheduling.policy import Policy
+
+__all__ = ["SNAPSHOT_VERSION", "restore", "take"]
+
+SNAPSHOT_VERSION = 1
+
+
+def _failed(search: tuple[int, float] | None) -> list[Any] | None:
+    # JSON has no infinity: "no victim comes of age" is null
+    return None if search is None else [search[0], None if search[1] == float("inf") else search[1]]
+
+
+def take(policy: Policy) -> dict[str, Any]:
+    """Everything ``restore`` needs, compact: 15,000 queued gangs take a few hundred KB of JSON before
+    compression, well under Temporal's 2 MB payload limit after it. Repeated strings (tenants, reasons)
+    are stored once."""
+    strings: dict[str, int] = {}
+
+    def sid(text: str) -> int:
+        return strings.setdefault(text, len(strings))
+
+    def req(r: GangRequest) -> list[Any]:
+        return [
+            r.gang_id,
+            r.nnodes,
+            r.gpus_per_node,
+            r.cpus_per_node,
+            r.mem_per_node,
+            sid(r.tenant),
+            r.priority,
+            r.preemptible,
+            r.lost_node_wait_s,
+        ]
+
+    data = {
+        "ttl": policy.inventory.node_ttl_s,
+        "now": policy._now,
+        "seq": policy._seq,
+        "config": dump_queue_config(policy.config),
+        "nodes": [
+            [
+                n.spec.node_id,
+                n.spec.address,
+                n.spec.gpus,
+                n.spec.cpus,
+                n.spec.mem,
+                n.alive,
+                n.last_seen,
+                n.drained,
+                sid(n.drain_reason),
+            ]
+            for n in policy.inventory.nodes.values()
+        ],
+        "running": [
+            [
+                req(r.request),
+                [[a.node_id, a.address, a.node_rank, list(a.gpu_ids)] for a in r.placement.nodes],
+                r.seq,
+                r.admit_seq,
+                r.admitted_at,
+                r.prio,
+                r.preemptible,
+                r.backfill,
+                r.preempted_for,
+                None if r.preemption is None else r.preemption.row(),
+            ]
+            for r in policy.running.values()
+        ],
+        "pending": [
+            [
+                req(q.request),
+                q.seq,
+                q.prio,
+                q.preemptible,
+                sid(q.reason),
+                q.lost_wait_since,
+                sorted(q.victims),
+                q.cause,
+                _failed(q.failed_search),
+            ]
+            for q in sorted(policy.pending.values(), key=lambda q: q.seq)
+        ],
+        "requeue": policy._requeue,
+        "reserved": {k: sorted(v) for k, v in policy._reserved.items()},
+        "backfill_seq": policy._backfill_seq,
+        "pversion": policy._pversion,
+        "retry": policy._retry,
+        "evicted_for": {k: sorted(v) for k, v in policy._evicted_for.items()},
+        "strings": list(strings),
+    }
+    blob = zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 6)
+    return {"v": SNAPSHOT_VERSION, "zlib": base64.b64encode(blob).decode("ascii")}
+
+
+def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
+    """The policy ``snapshot`` saved; it decides exactly as the original would have."""
+    if snapshot.get("v") != SNAPSHOT_VERSION:
+        raise ValueError(f"unknown scheduler snapshot version {snapshot.get('v')!r}")
+    data = json.loads(zlib.decompress(base64.b64decode(snapshot["zlib"])))
+    strings: list[str] = data["strings"]
+
+    def req(v: list[Any]) -> GangRequest:
+        return GangRequest(
+            gang_id=v[0],
+            nnodes=v[1],
+            gpus_per_node=v[2],
+            cpus_per_node=v[3],
+            mem_per_node=v[4],
+            tenant=strings[v[5]],
+            priority=v[6],
+            preemptible=v[7],
+            lost_node_wait_s=v[8],
+        )
+
+    policy = cls(load_queue_config(data["config"]), node_ttl_s=data["ttl"])
+    policy._now, policy._seq = data["now"], data["seq"]
+    inventory = policy.inventory
+    # Rows grew at their end over time (the drain reason, the preemption notice): a snapshot from before
+    # a field was added still restores (runs in flight carry one across an upgrade).
+    for node_id, address, gpus, cpus, mem, alive, last_seen, drained, *more in data["nodes"]:
+        spec = NodeSpec(node_id=node_id, address=address, gpus=gpus, cpus=cpus, mem=mem)
+        inventory.register(spec, last_seen)
+        reason = strings[more[0]] if more else ""
+        inventory.set_offered(node_id, alive=alive, drained=drained, reason=reason)
+    notices: dict[str, list[Any] | None] = {}
+    for r, nodes, seq, admit_seq, admitted_at, prio, preemptible, backfill, preempted_for, *more in data["running"]:
+        request = req(r)
+        notices[request.gang_id] = more[0] if more else None
+        placement = Placement(
+            gang_id=request.gang_id,
+            nodes=tuple(NodeAssignment(node_id=n, address=a, node_rank=k, gpu_ids=tuple(g)) for n, a, k, g in nodes),
+        )
+        running = Running(
+            request,
+            placement,
+            seq,
+            admit_seq,
+            admitted_at,
+            prio,
+            preemptible,
+            demand(request),
+            backfill,
+            preempted_for,
+        )
+        inventory.take(request, placement)
+        policy.tenancy.add(request.tenant, running.vec)
+        policy.running[request.gang_id] = running
+        policy._by_tenant.setdefault(request.tenant, {})[request.gang_id] = running
+        policy._count_prio(running, 1)
+    for r, seq, prio, preemptible, reason, since, victims, cause, failed in data["pending"]:
+        request = req(r)
+        vec = demand(request)
+        queued = Queued(
+            request, seq, prio, preemptible, vec, shape_of(request), strings[reason], since, set(victims), cause
+        )
+        if failed is not None:  # a restored policy searches exactly when the original would have
+            queued.failed_search = (failed[0], float("inf") if failed[1] is None else failed[1])
+        policy._enqueue(queued)
+        if since is not None:
+            policy._lost_waiters.add(request.gang_id)
+    policy._requeue = dict(data["requeue"])
+    policy._reserved = {k: frozenset(v) for k, v in data["reserved"].items()}
+    policy._backfill_seq = data["backfill_seq"]
+    policy._pversion = data["pversion"]
+    policy._topology_seen = inventory.topology  # the count restarts with the restored nodes
+    policy._retry = dict(data["retry"])
+    policy._evicted_for = {k: set(v) for k, v in data["evicted_for"].items()}
+    for gang_id, running in policy.running.items():
+        notice = notices[gang_id]
+        if notice is not None:
+            running.preemption = Notice(*notice)
+        elif running.preempted_for is not None:  # an older snapshot: what it knew of the preemption
+            preemptor = policy.pending.get(running.preempted_for)
+            cause = preemptor.cause if preemptor is not None and "," not in preemptor.cause else ""
+            tenant = preemptor.request.tenant if preemptor is not None else ""
+            grace = policy.config.policy.preemption_grace
+            running.preemption = Notice(cause, running.preempted_for, tenant, policy._now, grace)
+    return policy

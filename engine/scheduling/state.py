@@ -1,0 +1,80 @@
+"""The policy's records of one gang: waiting (``Queued``), running (``Running``) and being preempted (``Notice``).
+
+Mutable and private to the scheduling package: ``engine.scheduling.policy`` keeps them, and its helpers
+(``snapshot`` for continue-as-new, ``preemption`` for the victim search, ``node_waits`` for lost and drained
+nodes) read and update them. What crosses the scheduler's boundary is ``engine.scheduling.model``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from engine.scheduling.inventory import millicores
+from engine.scheduling.model import GangRequest, Placement
+from engine.scheduling.tenancy import Vec
+
+__all__ = ["Cause", "Fit", "Notice", "QueueKey", "Queued", "Running", "Shape", "shape_of"]
+
+Shape = tuple[int, int, int, int | None]  # nnodes, GPUs, millicores and bytes per node
+QueueKey = tuple[int, Shape]  # (-priority value, shape)
+Cause = Literal["reclaim", "priority", "backfill", "defrag"]
+#: whether a shape fits the offered nodes when idle ("now"), else what it waits for: lost nodes to come back
+#: ("lost", up to the gang's ``lost_node_wait_s``) or drained nodes to be undrained ("drained": an operator's
+#: decision, no deadline); "never": not even every registered node could hold it
+Fit = Literal["now", "lost", "drained", "never"]
+
+
+@dataclass(slots=True)
+class Queued:
+    request: GangRequest
+    seq: int
+    prio: int
+    preemptible: bool
+    vec: Vec
+    shape: Shape
+    reason: str = ""
+    lost_wait_since: float | None = None
+    victims: set[str] = field(default_factory=set)  # preempted for this gang and not released yet
+    cause: str = ""
+    #: the last victim search found nothing: (policy version then, when a too-young victim comes of age)
+    failed_search: tuple[int, float] | None = None
+
+    @property
+    def key(self) -> QueueKey:
+        return (-self.prio, self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A preemption decided for a running gang that has not released yet (``describe`` shows it)."""
+
+    cause: str
+    by: str  # the gang it makes room for, or the node being drained
+    by_tenant: str
+    since: float
+    grace_s: float
+
+    def row(self) -> list[Any]:
+        return [self.cause, self.by, self.by_tenant, self.since, self.grace_s]
+
+
+@dataclass(slots=True)
+class Running:
+    request: GangRequest
+    placement: Placement
+    seq: int  # its place in the order (kept when a preempted gang comes back)
+    admit_seq: int
+    admitted_at: float
+    prio: int
+    preemptible: bool
+    vec: Vec
+    backfill: bool
+    preempted_for: str | None = None  # the pending gang it makes room for (a drain names no gang)
+    #: set once the gang is preempted (for a gang or a drain): it is never chosen again, and it comes back
+    #: at its place in the order when it releases
+    preemption: Notice | None = None
+
+
+def shape_of(request: GangRequest) -> Shape:
+    return (request.nnodes, request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node)
