@@ -126,7 +126,7 @@ class Client(ClusterClient):
     ) -> str:
         """Validate, pack and start a run; returns its id (the Temporal workflow id). ``tenant`` defaults
         to ``$GANGFLOW_TENANT``, else ``default``; ``priority`` names a priority class for the run's gangs
-        (a task's own ``priority=`` wins). An unknown tenant or class raises TenancyError, nothing started.
+        (a task's own ``Gang(priority=...)`` wins). An unknown tenant or class raises TenancyError, nothing started.
         ``cache``: "use" (default), "skip" (neither read nor write the task cache) or "overwrite" (do not read it,
         replace its entries on success)."""
         defn, envelope = self.prepare(

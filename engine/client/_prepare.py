@@ -176,7 +176,7 @@ def start_options(defn: WorkflowDefinition, envelope: Envelope) -> dict[str, Any
 
 
 def task_priorities(defn: WorkflowDefinition) -> dict[str, str]:
-    """Task name → priority class of the distributed tasks with ``priority=`` that the workflow's body
+    """Task name → priority class of the distributed tasks with ``Gang(priority=...)`` that the workflow's body
     names (``train(...)``, ``lib.train(...)``), also inside the child workflows it names and the helper
     functions of its own file it calls: what can be checked before the run starts. Read from the code's
     names, not by running it, so a task reached another way (a task passed in as a value) is checked by

@@ -32,7 +32,7 @@ class RunContext:
     pipeline: str
     tenant: str
     artifacts: str
-    #: the run's priority class (``gangflow run --priority``); a task's own ``priority=`` wins over it
+    #: the run's priority class (``gangflow run --priority``); a task's own ``Gang(priority=...)`` wins over it
     priority: str | None = None
     #: how the run's ``cache=True`` tasks use the cache: "use", "skip" (--no-cache) or "overwrite"
     #: (--overwrite-cache); see engine.core.cache_key

@@ -56,7 +56,7 @@ class GangRequest(Frozen):
     into a validation error inside the Scheduler workflow. ``mem_per_node=None`` means "don't care".
     ``tenant`` and ``priority`` (a priority class name; None = the configuration's default) are resolved
     against the queue configuration when the request arrives. ``preemptible=False`` (a task's own
-    ``@task(preemptible=False)``) protects it even in a preemptible priority class.
+    ``@task(gang=Gang(preemptible=False))``) protects it even in a preemptible priority class.
     """
 
     gang_id: str
