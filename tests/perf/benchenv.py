@@ -48,7 +48,7 @@ __all__ = [
     "run_benchmark",
 ]
 
-#: what a benchmark's ``--markdown`` and ``--table`` turn a result into: lines of text
+#: a benchmark's ``markdown`` or ``table``: the lines of text it makes of a result
 Lines = Callable[[dict[str, Any]], list[str]]
 
 
