@@ -275,6 +275,35 @@ class Stack:
         self.server.stop()
 
 
+def stack_fixture(
+    prefix: str,
+    count: int = 3,
+    gpus: int = 0,
+    *,
+    scheduler_events: int | None = None,
+    env: dict[str, str] | None = None,
+    kind: type[Stack] = Stack,
+    ready: Callable[[Any], Coroutine[Any, Any, object]] | None = Stack.wait_nodes,
+) -> Any:
+    """A module-scoped ``stack`` fixture: a :class:`Stack` of the module's own (``kind``: a subclass with more
+    helpers), started with these arguments, ``ready`` awaited on it before the first test (the default: every
+    node agent registered; None: no wait), and closed after the module's last test, even if ``ready`` failed.
+    For the modules whose tests kill, restart or reconfigure the stack's parts; ``stack = stack_fixture(...)``
+    at module level."""
+
+    @pytest.fixture(scope="module", name="stack")
+    def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+        built = kind(tmp_path_factory.mktemp(f"stack-{prefix}"), prefix, count, gpus, scheduler_events, env)
+        try:
+            if ready is not None:
+                run(ready(built))
+            yield built
+        finally:
+            built.close()
+
+    return stack
+
+
 @pytest.fixture(scope="session")
 def cluster(server: DevServer, worker: WorkerProcess, state_root: Path) -> Iterator[list[NodeAgent]]:
     """Two node agents with two GPU slots each, registered with the Scheduler."""
@@ -361,3 +390,45 @@ class AuthStack:
         from temporalio.client import Client
 
         return await Client.connect(self.address, namespace=namespace, api_key=token, tls=False)
+
+
+# -- the shared `gangflow dev --auth` stack ---------------------------------------------------------
+#: What the modules that share it need: the example queues (team-a and team-b) and two node agents with two
+#: GPU slots each (the isolation tests' gangs; the gateway tests need no node and mind none).
+AUTH_QUEUES = ROOT / "examples" / "queues.yaml"
+AUTH_OPTIONS = ("--nodes", "2", "--gpus-per-node", "2")
+#: the stack once started; closed after the last test that uses it (pytest_runtest_teardown below)
+_auth_stack = contextlib.ExitStack()
+_last_auth_user: list[pytest.Item] = []
+
+
+@pytest.fixture(scope="session")
+def auth_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthStack]:
+    """One ``gangflow dev --auth`` stack for every module that only uses one (none stops or breaks it): its
+    start is paid once. The modules that use it run one after the other (pytest_collection_modifyitems)
+    and it is closed after their last test, not kept idle through the rest of the session."""
+    state = tmp_path_factory.mktemp("auth") / "state"
+    yield _auth_stack.enter_context(AuthStack.start(state, str(AUTH_QUEUES), *AUTH_OPTIONS))
+    _auth_stack.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that use ``auth_stack`` move up, each whole and in its order, to where the first of them
+    is: the shared stack then lives for their tests only."""
+    shared = {item.path for item in items if "auth_stack" in getattr(item, "fixturenames", ())}
+    if len(shared) > 1:
+        first = next(i for i, item in enumerate(items) if item.path in shared)
+        together = [item for item in items if item.path in shared]
+        items[:] = items[:first] + together + [item for item in items[first:] if item.path not in shared]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    users = [item for item in session.items if "auth_stack" in getattr(item, "fixturenames", ())]
+    _last_auth_user[:] = users[-1:]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield  # the item's own teardown first: its module's fixtures over the shared stack are gone by now
+    if _last_auth_user and item is _last_auth_user[0]:
+        _auth_stack.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,10 @@ from engine.runtime.tokens import Claims, DevKeys
 WORKFLOW = "gangflow.auth.NoWorkerNeeded"  # started by type name: nothing polls its queue
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthStack]:
-    with AuthStack.start(tmp_path_factory.mktemp("auth") / "state", str(ROOT / "examples" / "queues.yaml")) as s:
-        yield s
+@pytest.fixture
+def stack(auth_stack: AuthStack) -> AuthStack:
+    """The session's shared stack (conftest.auth_stack): these tests only start and end workflows of their own."""
+    return auth_stack
 
 
 async def _denied(action: Callable[[], Awaitable[Any]]) -> None:

@@ -14,7 +14,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +39,17 @@ TOKENS = {"team-a": "a-data-token-5f1e2c", "team-b": "b-data-token-77d0aa"}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthStack]:
-    queues = str(ROOT / "examples" / "queues.yaml")
-    with AuthStack.start(tmp_path_factory.mktemp("iso") / "state", queues, "--nodes", "2", "--gpus-per-node", "2") as s:
-        for tenant in ("team-a", "team-b"):  # each team's own token for its data (examples/two_teams/README.md)
-            command = [sys.executable, "-m", "engine.cli", "secret", "set", tenant, "data-token"]
-            secret = subprocess.run(
-                [*command, "--state-dir", str(s.state)], input=TOKENS[tenant], text=True, capture_output=True
-            )
-            assert secret.returncode == 0, secret.stderr
-        run(_platform_idle(s, timeout=90))
-        yield s
+def stack(auth_stack: AuthStack) -> AuthStack:
+    """The session's shared stack (conftest.auth_stack, 2 node agents with 2 GPU slots each), with each team's
+    own token for its data (examples/two_teams/README.md), once every GPU is free."""
+    for tenant in ("team-a", "team-b"):
+        command = [sys.executable, "-m", "engine.cli", "secret", "set", tenant, "data-token"]
+        secret = subprocess.run(
+            [*command, "--state-dir", str(auth_stack.state)], input=TOKENS[tenant], text=True, capture_output=True
+        )
+        assert secret.returncode == 0, secret.stderr
+    run(_platform_idle(auth_stack, timeout=90))
+    return auth_stack
 
 
 async def _platform(stack: AuthStack) -> Client:

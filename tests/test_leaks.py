@@ -19,7 +19,7 @@ from typing import Any
 
 import leaks
 import pytest
-from conftest import ROOT, Stack, alive, run
+from conftest import ROOT, Stack, alive, run, stack_fixture
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
@@ -46,12 +46,7 @@ class LeakStack(Stack):
         return await self.wait_for("every GPU free", free, timeout)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LeakStack]:
-    s = LeakStack(tmp_path_factory.mktemp("leaks"), "g", NODES, GPUS, scheduler_events=EVENTS_PER_RUN)
-    run(s.all_free(60))
-    yield s
-    s.close()
+stack = stack_fixture("g", NODES, GPUS, scheduler_events=EVENTS_PER_RUN, kind=LeakStack, ready=lambda s: s.all_free(60))
 
 
 @pytest.fixture(autouse=True)

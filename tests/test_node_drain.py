@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Stack, gangflow_cli
+from conftest import Stack, gangflow_cli, stack_fixture
 
 FLOW = """
 from dataclasses import dataclass
@@ -82,16 +82,9 @@ def scheduler_run(stack: Stack) -> str:
     return str(asyncio.run(describe()))
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    # the Scheduler continues as new every few events (the agents' registrations are events): the drain
-    # must cross it, and updates may arrive while it does
-    built = Stack(tmp_path_factory.mktemp("drain-stack"), "d", count=2, gpus=2, scheduler_events=4)
-    try:
-        asyncio.run(built.wait_nodes())
-        yield built
-    finally:
-        built.close()
+# the Scheduler continues as new every few events (the agents' registrations are events): the drain
+# must cross it, and updates may arrive while it does
+stack = stack_fixture("d", count=2, gpus=2, scheduler_events=4)
 
 
 @pytest.fixture(scope="module")

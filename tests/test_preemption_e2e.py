@@ -27,12 +27,11 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Stack, gangflow_cli, run, until
+from conftest import Stack, gangflow_cli, run, stack_fixture, until
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from engine.client import Client, load_workflow_file
@@ -163,15 +162,8 @@ async def wide_run(steps: int, save_s: float = 0.0) -> dict:
 """
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    # the Scheduler continues as new every few events: preemptions cross continue-as-new all the time
-    built = Stack(tmp_path_factory.mktemp("preemption"), "p", count=2, gpus=2, scheduler_events=3)
-    try:
-        run(built.wait_nodes())
-        yield built
-    finally:
-        built.close()
+# the Scheduler continues as new every few events: preemptions cross continue-as-new all the time
+stack = stack_fixture("p", count=2, gpus=2, scheduler_events=3)
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import gangs
 import pytest
-from conftest import ROOT, Stack, alive, failure_of, run
+from conftest import ROOT, Stack, alive, failure_of, run, stack_fixture
 from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError
 
@@ -28,12 +27,7 @@ pytestmark = pytest.mark.slow
 STEPS = dict(total_steps=80, checkpoint_every=10, step_seconds=0.1)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("resilience"), "r")
-    run(s.wait_nodes())
-    yield s
-    s.close()
+stack = stack_fixture("r")
 
 
 async def _running_gang(client: Client, gang_id: str, min_step: int) -> dict[str, Any]:

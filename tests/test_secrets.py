@@ -9,10 +9,11 @@ import asyncio
 import hashlib
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Stack, alive, gangflow_cli
+from conftest import Stack, alive, gangflow_cli, stack_fixture
 from temporalio.api.history.v1 import History
 from temporalio.client import WorkflowFailureError
 
@@ -109,21 +110,25 @@ async def gang(marker: str, fail: bool = False) -> list:
 """
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    root = tmp_path_factory.mktemp("secrets-stack")
-    secrets = root / "secrets"
-    value = f"numbat-{os.urandom(8).hex()}"
-    for tenant, name, content in (("default", "hf-token", value), ("team-b", "b-only", f"b-{value}")):
-        (secrets / tenant).mkdir(parents=True, exist_ok=True, mode=0o700)
-        (secrets / tenant / name).write_text(content + "\n")
-    s = Stack(root, "sec", count=2, env={"GANGFLOW_SECRETS_DIR": str(secrets)})
-    code = tmp_path_factory.mktemp("secrets-flow")  # the bundle holds this folder: not the stack's state
-    (code / "flow.py").write_text(FLOW)
-    s.flow = code / "flow.py"  # type: ignore[attr-defined]
-    s.value = value  # type: ignore[attr-defined]
-    yield s
-    s.close()
+class SecretStack(Stack):
+    """A stack whose worker and node agents have a secrets directory: ``value`` is default's hf-token (team-b
+    has b-only), ``flow`` the workflow file, in a folder of its own (the bundle holds that folder: not the
+    stack's state)."""
+
+    def __init__(self, root: Path, prefix: str, count: int, gpus: int, events: int | None, env: Any) -> None:
+        secrets = root / "secrets"
+        self.value = f"numbat-{os.urandom(8).hex()}"
+        for tenant, name, content in (("default", "hf-token", self.value), ("team-b", "b-only", f"b-{self.value}")):
+            (secrets / tenant).mkdir(parents=True, exist_ok=True, mode=0o700)
+            (secrets / tenant / name).write_text(content + "\n")
+        code = root.with_name(f"{root.name}-flow")
+        code.mkdir()
+        self.flow = code / "flow.py"
+        self.flow.write_text(FLOW)
+        super().__init__(root, prefix, count, gpus, events, {**(env or {}), "GANGFLOW_SECRETS_DIR": str(secrets)})
+
+
+stack = stack_fixture("sec", count=2, kind=SecretStack, ready=None)
 
 
 def _digest(value: str) -> str:

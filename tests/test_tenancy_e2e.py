@@ -23,12 +23,11 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Stack, gangflow_cli, run, until
+from conftest import ROOT, Stack, gangflow_cli, run, stack_fixture, until
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowFailureError
 
@@ -119,14 +118,7 @@ async def gated(marker: str, x: int = 1) -> int:
 """
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    built = Stack(tmp_path_factory.mktemp("tenancy"), "t", count=2, gpus=2)
-    try:
-        run(built.wait_nodes())
-        yield built
-    finally:
-        built.close()
+stack = stack_fixture("t", count=2, gpus=2)
 
 
 @pytest.fixture(scope="module")

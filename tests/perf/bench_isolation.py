@@ -20,7 +20,6 @@ Measured per run, from the run's own history (server timestamps): ``gang_start_s
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,15 +50,13 @@ QUEUES = "tenants:\n  - {name: team-a, quota: {gpu: 2}}\n"
 
 
 def parse_args(argv: list[str] | None = None) -> Any:
-    import argparse
+    from benchenv import arguments, at_least_one, output_options
 
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
+    parser = arguments(__doc__)
     parser.add_argument("--reps", type=int, default=5, help="counted runs per layout (median reported)")
-    parser.add_argument("--markdown", action="store_true", help="print the README's table rows instead of a table")
-    parser.add_argument("--render", metavar="FILE", help="print the README's rows of a saved JSON line and exit")
+    output_options(parser)
     args = parser.parse_args(argv)
-    if args.reps < 1:
-        parser.error(f"--reps must be at least 1, got {args.reps}")
+    at_least_one(parser, args, "reps")
     return args
 
 
@@ -108,25 +105,23 @@ def _seconds(history: Any) -> tuple[float, float]:
 
 
 def main(args: Any) -> None:
+    from benchenv import run_benchmark
+
+    run_benchmark("isolation", args, markdown, table, lambda scratch: _layouts(args, scratch))
+
+
+def _layouts(args: Any, scratch: Path) -> dict[str, Any]:
+    """Both layouts, one after the other, each on a stack of its own under ``scratch``."""
     import asyncio
-    import shutil
     import statistics
-    import tempfile
     import time
 
-    from benchenv import LoadSampler, emit, environment, log, render
-
-    if args.render:
-        render(args.render, "isolation", markdown)
-        return
-
     import record
+    from benchenv import log
 
     from engine.client import load_workflow_file
     from engine.core.protocol import PLATFORM_NAMESPACE
 
-    scratch = Path(tempfile.mkdtemp(prefix="gangflow-bench-isolation-"))
-    os.environ["GANGFLOW_CACHE"] = str(scratch / "client-cache")
     (scratch / "flow").mkdir()
     (scratch / "flow" / "bench_flow.py").write_text(FLOW)
     wf = load_workflow_file(f"{scratch / 'flow' / 'bench_flow.py'}:pipeline")
@@ -159,19 +154,8 @@ def main(args: Any) -> None:
         finally:
             stack.close()
 
-    try:
-        with LoadSampler() as load:
-            measured = {layout: asyncio.run(measure(layout)) for layout in LAYOUTS}
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    result = {
-        "benchmark": "isolation",
-        "settings": {"reps": args.reps, "pause_s": PAUSE_S, "nodes": 1},
-        **measured,
-        "environment": environment(),
-        "load": load.summary(),
-    }
-    emit(result, markdown(result) if args.markdown else table(result))
+    measured = {layout: asyncio.run(measure(layout)) for layout in LAYOUTS}
+    return {"settings": {"reps": args.reps, "pause_s": PAUSE_S, "nodes": 1}, **measured}
 
 
 if __name__ == "__main__":

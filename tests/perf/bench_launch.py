@@ -66,20 +66,17 @@ LAUNCHERS = ("torchrun", "gangflow")
 
 
 def parse_args(argv: list[str] | None = None) -> Any:
-    import argparse
+    from benchenv import arguments, at_least_one, output_options
 
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
+    parser = arguments(__doc__)
     parser.add_argument("--reps", type=int, default=5, help="warm runs per launcher (median reported)")
     parser.add_argument(
         "--cold-reps", type=int, default=3, help="cold runs per launcher, each on a fresh gangflow stack"
     )
     parser.add_argument("--steps", type=int, default=STEPS, help="training steps per run (default %(default)s)")
-    parser.add_argument("--markdown", action="store_true", help="print the README's table rows instead of a table")
-    parser.add_argument("--render", metavar="FILE", help="print the README's rows of a saved JSON line and exit")
+    output_options(parser)
     args = parser.parse_args(argv)
-    for flag in ("reps", "cold_reps", "steps"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    at_least_one(parser, args, "reps", "cold_reps", "steps")
     return args
 
 
@@ -462,14 +459,10 @@ def main(args: Any) -> None:
 
 
 if __name__ == "__main__":
-    # Run the definitions from the module imported by name (``bench_launch``), not from ``__main__``: that
-    # is the name gangflow's code bundle imports it under. The step count must be in the environment
-    # before that import (the task's script args are fixed when it is decorated).
-    import sys
+    from benchenv import main_by_name
 
     _args = parse_args()
+    # the step count must be in the environment before the import by name (the task's script args are fixed
+    # when it is decorated)
     os.environ[STEPS_ENV] = str(_args.steps)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import bench_launch
-
-    bench_launch.main(_args)
+    main_by_name("bench_launch", _args)

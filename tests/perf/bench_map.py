@@ -68,21 +68,15 @@ if not tw.unsafe.in_sandbox():
 
 
 def parse_args(argv: list[str] | None = None) -> Any:
-    import argparse
+    from benchenv import arguments, at_least_one, output_options
 
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
+    parser = arguments(__doc__)
     parser.add_argument("--items", type=int, default=10_000, help="items in the map (default 10000)")
     parser.add_argument("--concurrency", type=int, default=16, help="items in flight (default 16, engine.map's)")
     parser.add_argument("--reps", type=int, default=1, help="measured runs per side (median reported)")
-    parser.add_argument("--markdown", action="store_true", help="print the README's table rows instead of a table")
-    parser.add_argument("--render", metavar="FILE", help="print the README's rows of a saved JSON line and exit")
+    output_options(parser)
     args = parser.parse_args(argv)
-    if args.items < 1:
-        parser.error(f"--items must be at least 1, got {args.items}")
-    if args.concurrency < 1:
-        parser.error(f"--concurrency must be at least 1, got {args.concurrency}")
-    if args.reps < 1:
-        parser.error(f"--reps must be at least 1, got {args.reps}")
+    at_least_one(parser, args, "items", "concurrency", "reps")
     return args
 
 
@@ -144,13 +138,12 @@ def table(result: dict[str, Any]) -> list[str]:
 def main(args: Any) -> None:
     import contextlib
     import os
-    import shutil
     import statistics
-    import tempfile
     import time
     import uuid
+    from pathlib import Path
 
-    from benchenv import LoadSampler, emit, environment, log, render
+    from benchenv import log, run_benchmark
     from temporalio.client import Client as TemporalClient
     from temporalio.client import WorkflowFailureError
     from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -159,13 +152,7 @@ def main(args: Any) -> None:
     from engine.core.mapping import DEFAULT_CHUNK_SIZE
     from engine.runtime import DevServer, Endpoint, build_worker, connect
 
-    if args.render:
-        render(args.render, "map", markdown)
-        return
-
     n, concurrency = args.items, args.concurrency
-    scratch = tempfile.mkdtemp(prefix="gangflow-bench-map-")
-    os.environ["GANGFLOW_CACHE"] = os.path.join(scratch, "cache")
 
     async def events(tc: TemporalClient, workflow_id: str) -> int:
         count = 0
@@ -173,7 +160,7 @@ def main(args: Any) -> None:
             count += 1
         return count
 
-    async def bench() -> dict[str, Any]:
+    async def bench(scratch: Path) -> dict[str, Any]:
         srv = DevServer(os.path.join(scratch, "server"), ui=False).start()
         try:
             tc = await connect(Endpoint.resolve(srv.address))
@@ -241,40 +228,23 @@ def main(args: Any) -> None:
         finally:
             srv.stop()
 
-    try:
-        with LoadSampler() as load:
-            sides = asyncio.run(bench())
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-    gf, tp = sides["gangflow"], sides["temporalio"]
-    ratio = round(gf["seconds"] / tp["seconds"], 3) if "seconds" in gf and "seconds" in tp else None
-    result = {
-        "benchmark": "map",
-        "gangflow": gf,
-        "temporalio": tp,
-        "ratio": ratio,
-        "settings": {
+    def measure(scratch: Path) -> dict[str, Any]:
+        sides = asyncio.run(bench(scratch))
+        gf, tp = sides["gangflow"], sides["temporalio"]
+        ratio = round(gf["seconds"] / tp["seconds"], 3) if "seconds" in gf and "seconds" in tp else None
+        settings = {
             "items": n,
             "concurrency": concurrency,
             "reps": args.reps,
             "chunk_size": DEFAULT_CHUNK_SIZE,
             "server": "temporal dev server (sqlite file), 127.0.0.1",
-        },
-        "environment": environment(),
-        "load": load.summary(),
-    }
-    emit(result, markdown(result) if args.markdown else table(result))
+        }
+        return {"gangflow": gf, "temporalio": tp, "ratio": ratio, "settings": settings}
+
+    run_benchmark("map", args, markdown, table, measure)
 
 
 if __name__ == "__main__":
-    # Run the definitions from the module imported by name (``bench_map``), not from ``__main__``: that is the
-    # name gangflow's code bundle imports it under.
-    import os
-    import sys
+    from benchenv import main_by_name
 
-    _args = parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import bench_map
-
-    bench_map.main(_args)
+    main_by_name("bench_map", parse_args())

@@ -142,9 +142,9 @@ LABELS = {
 
 
 def parse_args(argv: list[str] | None = None) -> Any:
-    import argparse
+    from benchenv import arguments, at_least_one, output_options
 
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
+    parser = arguments(__doc__)
     parser.add_argument("--reps", type=int, default=3, help="measured runs per item (median reported)")
     parser.add_argument("--quick", action="store_true", help="one measured run per item (same sizes)")
     parser.add_argument(
@@ -152,14 +152,12 @@ def parse_args(argv: list[str] | None = None) -> Any:
         action="store_true",
         help="also time the baseline under Temporal's default sandbox (a reference column, not compared)",
     )
-    parser.add_argument("--markdown", action="store_true", help="print the README's table rows instead of a table")
-    parser.add_argument("--render", metavar="FILE", help="print the README's rows of a saved JSON line and exit")
+    output_options(parser)
     parser.add_argument(
         "--profile", action="store_true", help="also print where the time goes (history event gaps) to stderr"
     )
     args = parser.parse_args(argv)
-    if args.reps < 1:
-        parser.error(f"--reps must be at least 1, got {args.reps}")
+    at_least_one(parser, args, "reps")
     return args
 
 
@@ -214,13 +212,12 @@ def table(result: dict[str, Any]) -> list[str]:
 def main(args: Any) -> None:
     import contextlib
     import os
-    import shutil
     import statistics
-    import tempfile
     import time
     import uuid
+    from pathlib import Path
 
-    from benchenv import LoadSampler, emit, environment, log, render
+    from benchenv import log, run_benchmark
     from temporalio.client import Client as TemporalClient
     from temporalio.worker import UnsandboxedWorkflowRunner, Worker
     from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
@@ -229,18 +226,10 @@ def main(args: Any) -> None:
     from engine.runtime import DevServer, Endpoint, build_worker, connect
     from workflows.shell import UserWorkflow
 
-    if args.render:
-        render(args.render, "orchestration", markdown)
-        return
-
     reps = 1 if args.quick else args.reps
     # What decides the runner of gangflow's user workflows: the shell's own definition (``sandboxed=``),
     # read rather than assumed so that the baseline follows if that choice ever changes.
     gangflow_sandboxed = tw._Definition.must_from_class(UserWorkflow).sandboxed
-
-    scratch = tempfile.mkdtemp(prefix="gangflow-bench-")
-    # The worker extracts code bundles into the cache: keep them out of ~/.cache.
-    os.environ["GANGFLOW_CACHE"] = os.path.join(scratch, "cache")
 
     async def timed(coro_fn) -> float:  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
@@ -263,7 +252,7 @@ def main(args: Any) -> None:
         config["activities"] = [baseline_noop]
         return Worker(**config)
 
-    async def bench() -> tuple[dict[str, Any], dict[str, Any]]:
+    async def bench(scratch: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         srv = DevServer(os.path.join(scratch, "server"), ui=False).start()
         try:
             tc: TemporalClient = await connect(Endpoint.resolve(srv.address))
@@ -363,27 +352,19 @@ def main(args: Any) -> None:
         finally:
             srv.stop()
 
-    try:
-        with LoadSampler() as load:
-            results, knobs = asyncio.run(bench())
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-    result = {
-        "benchmark": "orchestration",
-        "items": results,
-        "settings": {
+    def measure(scratch: Path) -> dict[str, Any]:
+        results, knobs = asyncio.run(bench(scratch))
+        settings = {
             "reps": reps,
             "gangflow_sandboxed": gangflow_sandboxed,
             "baseline_sandboxed": gangflow_sandboxed,
             "sandboxed_baseline_column": bool(args.sandboxed_baseline),
             "server": "temporal dev server (sqlite file), 127.0.0.1",
             "worker_settings": knobs,
-        },
-        "environment": environment(),
-        "load": load.summary(),
-    }
-    emit(result, markdown(result) if args.markdown else table(result))
+        }
+        return {"items": results, "settings": settings}
+
+    run_benchmark("orchestration", args, markdown, table, measure)
 
 
 async def profile_history(client, workflow_id: str, label: str, log) -> None:  # type: ignore[no-untyped-def]
@@ -410,13 +391,6 @@ async def profile_history(client, workflow_id: str, label: str, log) -> None:  #
 
 
 if __name__ == "__main__":
-    # Run the definitions from the module imported by name (``bench_orchestration``), not from
-    # ``__main__``: that is the name gangflow's code bundle and the temporalio sandbox import it under.
-    import os
-    import sys
+    from benchenv import main_by_name
 
-    _args = parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import bench_orchestration
-
-    bench_orchestration.main(_args)
+    main_by_name("bench_orchestration", parse_args())

@@ -103,7 +103,9 @@ DEFAULTS = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
+    from benchenv import arguments, at_least_one, output_options
+
+    parser = arguments(__doc__)
     parser.add_argument("--reps", type=int, default=5, help="preemptions per mode (medians reported)")
     parser.add_argument(
         "--checkpoint-every",
@@ -123,14 +125,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grace", type=float, default=DEFAULTS["grace"], help="the cluster's preemption grace, s")
     parser.add_argument("--no-warmup", action="store_true", help="skip the uncounted warm-up run")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, checkpoints)")
-    parser.add_argument("--markdown", action="store_true", help="print the README's table rows instead of a table")
-    parser.add_argument("--render", metavar="FILE", help="print the README's rows of a saved JSON line and exit")
+    output_options(parser)
     args = parser.parse_args(argv)
     if args.render:
         return args
-    for flag in ("reps", "checkpoint_every", "preemptor_steps", "preempt_from"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    at_least_one(parser, args, "reps", "checkpoint_every", "preemptor_steps", "preempt_from")
     for flag in ("step_seconds", "grace"):
         value = getattr(args, flag)
         if not math.isfinite(value) or value < 0:

@@ -1028,7 +1028,9 @@ def table(result: dict[str, Any]) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
+    from benchenv import arguments, at_least_one, output_options
+
+    parser = arguments(__doc__)
     parser.add_argument("--nodes", type=int, default=1000, help="GPU nodes (default %(default)s)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default %(default)s)")
     parser.add_argument("--gangs", type=int, default=15000, help="gangs in the trace (default %(default)s)")
@@ -1066,14 +1068,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=OPTIONAL_FLAGS["fifo_budget_s"],
         help="wall-clock cap for the FIFO baseline, 0 to skip it (default %(default)s)",
     )
-    out = parser.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print the JSON line only, no table")
-    out.add_argument("--markdown", action="store_true", help="print the README's table rows instead of a table")
-    parser.add_argument("--render", metavar="FILE", help="print the README's rows of a saved JSON line and exit")
+    output_options(parser, json_flag=True)
     args = parser.parse_args(argv)
-    for flag in ("nodes", "gpus_per_node", "gangs", "tenants"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    at_least_one(parser, args, "nodes", "gpus_per_node", "gangs", "tenants")
     for flag in ("save_s", "grace_s", "min_runtime_s", "fifo_budget_s"):
         value = getattr(args, flag)
         if not math.isfinite(value) or value < 0:

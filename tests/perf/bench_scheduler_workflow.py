@@ -965,9 +965,9 @@ def table(result: dict[str, Any]) -> list[str]:
 # the benchmark
 # ---------------------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> Any:
-    import argparse
+    from benchenv import arguments, at_least_one, output_options
 
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
+    parser = arguments(__doc__)
     parser.add_argument("--nodes", type=int, default=100, help="simulated nodes (default %(default)s)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default %(default)s)")
     parser.add_argument("--gangs", type=int, default=1500, help="gangs, all started at once (default %(default)s)")
@@ -996,14 +996,9 @@ def parse_args(argv: list[str] | None = None) -> Any:
         metavar="DIR",
         help="where the dev server's sqlite file goes (default: under /dev/shm where it exists; see server_root)",
     )
-    out = parser.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print the JSON line only, no table")
-    out.add_argument("--markdown", action="store_true", help="print the README's table rows instead of a table")
-    parser.add_argument("--render", metavar="FILE", help="print the README's rows of a saved JSON line and exit")
+    output_options(parser, json_flag=True)
     args = parser.parse_args(argv)
-    for flag in ("nodes", "gpus_per_node", "gangs", "tenants", "max_events"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    at_least_one(parser, args, "nodes", "gpus_per_node", "gangs", "tenants", "max_events")
     for flag in ("max_hold_s", "min_runtime_s"):
         value = getattr(args, flag)
         if not math.isfinite(value) or value < 0:
@@ -1156,13 +1151,6 @@ def main(args: Any) -> None:
 
 
 if __name__ == "__main__":
-    # Run the definitions from the module imported by name (``bench_scheduler_workflow``), not from
-    # ``__main__``: the worker in this process and the harness then name the same BenchGang class.
-    import os
-    import sys
+    from benchenv import main_by_name
 
-    _args = parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import bench_scheduler_workflow
-
-    bench_scheduler_workflow.main(_args)
+    main_by_name("bench_scheduler_workflow", parse_args())  # the worker and the harness: one BenchGang class

@@ -6,32 +6,50 @@ summary, and its ``--markdown`` output ends with :func:`caption`. The README's p
 exactly those markdown lines (``tests/perf/test_readme_figures.py`` checks it against the JSON lines kept
 in ``tests/perf/results/``).
 
-Imported by the benchmarks' ``main`` only, never at their import time: the benchmark files are also code
-bundles that workers import.
+The command line every benchmark shares is here too: :func:`arguments`, :func:`output_options` and
+:func:`at_least_one` build it, :func:`run_benchmark` runs a measurement the way every benchmark does (a
+scratch folder, the load sampled, the JSON line and a table out), and :func:`main_by_name` is the
+``__main__`` block of a benchmark whose classes workers import.
+
+Imported by the benchmarks' ``main`` (and ``parse_args``) only, never at their import time: the benchmark
+files are also code bundles that workers import.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
+import importlib
 import json
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 __all__ = [
     "LoadSampler",
+    "arguments",
+    "at_least_one",
     "caption",
     "cpu_model",
     "emit",
     "environment",
     "log",
+    "main_by_name",
     "markdown_table",
+    "output_options",
     "read_result",
     "render",
+    "run_benchmark",
 ]
+
+#: a benchmark's ``markdown`` or ``table``: the lines of text it makes of a result
+Lines = Callable[[dict[str, Any]], list[str]]
 
 
 def log(msg: str = "") -> None:
@@ -144,3 +162,57 @@ def emit(result: dict[str, Any], lines: Sequence[str]) -> NoReturn:
     log("\n".join(lines))
     print(json.dumps(result), flush=True)
     os._exit(0)
+
+
+# -- the command line and the run every benchmark shares ---------------------------------------------------
+def arguments(doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark's argument parser, described by the first paragraph of its docstring (``doc``)."""
+    return argparse.ArgumentParser(description=(doc or "").split("\n\n")[0], allow_abbrev=False)
+
+
+def output_options(parser: argparse.ArgumentParser, *, json_flag: bool = False) -> None:
+    """``--markdown`` and ``--render FILE`` (what :func:`run_benchmark` reads); ``json_flag``: also ``--json``,
+    exclusive with ``--markdown``."""
+    out: Any = parser
+    if json_flag:
+        out = parser.add_mutually_exclusive_group()
+        out.add_argument("--json", action="store_true", help="print the JSON line only, no table")
+    out.add_argument("--markdown", action="store_true", help="print the README's table rows instead of a table")
+    parser.add_argument("--render", metavar="FILE", help="print the README's rows of a saved JSON line and exit")
+
+
+def at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace, *flags: str) -> None:
+    """Refuse (exit 2, argparse's way) an integer option under 1; ``flags`` are attribute names."""
+    for flag in flags:
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+
+
+def run_benchmark(
+    benchmark: str, args: argparse.Namespace, markdown: Lines, table: Lines, measure: Callable[[Path], dict[str, Any]]
+) -> None:
+    """A benchmark's run: with ``--render``, the README's rows of a saved line; otherwise ``measure(scratch)``
+    in a scratch folder of its own (the client's code cache in it: not in ~/.cache), removed after, under a
+    :class:`LoadSampler`; its figures, with when, where and under which load, are the JSON line that
+    :func:`emit` prints after the table (``--markdown``: the README's rows; ``--json``: none)."""
+    if args.render:
+        render(args.render, benchmark, markdown)
+        return
+    scratch = Path(tempfile.mkdtemp(prefix=f"gangflow-bench-{benchmark}-"))
+    os.environ["GANGFLOW_CACHE"] = str(scratch / "cache")
+    try:
+        with LoadSampler() as load:
+            figures = measure(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    result = {"benchmark": benchmark, **figures, "environment": environment(), "load": load.summary()}
+    lines = [] if getattr(args, "json", False) else markdown(result) if args.markdown else table(result)
+    emit(result, lines)
+
+
+def main_by_name(module: str, args: argparse.Namespace) -> None:
+    """Run ``main(args)`` of the benchmark imported by its name (``module``), not of ``__main__``: that is the
+    name gangflow's code bundle (and temporalio's sandbox) import it under, so the worker in this process and
+    the benchmark name the same classes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    importlib.import_module(module).main(args)
