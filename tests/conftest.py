@@ -251,7 +251,7 @@ class Stack:
         return dict(await (await self.client()).queue())
 
     async def wait_for(self, what: str, check: Callable[[dict[str, Any]], bool], timeout: float = 60) -> float:
-        """Poll ``check(gangflow queue)`` until it is true; returns the seconds it took."""
+        """Poll ``check(gangflow cluster)`` until it is true; returns the seconds it took."""
         from temporalio.service import RPCError
 
         started = time.monotonic()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Stack, gangflow_cli
+from conftest import ROOT, Stack, gangflow_cli, stack_fixture
 
 from engine.cli.operators import QUEUE_DEPRECATED
 from engine.runtime import free_port
@@ -101,17 +101,14 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Server, worker and two node agents with two GPU slots each, the example configuration applied."""
-    built = Stack(tmp_path_factory.mktemp("queues-stack"), "q", count=2, gpus=2)
-    try:
-        asyncio.run(built.wait_nodes())
-        applied = cli(built.server.address, "queues", "apply", EXAMPLE)
-        assert applied.returncode == 0, applied.stderr
-        yield built
-    finally:
-        built.close()
+async def _configured(stack: Stack) -> None:
+    await stack.wait_nodes()
+    applied = cli(stack.server.address, "queues", "apply", EXAMPLE)
+    assert applied.returncode == 0, applied.stderr
+
+
+#: server, worker and two node agents with two GPU slots each, the example configuration applied
+stack = stack_fixture("q", count=2, gpus=2, ready=_configured)
 
 
 def test_without_a_scheduler_only_the_default_tenant_runs(tmp_path, project):
