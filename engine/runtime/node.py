@@ -50,7 +50,7 @@ from engine.artifacts.store import cache_dir
 from engine.atomic import write_atomic
 from engine.checkpoint import NOTICE_FILE_ENV, NOTICE_SIGNAL_ENV
 from engine.core.definitions import TaskDefinition
-from engine.core.gang import NodeLaunch, base_rank_env
+from engine.core.gang import NodeLaunch, rank_env
 from engine.core.secrets import SecretError
 from engine.core.wire import Envelope
 from engine.executor.launcher import NodeGang, ProcessLaunch, RankFailure, runner_command
@@ -305,12 +305,9 @@ class _Plan:
         if spec is not None:
             # One environment for the node; the ranks learn their own rank from the launcher.
             node_ctx = replace(self.rank0, gpu_ids=tuple(launch.gpu_ids))
-            env = {k: v for k, v in base_rank_env(node_ctx, cpus_per_rank=cpus).items() if k not in _PER_RANK}
             self.node_env = {
                 **base_env,
-                **env,
-                **plugin.rank_env(node_ctx),
-                "GANGFLOW_NODE_GPU_IDS": ",".join(map(str, launch.gpu_ids)),
+                **rank_env(plugin, node_ctx, cpus_per_rank=cpus, launcher=True),
                 "GANGFLOW_RANK_SPEC": str(spec_path),
                 "GANGFLOW_PROGRESS_FILE": str(progress_dir / "rank{rank}.json"),
                 "GANGFLOW_RANK_LOG": log_path("rank{rank}"),
@@ -324,7 +321,7 @@ class _Plan:
         for ctx in contexts:
             own = plugin.command(ctx)
             progress = str(progress_dir / f"rank{ctx.rank}.json")
-            env = {**base_env, **base_rank_env(ctx, cpus_per_rank=cpus), **plugin.rank_env(ctx), **notice_env}
+            env = {**base_env, **rank_env(plugin, ctx, cpus_per_rank=cpus), **notice_env}
             self.processes.append(
                 ProcessLaunch(
                     context=ctx,
@@ -452,19 +449,6 @@ class _LauncherRelay:
     def close(self) -> None:
         if self.reader is not None:
             self.reader.join(timeout=2)
-
-
-#: variables that differ per rank: a launcher gives them to its ranks itself
-_PER_RANK = {
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "CUDA_VISIBLE_DEVICES",
-    "GANGFLOW_GPU_IDS",
-}
 
 
 async def register(client: Client, config: NodeConfig) -> None:
