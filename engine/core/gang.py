@@ -15,10 +15,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from engine.core.resources import Resources
 from engine.errors import DefinitionError
+
+if TYPE_CHECKING:  # imported where a notice is read: every rank and plugin imports this module, cheaply
+    from engine.scheduling.events import Preempted
 
 __all__ = [
     "NOTICE_SIGNALS",
@@ -33,6 +36,8 @@ __all__ = [
     "current_rank",
     "gang_contexts",
     "gang_shape",
+    "notice_of",
+    "notice_payload",
     "own_rank_env",
     "rank_env",
 ]
@@ -361,3 +366,31 @@ class NodeLaunch:
             attempt=self.attempt,
             checkpoint_dir=self.checkpoint_dir,
         )
+
+
+# The preemption notice on its way Scheduler -> GangRun -> node agent: a ``Preempted`` decision, on the wire
+# without the two fields its receiver knows already (``kind``, and ``gang_id``: the gang it is sent to). The
+# payload keeps the field names the recorded histories hold, so both sides of a version change read it.
+_NOTICE_OMITS = frozenset({"kind", "gang_id"})
+
+
+def notice_payload(notice: Preempted, **extra: float) -> dict[str, Any]:
+    """The notice as a signal or activity payload. GangRun's to its node agents says which grace applies
+    (``grace_s``: the task's own, else the Scheduler's) and when it came (``noticed_at``)."""
+    return {**notice.model_dump(mode="json", exclude=set(_NOTICE_OMITS)), **extra}
+
+
+def notice_of(payload: Any, gang_id: str) -> Preempted | None:
+    """The notice a payload carries to gang ``gang_id``, or None when it is malformed (a handler logs and
+    drops it: it must never raise). Keys beyond ``Preempted``'s (``noticed_at``) are read past."""
+    from pydantic import ValidationError
+
+    from engine.scheduling.events import Preempted
+
+    if not isinstance(payload, dict):
+        return None
+    fields = {k: v for k, v in payload.items() if k in Preempted.model_fields and k not in _NOTICE_OMITS}
+    try:
+        return Preempted.model_validate({**fields, "gang_id": gang_id})
+    except ValidationError:
+        return None
