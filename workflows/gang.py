@@ -96,7 +96,8 @@ def node_queue(node_id: str) -> str:
 
 @dataclass(frozen=True)
 class GangSpec:
-    """What the user-workflow shell asks GangRun to run (the task's layout and limits)."""
+    """The *gang* of one distributed task call, as the run's workflow hands it to GangRun: the task's layout
+    (``shape``) and its limits. GangRun submits it to the Scheduler as a gang request (``_request``)."""
 
     task: str
     call: str  # unique per task call within the run, e.g. "train-1": names logs and checkpoints

@@ -45,7 +45,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class GangShape:
-    """How a distributed task is laid out: ``nnodes`` nodes with ``nproc_per_node`` ranks each.
+    """The layout of a gang, from its plugin and the task's resources (checked when the task is decorated):
+    ``nnodes`` nodes with ``nproc_per_node`` ranks each.
     ``resources`` of the task are per node (as per pod in Flyte and Kubeflow); GPUs are split evenly
     between the node's ranks."""
 
@@ -336,7 +337,8 @@ def gang_contexts(
 
 @dataclass(frozen=True)
 class NodeLaunch:
-    """What one node agent is asked to start for one attempt of a gang (sent as activity input)."""
+    """A *node launch*: what one node agent is asked to start for one attempt of a gang, its node's share of
+    the placement (sent by GangRun as the input of the ``gangflow.run_ranks`` activity)."""
 
     gang_id: str
     task: str
