@@ -19,7 +19,7 @@ from typing import Any
 from engine.artifacts.store import ArtifactStore
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
 from engine.core.dispatch import InProcess, using_dispatcher
-from engine.core.gang import RankContext, base_rank_env
+from engine.core.gang import gang_contexts, rank_env
 from engine.core.guard import guarding, hooked, rearm, unguarded
 from engine.errors import InputError
 from engine.executor.ports import free_port
@@ -59,10 +59,18 @@ class LocalDispatcher(InProcess):
     def _single_rank(self, task: TaskDefinition, args: dict[str, Any]) -> Any:
         """A distributed task as one process (world size 1): the plugin sets its framework up as it
         would on a node, so the same body runs unchanged, just without peers."""
-        rank = RankContext(
-            0, 0, 1, 1, 0, 1, "127.0.0.1", free_port(), (), "local", 0, tempfile.mkdtemp(prefix="gangflow-checkpoints-")
+        (rank,) = gang_contexts(
+            node_rank=0,
+            nnodes=1,
+            nproc_per_node=1,
+            gpu_ids=(),
+            master_addr="127.0.0.1",
+            master_port=free_port(),
+            run_id="local",
+            attempt=0,
+            checkpoint_dir=tempfile.mkdtemp(prefix="gangflow-checkpoints-"),
         )
-        env = {**base_rank_env(rank, cpus_per_rank=os.cpu_count() or 1), **task.plugin.rank_env(rank)}
+        env = rank_env(task.plugin, rank, cpus_per_rank=os.cpu_count() or 1)
         command = task.plugin.command(rank)
         if command is not None:
             subprocess.run(command, env={**os.environ, **env}, check=True)

@@ -11,20 +11,21 @@ once, without waiting for its heartbeat timeout, and the gang does not wait for 
 stopped (a dead machine never confirms). A node whose activity timed out but whose agent answers the
 probe (it was restarted) is not reported lost.
 
-When an attempt fails, the failure is classified. A *system* failure (a node lost: probe, heartbeat or
-schedule-to-start timeout; a rank killed by a signal; a hung gang) spends the restart budget
-(``max_restarts``): lost nodes are reported to the Scheduler, and every rank is relaunched on a new
-placement with ``GANGFLOW_ATTEMPT`` + 1 and the same checkpoint folder. A *user* error (an exception in
-the task body) is retried only as far as the task's retry policy says (attempts, backoff capped at
+When an attempt fails, the failure is classified (workflows.gang_failures). A *system* failure (a node
+lost: probe, heartbeat or schedule-to-start timeout; a rank killed by a signal; a hung gang) spends the
+restart budget (``max_restarts``): lost nodes are reported to the Scheduler, and every rank is relaunched on
+a new placement with ``GANGFLOW_ATTEMPT`` + 1 and the same checkpoint folder. A *user* error (an exception
+in the task body) is retried only as far as the task's retry policy says (attempts, backoff capped at
 ``max_interval``, ``non_retryable`` types; type mismatches never). The budget and the attempt list live
 in workflow state, so they survive any crash of workers or server.
 
 A *preemption* (the Scheduler needs the placement for another gang, or a node is drained) is neither: the
-gang's node agents get a notice (``NOTICE``), the ranks checkpoint and exit (the GPUs are released at once)
-or are killed when the grace ends (the task's ``preemption_grace``, else the cluster's), and the gang queues
-again at its own priority, with ``GANGFLOW_ATTEMPT`` + 1 and the same checkpoint folder. No restart or retry
-is spent. A failure reported before the notice went out stays a failure; after it, the attempt is a
-preemption whatever the ranks' exit codes say (a node lost meanwhile is still reported lost).
+gang's node agents get a notice (``NOTICE``, workflows.gang_notice), the ranks checkpoint and exit (the GPUs
+are released at once) or are killed when the grace ends (the task's ``preemption_grace``, else the
+cluster's), and the gang queues again at its own priority, with ``GANGFLOW_ATTEMPT`` + 1 and the same
+checkpoint folder. No restart or retry is spent. A failure reported before the notice went out stays a
+failure; after it, the attempt is a preemption whatever the ranks' exit codes say (a node lost meanwhile is
+still reported lost).
 
 The node activities get no retries from Temporal (``maximum_attempts=1``): a retry would be queued on
 the same node's queue, which may belong to a dead machine. This workflow owns every retry.
@@ -42,16 +43,10 @@ from typing import Any
 from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import (
-    ActivityError,
-    ApplicationError,
-    TimeoutError,
-    TimeoutType,
-    is_cancelled_exception,
-)
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 from temporalio.workflow import ActivityCancellationType, ActivityHandle
 
-from engine.core.gang import GangShape, NodeLaunch
+from engine.core.gang import GangShape, NodeLaunch, notice_of, notice_payload
 from engine.core.protocol import (
     GANG_TYPE,
     NODE_LOST_SIGNAL,
@@ -73,7 +68,9 @@ from engine.core.protocol import (
 )
 from engine.core.resources import Retry
 from engine.core.wire import Envelope
-from engine.scheduling import DEFAULT_LOST_NODE_WAIT_S, NodeAssignment, Placement
+from engine.scheduling import DEFAULT_LOST_NODE_WAIT_S, GangRequest, NodeAssignment, Placement, Preempted
+from workflows.gang_failures import AttemptFailed, Verdict, classify
+from workflows.gang_notice import PreemptedAttempt, waiting_because
 
 __all__ = [
     "PROBE_TIMEOUT",
@@ -94,7 +91,8 @@ NOTICE_PATCH = "preemption-notice"
 
 @dataclass(frozen=True)
 class GangSpec:
-    """What the user-workflow shell asks GangRun to run (the task's layout and limits)."""
+    """The *gang* of one distributed task call, as the run's workflow hands it to GangRun: the task's layout
+    (``shape``) and its limits. GangRun submits it to the Scheduler as a gang request (``_request``)."""
 
     task: str
     call: str  # unique per task call within the run, e.g. "train-1": names logs and checkpoints
@@ -123,81 +121,6 @@ class GangSpec:
         )
 
 
-class _Preempted(Exception):
-    """The Scheduler took the gang's placement back for another gang (see ``GangRun.on_preempt``)."""
-
-    def __init__(self, notice: dict[str, Any], lost_nodes: list[str] | None = None, outcome: str = "") -> None:
-        super().__init__(notice.get("reason", "preempted"))
-        self.notice, self.lost_nodes, self.outcome = notice, lost_nodes or [], outcome
-
-    @property
-    def summary(self) -> str:
-        return preemption_summary(self.notice)
-
-
-def preemption_summary(notice: dict[str, Any]) -> str:
-    """One line for the attempt list: who took the gang's placement, and why."""
-    if notice.get("cause") == "drain":
-        reason = notice.get("reason") or f"node {notice.get('by')} is draining"
-        return f"preempted: {reason}"
-    return f"preempted by {notice.get('by')} of {notice.get('by_tenant')} ({notice.get('cause')})"
-
-
-def _waiting_because(notice: dict[str, Any]) -> str:
-    """Why a preempted gang waits again, in the words its user thinks in."""
-    cause, by, tenant = notice.get("cause"), notice.get("by"), notice.get("by_tenant")
-    if cause == "reclaim":
-        return f"{tenant} reclaimed its quota"
-    if cause == "priority":
-        return f"a higher-priority gang ({by}) needed the GPUs"
-    if cause == "drain":
-        return f"node {by} is draining"
-    if cause == "backfill":
-        return f"gang {by} of {tenant} was waiting before this backfilled gang started"
-    return f"moved to make room for gang {by} of {tenant}"
-
-
-class _AttemptFailed(Exception):
-    def __init__(self, system: bool, reason: str, lost_nodes: list[str], error_type: str | None = None) -> None:
-        super().__init__(reason)
-        self.system, self.reason, self.lost_nodes, self.error_type = system, reason, lost_nodes, error_type
-
-
-@dataclass(frozen=True)
-class _Verdict:
-    node_id: str
-    system: bool
-    reason: str
-    node_lost: bool
-    error_type: str | None = None
-    #: a timeout only suggests the node is lost: its agent is probed before it is reported lost
-    suspect: bool = False
-
-
-_SYSTEM_TYPES = ("RankKilled", "RankHung")
-_NODE_LOST = (TimeoutType.HEARTBEAT, TimeoutType.SCHEDULE_TO_START, TimeoutType.SCHEDULE_TO_CLOSE)
-
-
-def _classify(err: BaseException, node_id: str) -> _Verdict | None:
-    """What one node's failure means; None when it was only our own cancel."""
-    if not isinstance(err, ActivityError) or is_cancelled_exception(err):
-        return None
-    cause = err.cause
-    if isinstance(cause, TimeoutError):
-        if cause.type in _NODE_LOST:
-            return _Verdict(
-                node_id, True, f"node {node_id} lost ({cause.type.name.lower().replace('_', '-')} timeout)", True
-            )
-        return _Verdict(node_id, False, f"the task exceeded its timeout on node {node_id}", False)
-    if isinstance(cause, ApplicationError):
-        if cause.type == "NodeShutdown":
-            return _Verdict(node_id, True, cause.message, True)
-        details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
-        error_type = details.get("error_type") if isinstance(details.get("error_type"), str) else None
-        return _Verdict(node_id, cause.type in _SYSTEM_TYPES, cause.message, False, error_type)
-    return _Verdict(node_id, True, f"node {node_id}: {err.message}: {cause}", False)
-
-
 def _outcome(handles: list[ActivityHandle[bytes]], lost: set[str]) -> str:
     """How the ranks of a preempted attempt left, in the node agents' words: the slowest node's report."""
     reports: list[tuple[bool, float, str]] = []
@@ -213,6 +136,29 @@ def _outcome(handles: list[ActivityHandle[bytes]], lost: set[str]) -> str:
     if lost:
         parts.append(f"node(s) {', '.join(sorted(lost))} lost meanwhile")
     return "; ".join(parts)
+
+
+def _request(spec: GangSpec, gang_id: str) -> dict[str, Any]:
+    """The gang request this gang submits, as the Scheduler's ``submit`` signal carries it."""
+    try:
+        request = GangRequest(
+            gang_id=gang_id,
+            nnodes=spec.shape.nnodes,
+            gpus_per_node=spec.shape.gpus_per_node,
+            cpus_per_node=spec.shape.cpus_per_node,
+            mem_per_node=spec.shape.mem_per_node,
+            tenant=spec.tenant,
+            priority=spec.priority,
+            preemptible=spec.preemptible,
+            lost_node_wait_s=spec.lost_node_wait_s,
+        )
+    except ValidationError as exc:
+        raise ApplicationError(f"a malformed gang request: {exc}", type="Unschedulable", non_retryable=True) from None
+    # only when set: a request without them is what a Scheduler from before priorities accepts
+    unset = {"priority"} if spec.priority is None else set()
+    if spec.preemptible:
+        unset.add("preemptible")
+    return request.model_dump(mode="json", exclude=unset)
 
 
 def _record(order: list[int], index: int, _: object) -> None:
@@ -249,7 +195,7 @@ class GangRun:
         self.attempts: list[dict[str, Any]] = []  # one entry per failed attempt
         self.restarts = 0
         self.remote: dict[str, list[str]] = {}  # "<attempt>/<node rank>" -> command
-        self.preempt: dict[str, Any] | None = None  # the Scheduler's notice while this gang holds a placement
+        self.preempt: Preempted | None = None  # the Scheduler's notice while this gang holds a placement
         self.preemptions = 0
         #: the notice as the ranks got it (with the grace that applies and when), while they stop
         self.noticed: dict[str, Any] | None = None
@@ -280,10 +226,11 @@ class GangRun:
         # (it failed or finished meanwhile) concerns a placement it no longer has, and is dropped.
         if self.placement is None or self.preempt is not None:
             return
-        if not isinstance(notice, dict) or not all(isinstance(notice.get(k), str) for k in ("by", "cause")):
+        read = notice_of(notice, workflow.info().workflow_id)
+        if read is None:
             workflow.logger.warning("ignoring a malformed preemption notice %r", notice)
             return
-        self.preempt = notice
+        self.preempt = read
 
     @workflow.signal(name=REMOTE_COMMAND)
     def on_remote_command(self, payload: Any) -> None:
@@ -325,13 +272,13 @@ class GangRun:
         attempt = 0
         while True:
             placement = await self._place(spec, scheduler)
-            failure: _AttemptFailed | None = None
-            preempted: _Preempted | None = None
+            failure: AttemptFailed | None = None
+            preempted: PreemptedAttempt | None = None
             try:
                 return await self._attempt(spec, envelope, placement, attempt)
-            except _AttemptFailed as failed:
+            except AttemptFailed as failed:
                 failure = failed
-            except _Preempted as notice:
+            except PreemptedAttempt as notice:
                 preempted = notice
             finally:
                 # Always hand the GPUs back (also when this run is being cancelled), after reporting
@@ -348,7 +295,7 @@ class GangRun:
                 reason = f"{preempted.summary}: {preempted.outcome}" if preempted.outcome else preempted.summary
                 self.attempts.append({"attempt": attempt, "kind": "preempted", "reason": reason})
                 attempt += 1
-                self.requeued = _waiting_because(preempted.notice)
+                self.requeued = waiting_because(preempted.notice)
                 continue
             if failure is None:  # pragma: no cover - _attempt returns, or raises one of the two
                 raise ApplicationError("internal error: attempt ended without a result", non_retryable=True)
@@ -387,20 +334,7 @@ class GangRun:
     async def _place(self, spec: GangSpec, scheduler: Any) -> Placement:
         gang_id = workflow.info().workflow_id
         self.placement, self.rejected, self.pending, self.preempt = None, None, None, None
-        request = {
-            "gang_id": gang_id,
-            "nnodes": spec.shape.nnodes,
-            "gpus_per_node": spec.shape.gpus_per_node,
-            "cpus_per_node": spec.shape.cpus_per_node,
-            "mem_per_node": spec.shape.mem_per_node,
-            "tenant": spec.tenant,
-            "lost_node_wait_s": spec.lost_node_wait_s,
-        }
-        # only when set: a request without them is what a Scheduler from before priorities accepts
-        if spec.priority is not None:
-            request["priority"] = spec.priority
-        if not spec.preemptible:
-            request["preemptible"] = False
+        request = _request(spec, gang_id)
         # said before the submit: the Scheduler's answer (a pending reason) can arrive before the submit's own
         # acknowledgement, and must not be overwritten by this line
         if self.requeued:
@@ -408,7 +342,7 @@ class GangRun:
         else:
             self._say(f"waiting for a placement: {spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)")
         try:
-            await scheduler.signal(SUBMIT_SIGNAL, request)
+            await scheduler.signal(SUBMIT_SIGNAL, request)  # a GangRequest, as the Scheduler reads it
         except Exception as exc:
             raise ApplicationError(
                 "no gangflow scheduler is running: start node agents ('gangflow node' or 'gangflow dev --nodes N')",
@@ -443,11 +377,11 @@ class GangRun:
         except ActivityError as err:
             if is_cancelled_exception(err):
                 raise  # the run is being cancelled while the port is reserved: nothing runs yet
-            verdict = _classify(err, nodes[0].node_id)
+            verdict = classify(err, nodes[0].node_id)
             reason = verdict.reason if verdict else f"node {nodes[0].node_id} did not reserve a port: {err}"
-            raise _AttemptFailed(True, reason, [nodes[0].node_id]) from err
+            raise AttemptFailed(True, reason, [nodes[0].node_id]) from err
         if self.preempt is not None:  # preempted while the port was reserved: start nothing
-            raise _Preempted(self.preempt, outcome="no rank had started")
+            raise PreemptedAttempt(self.preempt, outcome="no rank had started")
         checkpoint_dir = f"{run.artifacts}/checkpoints/{run.run_id}/{spec.call}"
         handles: list[ActivityHandle[bytes]] = []
         for node in nodes:
@@ -500,11 +434,11 @@ class GangRun:
             if notice.done() and self.preempt is not None and not failed_first:
                 if not workflow.patched(NOTICE_PATCH):  # preempted before notices existed: replays as it ran
                     await self._stop(handles, nodes, set())
-                    raise _Preempted(self.preempt)
+                    raise PreemptedAttempt(self.preempt)
                 lost = await self._honour(spec, handles, nodes, attempt)
                 if all(h.done() and h.exception() is None for h in handles):
                     return handles[0].result()  # every rank had finished before the notice reached it
-                raise _Preempted(self.preempt, sorted(lost), _outcome(handles, lost))
+                raise PreemptedAttempt(self.preempt, sorted(lost), _outcome(handles, lost))
             # Stop the survivors first, then judge: the root cause (a node that vanished, a rank killed
             # from outside) often reports after its peers' collective errors ("connection closed by peer").
             self._say(f"attempt {attempt}: a rank failed; probing the other nodes and stopping their ranks")
@@ -514,23 +448,23 @@ class GangRun:
             if notice.done() and not notice.cancelled():
                 notice.exception()  # retrieved: asyncio would otherwise log it as never retrieved
             await self._stop(handles, nodes, lost)  # on success a no-op; on cancel, also stop every rank
-        verdicts: list[_Verdict] = [
-            _Verdict(node_id, True, f"node {node_id} lost (its agent did not answer a probe after a peer failed)", True)
+        verdicts: list[Verdict] = [
+            Verdict(node_id, True, f"node {node_id} lost (its agent did not answer a probe after a peer failed)", True)
             for node_id in sorted(lost)
         ]
         for index in finished:  # earliest failure first: it is the likely root cause among equals
             failure = handles[index].exception()
-            verdict = _classify(failure, nodes[index].node_id) if failure is not None else None
+            verdict = classify(failure, nodes[index].node_id) if failure is not None else None
             if verdict is not None and verdict.node_id not in lost:
                 verdicts.append(verdict)
         suspects = [v.node_id for v in verdicts if v.suspect]
         alive = set(suspects) - await self._probe(suspects)  # e.g. its agent was restarted meanwhile
         if not verdicts:  # every node reported cancellation: treat as lost contact
-            raise _AttemptFailed(True, "the gang's node activities were cancelled", [])
+            raise AttemptFailed(True, "the gang's node activities were cancelled", [])
         system = [v for v in verdicts if v.system]
         root = system[0] if system else verdicts[0]
         lost_nodes = [v.node_id for v in verdicts if v.node_lost and v.node_id not in alive]
-        raise _AttemptFailed(bool(system), root.reason, lost_nodes, root.error_type)
+        raise AttemptFailed(bool(system), root.reason, lost_nodes, root.error_type)
 
     async def _honour(
         self, spec: GangSpec, handles: list[ActivityHandle[bytes]], nodes: list[NodeAssignment], attempt: int
@@ -538,18 +472,15 @@ class GangRun:
         """Give every node the preemption notice and wait until the ranks have left (each node agent kills
         them at the grace deadline), refreshing the current details meanwhile. Returns the nodes found lost
         while waiting: a node that dies during the grace period does not hold up the release."""
-        notice = self.preempt or {}
-        grace = spec.preemption_grace_s
-        if grace is None:
-            grace = notice["grace_s"] if isinstance(notice.get("grace_s"), int | float) else 120.0
+        notice = self.preempt
+        if notice is None:  # pragma: no cover - only called once preempted
+            return set()
+        grace = notice.grace_s if spec.preemption_grace_s is None else spec.preemption_grace_s
         started = workflow.now()
-        self.noticed = {
-            **{k: notice.get(k) for k in ("by", "by_tenant", "cause", "reason")},
-            "grace_s": grace,
-            "noticed_at": started.timestamp(),
-        }
+        # what the node agents get (and `gangflow status` shows): the notice, with the grace that applies
+        self.noticed = notice_payload(notice, grace_s=grace, noticed_at=started.timestamp())
         gang_id = workflow.info().workflow_id
-        head = f"attempt {attempt}: preempted ({notice.get('cause')} by {notice.get('by_tenant') or notice.get('by')})"
+        head = f"attempt {attempt}: preempted ({notice.cause} by {notice.by_tenant or notice.by})"
         sends = [
             workflow.start_activity(
                 NOTICE,
@@ -574,8 +505,7 @@ class GangRun:
                     break  # the finally of _attempt cancels what is left
                 self._say(f"{head}: saving checkpoint, {elapsed:.0f} s of {grace:.0f} s grace")
                 before = len(waiting())
-                # the builtin TimeoutError (this module's TimeoutError is Temporal's activity timeout)
-                with contextlib.suppress(asyncio.TimeoutError):
+                with contextlib.suppress(TimeoutError):
                     await workflow.wait_condition(
                         lambda before=before: len(waiting()) < before,  # type: ignore[misc]
                         timeout=min(NOTICE_REFRESH_S, grace + NOTICE_BACKSTOP_S - elapsed),
@@ -589,7 +519,7 @@ class GangRun:
                     send.cancel()
         for node, handle in zip(nodes, handles, strict=True):
             failure = handle.exception() if handle.done() else None
-            verdict = _classify(failure, node.node_id) if failure is not None else None
+            verdict = classify(failure, node.node_id) if failure is not None else None
             if verdict is not None and verdict.node_lost:
                 lost.add(node.node_id)
         return lost
@@ -599,7 +529,7 @@ class GangRun:
         returns when every node is done (FIRST_EXCEPTION also waits for this one to end)."""
         await workflow.wait_condition(lambda: self.preempt is not None or all(h.done() for h in handles))
         if self.preempt is not None and not all(h.done() for h in handles):
-            raise _Preempted(self.preempt)
+            raise PreemptedAttempt(self.preempt)
 
     async def _probe(self, node_ids: list[str]) -> set[str]:
         """The nodes whose agent does not answer a ping within PROBE_TIMEOUT (declared lost)."""

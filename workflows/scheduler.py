@@ -35,6 +35,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, FailureError
 
+from engine.core.gang import notice_payload
 from engine.core.protocol import (
     APPLY_QUEUES_UPDATE,
     CLOSED_OWNERS,
@@ -342,8 +343,7 @@ class Scheduler:
         elif isinstance(decision, Pending):
             gang_id, name, payload = decision.gang_id, PENDING_SIGNAL, decision.reason
         elif isinstance(decision, Preempted):
-            gang_id, name = decision.gang_id, PREEMPT_SIGNAL
-            payload = decision.model_dump(mode="json", exclude={"kind", "gang_id"})
+            gang_id, name, payload = decision.gang_id, PREEMPT_SIGNAL, notice_payload(decision)
         else:  # pragma: no cover - the union is closed
             return
         try:

@@ -15,13 +15,17 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from engine.core.resources import Resources
 from engine.errors import DefinitionError
 
+if TYPE_CHECKING:  # imported where a notice is read: every rank and plugin imports this module, cheaply
+    from engine.scheduling.events import Preempted
+
 __all__ = [
     "NOTICE_SIGNALS",
+    "PER_RANK_ENV",
     "GangPlugin",
     "GangShape",
     "NodeLaunch",
@@ -30,13 +34,19 @@ __all__ = [
     "RankContext",
     "base_rank_env",
     "current_rank",
+    "gang_contexts",
     "gang_shape",
+    "notice_of",
+    "notice_payload",
+    "own_rank_env",
+    "rank_env",
 ]
 
 
 @dataclass(frozen=True)
 class GangShape:
-    """How a distributed task is laid out: ``nnodes`` nodes with ``nproc_per_node`` ranks each.
+    """The layout of a gang, from its plugin and the task's resources (checked when the task is decorated):
+    ``nnodes`` nodes with ``nproc_per_node`` ranks each.
     ``resources`` of the task are per node (as per pod in Flyte and Kubeflow); GPUs are split evenly
     between the node's ranks."""
 
@@ -219,20 +229,46 @@ def gang_shape(plugin: Any, resources: Resources, owner: str) -> GangShape:
     return GangShape(nnodes, nproc, resources.gpu, float(resources.cpu), resources.mem_bytes)
 
 
-def base_rank_env(rank: RankContext, *, cpus_per_rank: float) -> dict[str, str]:
-    """The environment every rank gets, whatever the framework: torchrun's names, Kubeflow Trainer's
-    ``PET_*`` names, GPU pinning and gangflow's own."""
-    group = str(rank.node_rank)
+#: the variables that differ between the ranks of one node: a launcher (MPI) starts its ranks with the node's
+#: environment (``rank_env(..., launcher=True)``, without them) and each rank sets them itself (``own_rank_env``)
+PER_RANK_ENV = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "CUDA_VISIBLE_DEVICES",
+        "GANGFLOW_GPU_IDS",
+    }
+)
+
+
+def own_rank_env(rank: RankContext) -> dict[str, str]:
+    """The variables of ``PER_RANK_ENV`` for one rank."""
+    gpus = ",".join(str(g) for g in rank.gpu_ids)
     return {
         "RANK": str(rank.rank),
         "LOCAL_RANK": str(rank.local_rank),
         "WORLD_SIZE": str(rank.world_size),
         "LOCAL_WORLD_SIZE": str(rank.local_world_size),
+        "ROLE_RANK": str(rank.rank),
+        "ROLE_WORLD_SIZE": str(rank.world_size),
+        # a rank that asked for no GPU must not see (and grab) the node's GPUs
+        "CUDA_VISIBLE_DEVICES": gpus,
+        "GANGFLOW_GPU_IDS": gpus,
+    }
+
+
+def base_rank_env(rank: RankContext, *, cpus_per_rank: float) -> dict[str, str]:
+    """The environment every rank gets, whatever the framework: torchrun's names, Kubeflow Trainer's
+    ``PET_*`` names, GPU pinning and gangflow's own."""
+    group = str(rank.node_rank)
+    shared = {
         "GROUP_RANK": group,
         "NODE_RANK": group,
         "GROUP_WORLD_SIZE": str(rank.nnodes),
-        "ROLE_RANK": str(rank.rank),
-        "ROLE_WORLD_SIZE": str(rank.world_size),
         "ROLE_NAME": "default",
         "MASTER_ADDR": rank.master_addr,
         "MASTER_PORT": str(rank.master_port),
@@ -242,9 +278,6 @@ def base_rank_env(rank: RankContext, *, cpus_per_rank: float) -> dict[str, str]:
         "PET_MASTER_ADDR": rank.master_addr,
         "PET_MASTER_PORT": str(rank.master_port),
         "OMP_NUM_THREADS": str(max(1, int(cpus_per_rank))),
-        # a rank that asked for no GPU must not see (and grab) the node's GPUs
-        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in rank.gpu_ids),
-        "GANGFLOW_GPU_IDS": ",".join(str(g) for g in rank.gpu_ids),
         "GANGFLOW_NODE_RANK": group,
         "GANGFLOW_NNODES": str(rank.nnodes),
         "GANGFLOW_RUN_ID": rank.run_id,
@@ -254,11 +287,58 @@ def base_rank_env(rank: RankContext, *, cpus_per_rank: float) -> dict[str, str]:
         "TORCHELASTIC_RESTART_COUNT": str(rank.attempt),
         "PYTHONUNBUFFERED": "1",
     }
+    return {**own_rank_env(rank), **shared}
+
+
+def rank_env(plugin: Any, rank: RankContext, *, cpus_per_rank: float, launcher: bool = False) -> dict[str, str]:
+    """The one place a rank's environment is built (node agents and ``run_local``): the base rank
+    environment and the plugin's framework variables. ``launcher=True``: the environment of a whole node
+    whose ranks a launcher (MPI) starts: ``rank`` then holds the node's GPUs, the per-rank variables are left
+    out, and each rank takes its share of ``GANGFLOW_NODE_GPU_IDS`` (``RankContext.from_env``)."""
+    env = base_rank_env(rank, cpus_per_rank=cpus_per_rank)
+    if not launcher:
+        return {**env, **plugin.rank_env(rank)}
+    shared = {k: v for k, v in env.items() if k not in PER_RANK_ENV}
+    return {**shared, **plugin.rank_env(rank), "GANGFLOW_NODE_GPU_IDS": ",".join(map(str, rank.gpu_ids))}
+
+
+def gang_contexts(
+    *,
+    node_rank: int,
+    nnodes: int,
+    nproc_per_node: int,
+    gpu_ids: list[int] | tuple[int, ...],
+    master_addr: str,
+    master_port: int,
+    run_id: str,
+    attempt: int,
+    checkpoint_dir: str,
+) -> list[RankContext]:
+    """The ranks of one node of a gang, local rank 0 first; the node's GPUs are split evenly between them."""
+    per_rank = len(gpu_ids) // nproc_per_node
+    return [
+        RankContext(
+            rank=node_rank * nproc_per_node + local,
+            local_rank=local,
+            world_size=nnodes * nproc_per_node,
+            local_world_size=nproc_per_node,
+            node_rank=node_rank,
+            nnodes=nnodes,
+            master_addr=master_addr,
+            master_port=master_port,
+            gpu_ids=tuple(gpu_ids[local * per_rank : (local + 1) * per_rank]),
+            run_id=run_id,
+            attempt=attempt,
+            checkpoint_dir=checkpoint_dir,
+        )
+        for local in range(nproc_per_node)
+    ]
 
 
 @dataclass(frozen=True)
 class NodeLaunch:
-    """What one node agent is asked to start for one attempt of a gang (sent as activity input)."""
+    """A *node launch*: what one node agent is asked to start for one attempt of a gang, its node's share of
+    the placement (sent by GangRun as the input of the ``gangflow.run_ranks`` activity)."""
 
     gang_id: str
     task: str
@@ -277,21 +357,42 @@ class NodeLaunch:
     hosts: list[str] = field(default_factory=list)  # node ids in node-rank order (for MPI hostfiles)
 
     def contexts(self, run_id: str) -> list[RankContext]:
-        per_rank = len(self.gpu_ids) // self.nproc_per_node
-        return [
-            RankContext(
-                rank=self.node_rank * self.nproc_per_node + local,
-                local_rank=local,
-                world_size=self.nnodes * self.nproc_per_node,
-                local_world_size=self.nproc_per_node,
-                node_rank=self.node_rank,
-                nnodes=self.nnodes,
-                master_addr=self.master_addr,
-                master_port=self.master_port,
-                gpu_ids=tuple(self.gpu_ids[local * per_rank : (local + 1) * per_rank]),
-                run_id=run_id,
-                attempt=self.attempt,
-                checkpoint_dir=self.checkpoint_dir,
-            )
-            for local in range(self.nproc_per_node)
-        ]
+        return gang_contexts(
+            node_rank=self.node_rank,
+            nnodes=self.nnodes,
+            nproc_per_node=self.nproc_per_node,
+            gpu_ids=self.gpu_ids,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            run_id=run_id,
+            attempt=self.attempt,
+            checkpoint_dir=self.checkpoint_dir,
+        )
+
+
+# The preemption notice on its way Scheduler -> GangRun -> node agent: a ``Preempted`` decision, on the wire
+# without the two fields its receiver knows already (``kind``, and ``gang_id``: the gang it is sent to). The
+# payload keeps the field names the recorded histories hold, so both sides of a version change read it.
+_NOTICE_OMITS = frozenset({"kind", "gang_id"})
+
+
+def notice_payload(notice: Preempted, **extra: float) -> dict[str, Any]:
+    """The notice as a signal or activity payload. GangRun's to its node agents says which grace applies
+    (``grace_s``: the task's own, else the Scheduler's) and when it came (``noticed_at``)."""
+    return {**notice.model_dump(mode="json", exclude=set(_NOTICE_OMITS)), **extra}
+
+
+def notice_of(payload: Any, gang_id: str) -> Preempted | None:
+    """The notice a payload carries to gang ``gang_id``, or None when it is malformed (a handler logs and
+    drops it: it must never raise). Keys beyond ``Preempted``'s (``noticed_at``) are read past."""
+    from pydantic import ValidationError
+
+    from engine.scheduling.events import Preempted
+
+    if not isinstance(payload, dict):
+        return None
+    fields = {k: v for k, v in payload.items() if k in Preempted.model_fields and k not in _NOTICE_OMITS}
+    try:
+        return Preempted.model_validate({**fields, "gang_id": gang_id})
+    except ValidationError:
+        return None

@@ -15,48 +15,38 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from engine.artifacts.loader import LOADER
-from engine.artifacts.store import ArtifactStore
 from engine.core.atomic import write_atomic
-from engine.core.definitions import TaskDefinition
-from engine.core.gang import RankContext
+from engine.core.gang import RankContext, own_rank_env
 from engine.core.wire import Envelope
 from engine.errors import GangflowError
+from engine.executor.body import TaskBody
 from engine.executor.standby import become_rank
-from engine.types.codec import check_payload_size, pack, unpack
+from engine.types.codec import unpack
 
 __all__ = ["main"]
 
 
 def _run(spec: dict[str, Any], rank: RankContext) -> None:
-    envelope = Envelope.decode(spec["envelope"])
-    store = ArtifactStore(envelope.run.artifacts)
-    defn = LOADER.load(envelope.code, store)
-    assert isinstance(defn, TaskDefinition) and defn.plugin is not None
-    context = store.context()
-    inputs = defn.interface.inputs_from_wire(envelope.inputs, context)
-    defn.plugin.setup(rank)
+    body = TaskBody(Envelope.decode(spec["envelope"]))
+    plugin = body.defn.plugin
+    if plugin is None:
+        raise TypeError(f"{body.defn.name} is not a distributed task")
+    inputs = body.inputs()
+    plugin.setup(rank)
     try:
-        result = defn.fn(**inputs)
+        result = body.call(inputs)
         if rank.rank == 0:
-            wire = defn.interface.output_to_wire(result, context)
-            write_atomic(spec["result_path"], check_payload_size(pack(wire), f"the return value of {defn.name!r}"))
+            write_atomic(spec["result_path"], body.encode(result))
         Path(spec["done_dir"], f"rank{rank.rank}").touch()
     finally:
-        defn.plugin.teardown(rank)
+        plugin.teardown(rank)
 
 
 def _adopt(rank: RankContext) -> None:
     """Under a launcher (MPI) the node's environment is shared by its ranks: give this process the
-    per-rank names, its own GPUs, and its own progress file and log."""
-    os.environ.update(
-        RANK=str(rank.rank),
-        WORLD_SIZE=str(rank.world_size),
-        LOCAL_RANK=str(rank.local_rank),
-        LOCAL_WORLD_SIZE=str(rank.local_world_size),
-    )
-    if "GANGFLOW_NODE_GPU_IDS" in os.environ:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, rank.gpu_ids))
+    per-rank variables (its own GPUs among them), and its own progress file and log. (Started by a node
+    agent, a rank has them already, and setting them again changes nothing.)"""
+    os.environ.update(own_rank_env(rank))
     if "{rank}" in os.environ.get("GANGFLOW_PROGRESS_FILE", ""):
         os.environ["GANGFLOW_PROGRESS_FILE"] = os.environ["GANGFLOW_PROGRESS_FILE"].format(rank=rank.rank)
     if log := os.environ.get("GANGFLOW_RANK_LOG"):

@@ -11,40 +11,20 @@ redacts into the task's log. Nothing here imports Temporal.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import json
 import os
 import sys
 import traceback
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
-from engine.artifacts.loader import LOADER, CodeNotFoundError
-from engine.artifacts.store import ArtifactStore
 from engine.core.atomic import write_atomic
-from engine.core.definitions import TaskDefinition
 from engine.core.wire import Envelope
 from engine.errors import GangflowError
-from engine.types.codec import check_payload_size, pack, unpack
+from engine.executor.body import TaskBody, call_body
+from engine.types.codec import unpack
 
 __all__ = ["call_body", "main"]
-
-
-def call_body(defn: TaskDefinition, inputs: dict[str, Any]) -> Any:
-    """The task body, with its own event loop if it is async."""
-    if defn.is_async:
-        return asyncio.run(defn.fn(**inputs))
-    result = defn.fn(**inputs)
-    if inspect.isawaitable(result):
-        return asyncio.run(_awaited(result))
-    return result
-
-
-async def _awaited(value: Awaitable[Any]) -> Any:
-    """asyncio.run takes a coroutine; a sync body may return any awaitable."""
-    return await value
 
 
 def _fail(spec: dict[str, Any], kind: str, message: str, non_retryable: bool) -> None:
@@ -53,27 +33,21 @@ def _fail(spec: dict[str, Any], kind: str, message: str, non_retryable: bool) ->
 
 
 def _run(spec: dict[str, Any]) -> int:
-    envelope = Envelope.decode(spec["envelope"])
     try:
-        store = ArtifactStore(envelope.run.artifacts)
-        defn = LOADER.load(envelope.code, store)  # the store's own cached copy, as the worker's thread loads it
-        if not isinstance(defn, TaskDefinition):
-            raise CodeNotFoundError(f"{envelope.code.qualname} is not a @task")
-        context = store.context()
-        inputs = defn.interface.inputs_from_wire(envelope.inputs, context)
-    except (GangflowError, CodeNotFoundError) as exc:
-        _fail(spec, exc.kind if isinstance(exc, GangflowError) else "CodeNotFound", str(exc), True)
+        body = TaskBody(Envelope.decode(spec["envelope"]))
+        inputs = body.inputs()
+    except GangflowError as exc:  # CodeNotFoundError among them
+        _fail(spec, exc.kind, str(exc), True)
         return 1
     try:
-        result = call_body(defn, inputs)
+        result = body.call(inputs)
     except Exception as exc:
         traceback.print_exc()  # into the task's log
         # what Temporal makes of an exception raised in the worker: its class name, retried per the task's policy
         _fail(spec, type(exc).__name__, str(exc), False)
         return 1
     try:
-        wire = defn.interface.output_to_wire(result, context)
-        blob = check_payload_size(pack(wire), f"the return value of task {defn.name!r}")
+        blob = body.encode(result)
     except GangflowError as exc:
         _fail(spec, exc.kind, str(exc), True)
         return 1

@@ -22,15 +22,12 @@ from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
-from engine.artifacts.loader import LOADER, CodeNotFoundError
 from engine.artifacts.store import ArtifactStore
-from engine.core.definitions import TaskDefinition
 from engine.core.wire import Envelope
 from engine.errors import GangflowError
-from engine.executor.task import call_body
+from engine.executor.body import TaskBody
 from engine.runtime import logs
 from engine.runtime.task_process import TaskProcess, run_in_process
-from engine.types.codec import check_payload_size, pack
 
 __all__ = ["configure_threads", "run_task", "store_for"]
 
@@ -82,38 +79,33 @@ class _TaskLog:
             os.unlink(self.handle.name)
 
 
-def _non_retryable(exc: GangflowError | CodeNotFoundError) -> ApplicationError:
-    kind = exc.kind if isinstance(exc, GangflowError) else "CodeNotFound"
-    return ApplicationError(str(exc), type=kind, non_retryable=True)
+def _non_retryable(exc: GangflowError) -> ApplicationError:
+    return ApplicationError(str(exc), type=exc.kind, non_retryable=True)
 
 
 def _execute(envelope: Envelope, info: activity.Info, blob: bytes, child: TaskProcess) -> bytes:
     """Everything that blocks, on a task thread, so the worker's event loop (which also runs workflows
     and heartbeats) never waits on code loading, downloads, the task body or uploads."""
     try:
-        store = store_for(envelope.run.artifacts)
-        defn = LOADER.load(envelope.code, store)  # the bundle must be in the run's store; cached in its cache
-        if not isinstance(defn, TaskDefinition):
-            raise CodeNotFoundError(f"{envelope.code.qualname} is not a @task")
+        body = TaskBody(envelope, store_for(envelope.run.artifacts))  # the bundle must be in the run's store
+        defn, store = body.defn, body.store
         if defn.secrets:  # its own process, the only one that gets the values (engine.runtime.task_process)
             log = _TaskLog(store, envelope.run.run_id, defn.name, info)
             try:
                 return run_in_process(envelope, blob, defn, log, child)
             finally:
                 log.close()
-        context = store.context()
-        inputs = defn.interface.inputs_from_wire(envelope.inputs, context)
-    except (GangflowError, CodeNotFoundError) as exc:
+        inputs = body.inputs()
+    except GangflowError as exc:  # CodeNotFoundError among them
         raise _non_retryable(exc) from exc
     log = _TaskLog(store, envelope.run.run_id, defn.name, info)
     try:
         with logs.capture(log):
-            result = call_body(defn, inputs)
+            result = body.call(inputs)
     finally:
         log.close()
     try:
-        wire = defn.interface.output_to_wire(result, context)
-        return check_payload_size(pack(wire), f"the return value of task {defn.name!r}")
+        return body.encode(result)
     except GangflowError as exc:
         raise _non_retryable(exc) from exc
 

@@ -5,7 +5,9 @@ liveness signal), polls its own task queue ``node/<id>``, and runs the ranks Gan
 one process per rank with the plugin's environment and command, pinned GPUs, one log per rank in the
 artifact store, heartbeats while they run, and SIGTERM → grace → SIGKILL of the whole gang on cancel.
 A task's secrets are resolved here for the envelope's tenant (engine/runtime/secrets.py), given to its
-processes only, and redacted from their logs and failure messages.
+processes only, and redacted from their logs and failure messages. Which processes start, with which
+environment, and how a notice reaches them is the executor's (engine.executor.plan); this module holds the
+Temporal side: the activities, registration and drain.
 
 A *preemption notice* (the activity ``gangflow.notice``, sent by GangRun when the Scheduler preempts the
 gang) is different from a cancel: the agent writes the notice file every rank can read
@@ -24,18 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import queue
-import re
 import shutil
-import signal
-import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from temporalio import activity
@@ -47,9 +43,8 @@ from temporalio.worker import Worker
 
 from engine.artifacts.loader import LOADER
 from engine.artifacts.store import cache_dir
-from engine.core.atomic import write_atomic
 from engine.core.definitions import TaskDefinition
-from engine.core.gang import NodeLaunch, base_rank_env
+from engine.core.gang import NodeLaunch, notice_of
 from engine.core.protocol import (
     DESCRIBE_QUERY,
     DRAIN_NODE_UPDATE,
@@ -67,14 +62,15 @@ from engine.core.protocol import (
 )
 from engine.core.secrets import SecretError
 from engine.core.wire import Envelope
-from engine.executor.launcher import NodeGang, ProcessLaunch, RankFailure, runner_command
+from engine.executor.launcher import NodeGang, RankFailure
+from engine.executor.plan import DeliveredNotice, LauncherRelay, LaunchRefused, NodePlan, safe_name
 from engine.executor.ports import free_port
 from engine.executor.standby import StandbyPool
-from engine.rank import NOTICE_FILE_ENV, NOTICE_SIGNAL_ENV
 from engine.runtime.activities import store_for
 from engine.runtime.connection import CREDENTIAL_ENV
 from engine.runtime.ranks import RankSaver, rank_details
 from engine.runtime.secrets import Redactor, materialize, resolve, task_environment
+from engine.scheduling import Preempted
 from engine.types.codec import pack
 
 __all__ = ["DRAIN_TIMEOUT_S", "SELF_DRAIN_REASON", "NodeActivities", "NodeConfig", "register", "run_node"]
@@ -115,29 +111,30 @@ class NodeConfig:
     drain_timeout_s: float = DRAIN_TIMEOUT_S
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-
-
 class NodeActivities:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        self.workdir = cache_dir() / "nodes" / _safe(config.node_id)
+        self.workdir = cache_dir() / "nodes" / safe_name(config.node_id)
         self.standby = StandbyPool(config.standby, config.warm) if config.standby else None
-        #: preemption notices by (gang id, attempt), with when they came; a notice can arrive before the
-        #: attempt's ranks start here (it is then never started)
-        self.notices: dict[tuple[str, int], tuple[dict[str, Any], float]] = {}
+        #: preemption notices by (gang id, attempt), with when they came (None: one that could not be read); a
+        #: notice can arrive before the attempt's ranks start here (it is then never started)
+        self.notices: dict[tuple[str, int], tuple[Preempted | None, float]] = {}
         self.running: set[tuple[str, int]] = set()
 
     @activity.defn(name=NOTICE)
-    async def notice(self, gang_id: str, attempt: int, notice: dict[str, Any]) -> bool:
+    async def notice(self, gang_id: str, attempt: int, notice: Any) -> bool:
         """A preemption notice for one attempt of a gang (see the module docstring). True when its ranks run
         here now; the notice is kept either way, for ranks still to start."""
         now = time.time()
         for key, (_, at) in list(self.notices.items()):
             if key not in self.running and now - at > NOTICE_TTL_S:
                 del self.notices[key]
-        self.notices[(gang_id, attempt)] = (dict(notice), now)
+        read = notice_of(notice, gang_id)
+        if read is None:
+            log.warning(
+                "node %s: a preemption notice for %s that cannot be read: %r", self.config.node_id, gang_id, notice
+            )
+        self.notices[(gang_id, attempt)] = (read, now)
         return (gang_id, attempt) in self.running
 
     @activity.defn(name=PING)
@@ -166,7 +163,7 @@ class NodeActivities:
         except SecretError as exc:
             raise ApplicationError(str(exc), {"error_type": exc.kind}, type=exc.kind, non_retryable=True) from None
         redact = Redactor(values)
-        workdir = self.workdir / _safe(f"{launch.gang_id}.a{launch.attempt}.n{launch.node_rank}")
+        workdir = self.workdir / safe_name(f"{launch.gang_id}.a{launch.attempt}.n{launch.node_rank}")
         shutil.rmtree(workdir, ignore_errors=True)
         (workdir / "progress").mkdir(parents=True)
         spec_path = workdir / "spec.msgpack"
@@ -188,7 +185,12 @@ class NodeActivities:
         secrets = contextlib.ExitStack()  # the ranks' private secret files: removed when the attempt ends
         try:
             secret_env = secrets.enter_context(materialize(defn.secrets, values)) if defn.secrets else {}
-            plan = _Plan(launch, defn.plugin, run_id, workdir, spec_path, log_path, secret_env)
+            # what every process of the gang starts from: the agent's environment less its credentials and where
+            # secrets come from, plus this task's own secrets
+            base_env = task_environment(_own_env(), secret_env)
+            plan = NodePlan(
+                launch, defn.plugin, run_id, workdir, spec_path, log_path, base_env, rank_logs=not secret_env
+            )
             folder = await asyncio.to_thread(LOADER.folder_for, envelope.code, store)
             gang = NodeGang(
                 self.config.node_id,
@@ -207,14 +209,14 @@ class NodeActivities:
             raise
         key = (launch.gang_id, launch.attempt)
         saver = RankSaver(store, run_id, launch.log_name, launch.attempt, launch.node_rank)
-        relay: _LauncherRelay | None = None
-        noticed: _Noticed | None = None
+        relay: LauncherRelay | None = None
+        noticed: DeliveredNotice | None = None
         self.running.add(key)
         try:
             if key in self.notices:  # preempted before its ranks started here: start none
-                raise _Noticed(self.notices[key][0], plan, gang).outcome(self.config.node_id, killed=False)
+                raise _preempted(DeliveredNotice(self.notices[key][0], plan, gang), self.config.node_id, killed=False)
             gang.start()  # on the event loop thread: the parent-death signal follows the spawning thread
-            relay = _LauncherRelay(plan, gang) if plan.launcher_mode else None
+            relay = _relay(plan, gang) if plan.launcher_mode else None
             if relay is not None and launch.node_rank:
                 gang.awaiting = 1  # this node's helper comes once node rank 0's launcher asks for it
             while True:
@@ -223,16 +225,19 @@ class NodeActivities:
                     if state is not False:
                         break
                     if key in self.notices:  # still running: from now on the attempt ends as a preemption
-                        noticed = _Noticed(self.notices[key][0], plan, gang)
+                        noticed = DeliveredNotice(self.notices[key][0], plan, gang)
                         continue
                     if relay is not None:
-                        await relay.step()
+                        try:
+                            await relay.step()
+                        except LaunchRefused as exc:
+                            raise ApplicationError(str(exc), type="RankFailed", non_retryable=True) from None
                 elif gang.exited():
                     await asyncio.to_thread(gang.terminate, STOP_GRACE_S)  # a coordinator may still be up
-                    raise noticed.outcome(self.config.node_id, killed=False)
+                    raise _preempted(noticed, self.config.node_id, killed=False)
                 elif time.time() >= noticed.deadline:
                     await asyncio.to_thread(gang.terminate, 0.0)  # the grace is over: SIGKILL what is left
-                    raise noticed.outcome(self.config.node_id, killed=True)
+                    raise _preempted(noticed, self.config.node_id, killed=True)
                 # heartbeat details: what the Web UI and `gangflow status` show about the ranks
                 details = rank_details(self.config.node_id, gang)
                 if noticed is not None:
@@ -284,200 +289,24 @@ def _own_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in CREDENTIAL_ENV}
 
 
-class _Plan:
-    """Which processes this node starts for one attempt: one per rank (plus the plugin's coordinator on
-    node rank 0), or, for a plugin with its own launcher (MPI), the launcher on node rank 0 and the
-    launcher's per-node helpers, which arrive later."""
-
-    def __init__(
-        self,
-        launch: NodeLaunch,
-        plugin: Any,
-        run_id: str,
-        workdir: Path,
-        spec_path: Path,
-        log_path: Any,
-        secret_env: dict[str, str] | None = None,
-    ) -> None:
-        self.launch, self.plugin, self.log_path = launch, plugin, log_path
-        # what every process of the gang starts from: the agent's environment less its credentials and where
-        # secrets come from, plus this task's own secrets
-        base_env = task_environment(_own_env(), secret_env or {})
-        contexts = launch.contexts(run_id)
-        self.rank0 = contexts[0]
-        cpus = launch.cpus_per_node / launch.nproc_per_node
-        progress_dir = workdir / "progress"
-        self.notice_path = workdir / "notice.json"
-        self.notice_signal = getattr(plugin, "notice_signal", "SIGTERM")
-        notice_env = {NOTICE_FILE_ENV: str(self.notice_path), NOTICE_SIGNAL_ENV: self.notice_signal}
-        hosts = [(_safe(h), launch.nproc_per_node) for h in launch.hosts]
-        launcher = getattr(plugin, "launcher", None)
-        spec = launcher(self.rank0, hosts, runner_command(None)) if launcher is not None else None
-        self.launcher_mode = spec is not None
-        self.processes: list[ProcessLaunch] = []
-        if spec is not None:
-            # One environment for the node; the ranks learn their own rank from the launcher.
-            node_ctx = replace(self.rank0, gpu_ids=tuple(launch.gpu_ids))
-            env = {k: v for k, v in base_rank_env(node_ctx, cpus_per_rank=cpus).items() if k not in _PER_RANK}
-            self.node_env = {
-                **base_env,
-                **env,
-                **plugin.rank_env(node_ctx),
-                "GANGFLOW_NODE_GPU_IDS": ",".join(map(str, launch.gpu_ids)),
-                "GANGFLOW_RANK_SPEC": str(spec_path),
-                "GANGFLOW_PROGRESS_FILE": str(progress_dir / "rank{rank}.json"),
-                "GANGFLOW_RANK_LOG": log_path("rank{rank}"),
-                **notice_env,
-            }
-            if secret_env:  # a rank's own log would bypass the redaction: its output goes through the launcher's
-                del self.node_env["GANGFLOW_RANK_LOG"]
-            if launch.node_rank == 0:
-                self.processes.append(replace(self.helper(spec.name, spec.command, spec.env), pipe_output=True))
-            return
-        for ctx in contexts:
-            own = plugin.command(ctx)
-            progress = str(progress_dir / f"rank{ctx.rank}.json")
-            env = {**base_env, **base_rank_env(ctx, cpus_per_rank=cpus), **plugin.rank_env(ctx), **notice_env}
-            self.processes.append(
-                ProcessLaunch(
-                    context=ctx,
-                    command=own or runner_command(str(spec_path)),
-                    env={**env, "GANGFLOW_PROGRESS_FILE": progress},
-                    log_path=log_path(f"rank{ctx.rank}"),
-                    runner=own is None,
-                    progress_path=progress,
-                )
-            )
-        coordinator = getattr(plugin, "coordinator", None)
-        extra = coordinator(self.rank0) if coordinator is not None and launch.node_rank == 0 else None
-        if extra is not None:  # started first: the ranks connect to it
-            self.processes.insert(
-                0,
-                ProcessLaunch(
-                    context=self.rank0,
-                    command=extra.command,
-                    env={**self.processes[0].env, **extra.env},
-                    log_path=log_path(extra.name),
-                    runner=False,
-                    role=f"{extra.name} of the gang",
-                    must_finish=False,
-                ),
-            )
-
-    def helper(self, name: str, command: list[str], env: dict[str, str] | None = None) -> ProcessLaunch:
-        """The launcher, or one of its per-node helpers (an MPI proxy): it must finish, and it is
-        reported by name rather than as a rank."""
-        return ProcessLaunch(
-            context=self.rank0,
-            command=command,
-            env={**self.node_env, **(env or {})},
-            log_path=self.log_path(_safe(name.replace(" ", "-"))),
-            runner=False,
-            role=f"{name} on node rank {self.launch.node_rank}",
-        )
+def _preempted(noticed: DeliveredNotice, node_id: str, *, killed: bool) -> ApplicationError:
+    """How a preempted attempt ends on this node, whatever the ranks' exit codes: GangRun requeues it."""
+    message, details = noticed.report(node_id, killed=killed)
+    return ApplicationError(message, details, type=PREEMPTED_TYPE, non_retryable=True)
 
 
-class _Noticed:
-    """A preemption notice delivered to this node's ranks: the notice file written, the notice signal sent,
-    and the grace deadline (by this machine's clock, from when the notice came)."""
+def _relay(plan: NodePlan, gang: NodeGang) -> LauncherRelay:
+    """A launcher's per-node commands, through this activity's gang workflow (a signal out, a query in)."""
+    handle = activity.client().get_workflow_handle(activity.info().workflow_id or "")
 
-    def __init__(self, notice: dict[str, Any], plan: _Plan, gang: NodeGang) -> None:
-        self.at = time.time()
-        try:
-            self.grace = max(0.0, float(notice.get("grace_s") or 0.0))
-        except (TypeError, ValueError):
-            self.grace = 0.0
-        self.deadline = self.at + self.grace
-        fields = {k: str(notice.get(k) or "") for k in ("reason", "cause", "by", "by_tenant")}
-        data = {**fields, "deadline": self.deadline, "grace_s": self.grace}
-        # the file first: a rank woken by the signal finds it (engine.preemption())
-        write_atomic(plan.notice_path, json.dumps(data).encode(), durable=False)
-        gang.notify(getattr(signal, plan.notice_signal, signal.SIGTERM))
+    async def send(payload: dict[str, Any]) -> None:
+        await handle.signal(REMOTE_COMMAND, payload)
 
-    def outcome(self, node_id: str, *, killed: bool) -> ApplicationError:
-        """What the attempt on this node reports: always a preemption (GangRun requeues it), saying whether
-        the ranks left in time."""
-        seconds = time.time() - self.at
-        if killed:
-            message = f"node {node_id}: the ranks had not exited when the {self.grace:.0f} s grace ended: killed"
-        else:
-            message = f"node {node_id}: the ranks exited {seconds:.1f} s after the preemption notice"
-        details = {"node": node_id, "killed": killed, "seconds": round(seconds, 3)}
-        return ApplicationError(message, details, type=PREEMPTED_TYPE, non_retryable=True)
+    async def fetch(attempt: int, node_rank: int) -> list[str] | None:
+        command = await handle.query(REMOTE_COMMAND, args=[attempt, node_rank])
+        return list(command) if command else None
 
-
-class _LauncherRelay:
-    """Carries a launcher's per-node commands (MPICH's ``HYDRA_LAUNCH:`` lines) from node rank 0 to the
-    node agents that must run them, through the gang's workflow: no ssh between machines."""
-
-    def __init__(self, plan: _Plan, gang: NodeGang) -> None:
-        self.plan, self.gang = plan, gang
-        self.launch = plan.launch
-        self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self.started = False
-        self.deadline = time.monotonic() + 120
-        info = activity.info()
-        self.gang_handle = activity.client().get_workflow_handle(info.workflow_id or "")
-        self.reader: threading.Thread | None = None
-        if self.launch.node_rank == 0:
-            self.reader = threading.Thread(target=self._read, args=(gang.procs[0], gang.ranks[0].log_path), daemon=True)
-            self.reader.start()
-
-    def _read(self, proc: Any, log_path: str) -> None:
-        with open(log_path, "a") as log:
-            for raw in proc.stdout:
-                line = raw.decode(errors="replace")
-                log.write(self.gang.redact(line) if self.gang.redact else line)
-                log.flush()
-                self.lines.put(line)
-
-    async def step(self) -> None:
-        if self.launch.node_rank == 0:
-            while not self.lines.empty():
-                found = self.plan.plugin.remote_command(self.lines.get(), self.plan.rank0)
-                if found is None:
-                    continue
-                node_rank, command = found
-                if node_rank == 0:
-                    self.gang.add(self.plan.helper(f"proxy {node_rank}", command))
-                else:
-                    payload = {"attempt": self.launch.attempt, "node_rank": node_rank, "command": command}
-                    await self.gang_handle.signal(REMOTE_COMMAND, payload)
-            return
-        if self.started:
-            return
-        command = await self.gang_handle.query(REMOTE_COMMAND, args=[self.launch.attempt, self.launch.node_rank])
-        if command and not self.plan.plugin.accepts_remote(list(command), self.plan.rank0, self.launch.node_rank):
-            raise ApplicationError(
-                f"refusing a launcher command for node rank {self.launch.node_rank} that is not this gang's "
-                f"{type(self.plan.plugin).__name__} helper: {' '.join(command)[:200]}",
-                type="RankFailed",
-                non_retryable=True,
-            )
-        if command:
-            self.started = True
-            self.gang.add(self.plan.helper(f"proxy {self.launch.node_rank}", list(command)))
-        elif time.monotonic() > self.deadline:
-            raise ApplicationError(
-                "the launcher on node rank 0 never sent this node its command", type="RankFailed", non_retryable=True
-            )
-
-    def close(self) -> None:
-        if self.reader is not None:
-            self.reader.join(timeout=2)
-
-
-#: variables that differ per rank: a launcher gives them to its ranks itself
-_PER_RANK = {
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "CUDA_VISIBLE_DEVICES",
-    "GANGFLOW_GPU_IDS",
-}
+    return LauncherRelay(plan, gang, send, fetch)
 
 
 async def register(client: Client, config: NodeConfig) -> None:

@@ -1,0 +1,60 @@
+"""What one failed attempt of a gang means: GangRun's failure classification.
+
+A *system* failure (a node lost: probe, heartbeat or schedule-to-start timeout; a node agent that shut down;
+a rank killed by a signal; a hung gang) spends the gang's restart budget; a *user* error (an exception in the
+task body, the task's timeout) is retried only as far as the task's retry policy says. A timeout only
+suggests a node is lost: GangRun probes its agent before reporting it lost (see workflows.gang).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType, is_cancelled_exception
+
+__all__ = ["AttemptFailed", "Verdict", "classify"]
+
+#: the node agents' failure types that are the cluster's fault, not the task body's (engine.runtime.node)
+_SYSTEM_TYPES = ("RankKilled", "RankHung")
+_NODE_LOST = (TimeoutType.HEARTBEAT, TimeoutType.SCHEDULE_TO_START, TimeoutType.SCHEDULE_TO_CLOSE)
+
+
+class AttemptFailed(Exception):
+    """An attempt failed: ``system`` says whether it spends a restart; ``lost_nodes`` go to the Scheduler."""
+
+    def __init__(self, system: bool, reason: str, lost_nodes: list[str], error_type: str | None = None) -> None:
+        super().__init__(reason)
+        self.system, self.reason, self.lost_nodes, self.error_type = system, reason, lost_nodes, error_type
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one node's failure says."""
+
+    node_id: str
+    system: bool
+    reason: str
+    node_lost: bool
+    error_type: str | None = None
+    #: a timeout only suggests the node is lost: its agent is probed before it is reported lost
+    suspect: bool = False
+
+
+def classify(err: BaseException, node_id: str) -> Verdict | None:
+    """What one node's failure means; None when it was only our own cancel."""
+    if not isinstance(err, ActivityError) or is_cancelled_exception(err):
+        return None
+    cause = err.cause
+    if isinstance(cause, TimeoutError):
+        if cause.type in _NODE_LOST:
+            return Verdict(
+                node_id, True, f"node {node_id} lost ({cause.type.name.lower().replace('_', '-')} timeout)", True
+            )
+        return Verdict(node_id, False, f"the task exceeded its timeout on node {node_id}", False)
+    if isinstance(cause, ApplicationError):
+        if cause.type == "NodeShutdown":
+            return Verdict(node_id, True, cause.message, True)
+        details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
+        error_type = details.get("error_type") if isinstance(details.get("error_type"), str) else None
+        return Verdict(node_id, cause.type in _SYSTEM_TYPES, cause.message, False, error_type)
+    return Verdict(node_id, True, f"node {node_id}: {err.message}: {cause}", False)
