@@ -5,7 +5,7 @@
     # now kill one node agent (kill -9 <pid of 'gangflow node'>) and watch:
     gangflow status <run-id>                                  # the gang restarts on the spare node
 
-When a node dies, its ranks die with it; the survivors' collective breaks at once, GangRun probes the
+When a node dies, its ranks die with it; the survivors' collective breaks at once, GangTask probes the
 nodes still running (a dead agent does not answer within 1 s; a node with no survivor to notice is
 caught by the heartbeat timeout), stops the survivors, reports the node lost, gets a new placement and
 relaunches every rank with GANGFLOW_ATTEMPT + 1. The ranks load the latest checkpoint from

@@ -25,7 +25,7 @@ from temporalio.workflow import NondeterminismError
 
 from engine.artifacts.loader import BUNDLE_PREFIX, LOADER
 from engine.core.wire import Envelope
-from workflows.gang import GangRun
+from workflows.gang import GangTask
 from workflows.scheduler import Scheduler
 from workflows.shell import UserWorkflow, configure
 
@@ -191,7 +191,7 @@ def test_an_edited_sibling_module_is_used_by_the_next_run_on_the_same_worker(ser
     # This process loads v2 first, then replays the v1 run: the replay must use v1 throughout.
     LOADER.load(later_envelope.code)
     configure(LOADER)
-    replayer = Replayer(workflows=[UserWorkflow, GangRun, Scheduler])
+    replayer = Replayer(workflows=[UserWorkflow, GangTask, Scheduler])
     run(replayer.replay_workflow(history))
     v1 = BUNDLE_PREFIX + str(envelope.code.bundle_sha)[:16]
     assert sys.modules[f"{v1}.helpers"].VERSION == "v1" and sys.modules[f"{v1}.lib.sub"].describe() == "lib-v1/v1"

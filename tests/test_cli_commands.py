@@ -153,9 +153,9 @@ async def _release_scenario(stack: Stack) -> None:
     scheduler = client.temporal.get_workflow_handle("gangflow-scheduler")
 
     async def gang(gang_id: str) -> Any:
-        """A gang request whose owner is a workflow no worker serves: it stands in for a live GangRun
+        """A gang request whose owner is a workflow no worker serves: it stands in for a live GangTask
         (the Scheduler's owner check releases what a closed owner held)."""
-        owner = await client.temporal.start_workflow("StandInGangRun", id=gang_id, task_queue="nobody-polls-this")
+        owner = await client.temporal.start_workflow("StandInGangTask", id=gang_id, task_queue="nobody-polls-this")
         await scheduler.signal("submit", {"gang_id": gang_id, "nnodes": 1, "gpus_per_node": 2, "cpus_per_node": 1})
         return owner
 

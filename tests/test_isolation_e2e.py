@@ -86,7 +86,7 @@ def _cli(stack: AuthStack, tenant: str, *args: str, timeout: float = 240) -> sub
 
 async def _gangs(stack: AuthStack) -> list[Any]:
     platform = await TemporalClient.connect(stack.upstream, namespace="gangflow-system")
-    return [w async for w in platform.list_workflows("WorkflowType = 'GangRun'")]
+    return [w async for w in platform.list_workflows("WorkflowType = 'GangTask'")]
 
 
 def test_a_team_runs_a_gang_through_its_endpoint_and_the_platform_pins_who_and_where(stack: AuthStack) -> None:
@@ -97,9 +97,9 @@ def test_a_team_runs_a_gang_through_its_endpoint_and_the_platform_pins_who_and_w
     async def check() -> None:
         gangs = [g.id for g in await _gangs(stack)]
         assert "team-a:a-first.train-1" in gangs, gangs
-        # the run's own namespace holds no GangRun: the gang ran in the platform's
+        # the run's own namespace holds no GangTask: the gang ran in the platform's
         a = await stack.client("gf-team-a", stack.token("team-a"))
-        assert [w.id async for w in a.list_workflows("WorkflowType = 'GangRun'")] == []
+        assert [w.id async for w in a.list_workflows("WorkflowType = 'GangTask'")] == []
         # the ranks wrote their logs and checkpoint folder into team-a's root (pinned by the platform)
         root = stack.state / "artifacts" / "team-a"
         logged = {p.name for p in (root / "logs" / "a-first").iterdir()}
@@ -113,7 +113,7 @@ def test_a_team_runs_a_gang_through_its_endpoint_and_the_platform_pins_who_and_w
         status = _cli(stack, "team-a", "status", "a-first")
         assert status.returncode == 0, status.stdout + status.stderr
         assert "train" in status.stdout and "completed" in status.stdout
-        # the per-rank view, though the GangRun is the platform's: from what the node agents saved in team-a's root
+        # the per-rank view, though the GangTask is the platform's: from what the node agents saved in team-a's root
         status = _cli(stack, "team-a", "status", "a-first", "--json")
         (train,) = [t for t in json.loads(status.stdout)["tasks"] if t["name"] == "train"]
         ranks = train["ranks"]
@@ -208,7 +208,7 @@ def test_a_namespace_may_use_its_own_endpoint_only() -> None:
 
 @pytest.mark.parametrize("how", ["cancel", "terminate"])
 def test_a_stopped_run_frees_its_gangs_gpus(stack: AuthStack, how: str) -> None:
-    """Cancel reaches the GangRun through Nexus; terminate cancels nothing (Temporal's rule), so the platform's
+    """Cancel reaches the GangTask through Nexus; terminate cancels nothing (Temporal's rule), so the platform's
     owner check finds the orphan and cancels it."""
     run_id = f"b-{how}"
     started = _cli(stack, "team-b", "run", FLOW + ":pipeline", "--seconds", "300", "--run-id", run_id, "--detach")

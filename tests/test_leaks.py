@@ -104,7 +104,7 @@ def test_terminating_a_run_mid_gang_frees_every_gpu(stack: LeakStack, tmp_path: 
         client = await stack.client()
         run_id = await client.start(leaks.hold, {"marker_dir": str(tmp_path)})
         pids = await _wait_ranks(tmp_path, 2)
-        await client.temporal.get_workflow_handle(run_id).terminate("operator")  # GangRun gets a cancel
+        await client.temporal.get_workflow_handle(run_id).terminate("operator")  # GangTask gets a cancel
         assert await stack.all_free(30) < 30
         await _no_rank_left(pids)
 
@@ -129,7 +129,7 @@ def test_a_gang_terminated_directly_is_released_by_the_owner_check(stack: LeakSt
         client = await stack.client()
         run_id = await client.start(leaks.hold, {"marker_dir": str(tmp_path)})
         pids = await _wait_ranks(tmp_path, 2)
-        # nothing runs GangRun's cleanup: only the Scheduler's owner check can find the allocation
+        # nothing runs GangTask's cleanup: only the Scheduler's owner check can find the allocation
         await client.temporal.get_workflow_handle(f"{run_id}.occupy-1").terminate("operator")
         assert await stack.all_free(30) < 30
         await _no_rank_left(pids, 30)  # the node activities learn at their next heartbeat

@@ -81,7 +81,7 @@ def test_logs_follow_and_per_rank_status(server, worker, cluster, artifacts, tmp
         assert all(isinstance(r["pid"], int) and r["pid"] > 0 for r in rows)
         assert all(0 < r["metrics"]["loss"] <= 1.0 and 0 <= r["age_s"] < 30 for r in rows)
 
-        # the Web UI: the GangRun's current details map ranks to nodes; each node's heartbeat has a summary
+        # the Web UI: the GangTask's current details map ranks to nodes; each node's heartbeat has a summary
         gang_id = view["gang_id"]
         metadata = await client.temporal.get_workflow_handle(gang_id).query(
             "__temporal_workflow_metadata", result_type=WorkflowMetadata

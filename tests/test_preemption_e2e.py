@@ -207,7 +207,7 @@ async def scheduler_runs(client: Client) -> int:
 
 
 async def settled(stack: Stack) -> None:
-    # a GangRun's release reaches the Scheduler as a signal, possibly just after its run's result
+    # a GangTask's release reaches the Scheduler as a signal, possibly just after its run's result
     await stack.wait_for("every gang released", lambda q: q["totals"]["running"] == q["totals"]["pending"] == 0)
 
 

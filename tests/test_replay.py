@@ -21,7 +21,7 @@ from conftest import ROOT
 from temporalio.api.enums.v1 import EventType
 
 from engine.artifacts.loader import LOADER
-from engine.core.protocol import GANG_TYPE, SCHEDULER_TYPE
+from engine.core.protocol import GANG_TYPE, LEGACY_GANG_TYPE, SCHEDULER_TYPE
 from engine.runtime.worker import build_replayer
 
 sys.path.insert(0, str(ROOT / "tests" / "histories"))
@@ -92,8 +92,9 @@ def test_gang_scenarios_include_the_scheduler_and_their_gangs() -> None:
     by_scenario: dict[str, set[str]] = {}
     for recorded in HISTORIES:
         by_scenario.setdefault(recorded.scenario, set()).add(_workflow_type(recorded))
+    gang_types = {GANG_TYPE, LEGACY_GANG_TYPE}  # histories recorded before the rename hold GangRuns
     for scenario, types in by_scenario.items():
-        if GANG_TYPE in types:
+        if types & gang_types:
             assert SCHEDULER_TYPE in types, f"{scenario}: a gang ran, but the Scheduler's history was not recorded"
-    gang_scenarios = {s for s, types in by_scenario.items() if GANG_TYPE in types}
+    gang_scenarios = {s for s, types in by_scenario.items() if types & gang_types}
     assert {"ddp_pipeline", "node_loss", "rank_kill", "cancel_gang", "user_error_rank"} <= gang_scenarios

@@ -36,7 +36,7 @@ async def _running_gang(client: Client, gang_id: str, min_step: int) -> dict[str
     while True:
         try:
             gang = await client.gang(gang_id)
-        except RPCError:  # the GangRun child is not started yet
+        except RPCError:  # the GangTask child is not started yet
             await asyncio.sleep(0.2)
             continue
         steps = [p.get("step", -1) for node in gang["nodes"] for p in node.get("progress", {}).values()]

@@ -229,7 +229,7 @@ def test_a_tenant_reclaims_its_quota_and_the_borrower_resumes_from_its_checkpoin
             else:
                 result = await client.result(run_id, multitenant.pipeline)
                 assert (result.attempt, result.first_step, result.optimizer_steps) == (0, 0, TRAIN["steps"]), result
-        # a GangRun's release reaches the Scheduler as a signal, possibly just after its run's result
+        # a GangTask's release reaches the Scheduler as a signal, possibly just after its run's result
         await stack.wait_for("every gang released", lambda q: q["totals"]["running"] == q["totals"]["pending"] == 0)
         status = cli_json(stack, "status", b_run)
         assert status["tenant"] == "team-b" and status["status"] == "COMPLETED", status
@@ -343,9 +343,9 @@ def test_a_waiting_gang_says_why_in_tenant_terms(stack: Stack, project: Path, tm
         assert c_entry["reason"].startswith("pending: team-c is at its quota of 0 GPUs"), c_entry
         assert queue["tenants"]["team-a"]["pending"] == 1 and queue["tenants"]["team-c"]["pending"] == 1
 
-        # the run's own status shows the reason: the GangRun's phase and current details (the Temporal UI's
+        # the run's own status shows the reason: the GangTask's phase and current details (the Temporal UI's
         # line), and `gangflow status`
-        async def told() -> bool:  # the Scheduler signals the reason to the GangRun just after it decides
+        async def told() -> bool:  # the Scheduler signals the reason to the GangTask just after it decides
             phase = (await client.gang(waiting))["phase"]
             return bool(phase == reason and await current_details(client, waiting) == reason)
 

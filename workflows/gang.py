@@ -1,4 +1,4 @@
-"""GangRun: one distributed task call, run as a gang of rank processes on the nodes the Scheduler gives.
+"""GangTask: one distributed task call, run as a gang of rank processes on the nodes the Scheduler gives.
 
 Each attempt: request a placement → reserve a fresh rendezvous port on node rank 0 → start one activity
 per node on that node's own queue (``node/<id>``) → wait; the first failure stops every other node's
@@ -49,6 +49,7 @@ from temporalio.workflow import ActivityCancellationType, ActivityHandle
 from engine.core.gang import GangShape, NodeLaunch, notice_of, notice_payload
 from engine.core.protocol import (
     GANG_TYPE,
+    LEGACY_GANG_TYPE,
     NODE_LOST_SIGNAL,
     NOTICE,
     PENDING_SIGNAL,
@@ -74,25 +75,26 @@ from workflows.gang_notice import PreemptedAttempt, waiting_because
 
 __all__ = [
     "PROBE_TIMEOUT",
-    "GangRun",
     "GangSpec",
+    "GangTask",
+    "LegacyGangRun",
 ]
 
 #: how long a probed node agent has to answer before it is declared lost
 PROBE_TIMEOUT = timedelta(seconds=1)
-#: the node agents kill ranks at the grace deadline themselves; GangRun stops waiting this much later (a node
+#: the node agents kill ranks at the grace deadline themselves; GangTask stops waiting this much later (a node
 #: agent that cannot kill them is gone: its activity is cancelled, and its heartbeat timeout reports it)
 NOTICE_BACKSTOP_S = 15.0
 #: while ranks save, the current-details line is refreshed this often ("38 s of 120 s grace")
 NOTICE_REFRESH_S = 10.0
-#: GangRuns recorded before preemption notices stop their ranks at once when preempted (workflow.patched)
+#: GangTasks recorded before preemption notices stop their ranks at once when preempted (workflow.patched)
 NOTICE_PATCH = "preemption-notice"
 
 
 @dataclass(frozen=True)
 class GangSpec:
-    """The *gang* of one distributed task call, as the run's workflow hands it to GangRun: the task's layout
-    (``shape``) and its limits. GangRun submits it to the Scheduler as a gang request (``_request``)."""
+    """The *gang* of one distributed task call, as the run's workflow hands it to GangTask: the task's layout
+    (``shape``) and its limits. GangTask submits it to the Scheduler as a gang request (``_request``)."""
 
     task: str
     call: str  # unique per task call within the run, e.g. "train-1": names logs and checkpoints
@@ -186,7 +188,7 @@ def _first_line(text: str) -> str:
 
 
 @workflow.defn(name=GANG_TYPE, sandboxed=False)
-class GangRun:
+class GangTask:
     def __init__(self) -> None:
         self.placement: Placement | None = None
         self.rejected: str | None = None
@@ -559,3 +561,13 @@ class GangRun:
                 handle.cancel()
         waited = [h for h, n in zip(handles, nodes, strict=True) if n.node_id not in lost]
         await asyncio.gather(*waited, return_exceptions=True)
+
+
+@workflow.defn(name=LEGACY_GANG_TYPE, sandboxed=False)
+class LegacyGangRun(GangTask):
+    """GangTask under its old type name, for the gangs started before the rename (and by runs in flight
+    then, which keep starting this type): the same code, so their histories replay unchanged."""
+
+    @workflow.run
+    async def run(self, spec: GangSpec, envelope: bytes) -> bytes:
+        return await super().run(spec, envelope)

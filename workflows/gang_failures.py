@@ -1,9 +1,9 @@
-"""What one failed attempt of a gang means: GangRun's failure classification.
+"""What one failed attempt of a gang means: GangTask's failure classification.
 
 A *system* failure (a node lost: probe, heartbeat or schedule-to-start timeout; a node agent that shut down;
 a rank killed by a signal; a hung gang) spends the gang's restart budget; a *user* error (an exception in the
 task body, the task's timeout) is retried only as far as the task's retry policy says. A timeout only
-suggests a node is lost: GangRun probes its agent before reporting it lost (see workflows.gang).
+suggests a node is lost: GangTask probes its agent before reporting it lost (see workflows.gang).
 """
 
 from __future__ import annotations

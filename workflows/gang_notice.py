@@ -1,9 +1,9 @@
-"""The preemption notice, as GangRun reads and tells it.
+"""The preemption notice, as GangTask reads and tells it.
 
-The Scheduler preempts a gang with a ``Preempted`` decision (engine.scheduling), signalled to its GangRun
-without ``kind`` and ``gang_id`` (engine.core.gang ``notice_payload``); GangRun passes it on to its node
+The Scheduler preempts a gang with a ``Preempted`` decision (engine.scheduling), signalled to its GangTask
+without ``kind`` and ``gang_id`` (engine.core.gang ``notice_payload``); GangTask passes it on to its node
 agents with the grace that applies, they write it to the notice file every rank reads
-(``engine.preemption()``) and send the plugin's notice signal. This module holds GangRun's words for it:
+(``engine.preemption()``) and send the plugin's notice signal. This module holds GangTask's words for it:
 the attempt list's line, why the gang waits again, and the exception that ends a preempted attempt.
 """
 
@@ -15,7 +15,7 @@ __all__ = ["PreemptedAttempt", "preemption_summary", "waiting_because"]
 
 
 class PreemptedAttempt(Exception):
-    """The Scheduler took the gang's placement back for another gang (see ``GangRun.on_preempt``)."""
+    """The Scheduler took the gang's placement back for another gang (see ``GangTask.on_preempt``)."""
 
     def __init__(self, notice: Preempted, lost_nodes: list[str] | None = None, outcome: str = "") -> None:
         super().__init__(notice.reason or "preempted")

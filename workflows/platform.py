@@ -1,7 +1,7 @@
 """The platform's Nexus service: how a tenant's runs reach the Scheduler and the gangs in the platform namespace.
 
 In the isolated layout every tenant has its own Temporal namespace (``gf-<tenant>``) and the Scheduler, the
-GangRuns and the node agents' queues live in the platform namespace (``gangflow-system``), which tenants'
+GangTasks and the node agents' queues live in the platform namespace (``gangflow-system``), which tenants'
 credentials cannot reach. A tenant's run starts a distributed task through *its own* Nexus endpoint
 (``gf-<tenant>-gangs``), whose target is the task queue ``gangs/<tenant>`` in the platform namespace. The
 handler takes the tenant from that task queue, the one thing a caller cannot choose: caller links and headers
@@ -26,7 +26,7 @@ __all__ = ["GangCall", "GangService"]
 
 @dataclass(frozen=True)
 class GangCall:
-    """``run_gang``'s input: what the shell would hand a GangRun child, plus who is calling (for the
+    """``run_gang``'s input: what the shell would hand a GangTask child, plus who is calling (for the
     platform's orphan check: a terminated caller never cancels its operations)."""
 
     spec: GangSpec
@@ -44,5 +44,5 @@ class GangCall:
 
 @nexusrpc.service(name=GANGS_SERVICE)
 class GangService:
-    #: places and runs one distributed task call as a GangRun; its result is rank 0's encoded result
+    #: places and runs one distributed task call as a GangTask; its result is rank 0's encoded result
     run_gang: nexusrpc.Operation[GangCall, bytes]

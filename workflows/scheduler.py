@@ -3,7 +3,7 @@ the tenants' queues and the gangs' placements.
 
 It is a thin shell around the pure policy in ``engine.scheduling`` (``Policy``): signals become events, the
 policy returns decisions (admit, reject, preempt, a pending reason that changed), and each decision is
-signalled to the GangRun workflow it concerns. The events waiting at a wake-up are decided first and their
+signalled to the GangTask workflow it concerns. The events waiting at a wake-up are decided first and their
 decisions then go out without waiting for their acknowledgements, ``MAX_IN_FLIGHT`` at most (so the next
 events are decided meanwhile, not one round trip per decision); a gang's superseded pending reasons are
 never sent. It sleeps until a signal arrives or its ticker fires (every few seconds: node registrations
@@ -16,9 +16,9 @@ start it on first registration (signal-with-start), so there is nothing to deplo
 cohorts, quotas and priority classes; ``gangflow node drain|undrain`` (the update ``drain_node``, validated
 the same way) takes a node out of service and back.
 
-Nothing leaks: an allocation lives only as long as the GangRun that owns it. A GangRun releases its
+Nothing leaks: an allocation lives only as long as the GangTask that owns it. A GangTask releases its
 placement itself when it ends, is cancelled, preempted, or its parent run is terminated (the user-workflow
-shell starts gangs with the parent-close policy REQUEST_CANCEL). What it cannot release (a GangRun
+shell starts gangs with the parent-close policy REQUEST_CANCEL). What it cannot release (a GangTask
 terminated directly, or timed out) is found by the owner check: a local activity describes the owners of
 every allocation and queued request, and the closed ones are released.
 """

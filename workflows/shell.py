@@ -43,7 +43,7 @@ from temporalio.workflow import ParentClosePolicy
 from engine.core.definitions import TaskDefinition, WorkflowDefinition
 from engine.core.dispatch import using_dispatcher
 from engine.core.guard import guarding, rearm
-from engine.core.protocol import APPROVE_UPDATE, GANG_TYPE, INPUT_UPDATE, PROGRESS_QUERY
+from engine.core.protocol import APPROVE_UPDATE, GANG_TYPE, INPUT_UPDATE, LEGACY_GANG_TYPE, PROGRESS_QUERY
 from engine.core.waits import WaitRequest
 from engine.core.wire import Envelope
 from engine.errors import GangflowError
@@ -65,6 +65,9 @@ from workflows.scheduled import scheduled_run_context
 from workflows.waits import Waits
 
 __all__ = ["CodeResolver", "UserWorkflow", "configure"]
+
+#: workflow.patched id: from here on a distributed task call starts a GangTask (GangRun before the rename)
+GANG_TYPE_PATCH = "gang-task-type"
 
 
 class _TemporalDispatcher:
@@ -114,7 +117,7 @@ class _TemporalDispatcher:
         return self._run_gang(task, blob) if task.gang is not None else self._execute(task, blob)
 
     async def _run_gang(self, task: TaskDefinition, blob: bytes) -> bytes:
-        """A distributed task: a GangRun child workflow places and launches its ranks."""
+        """A distributed task: a GangTask child workflow places and launches its ranks."""
         gang = task.gang
         if gang is None:  # pragma: no cover - run_task routes only gang tasks here
             raise ApplicationError(f"task {task.name!r} is not distributed", non_retryable=True)
@@ -144,7 +147,7 @@ class _TemporalDispatcher:
         summary = f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)"
         tenant_route = route()
         if tenant_route is not None:
-            # The platform runs the GangRun in its namespace; a cancelled run cancels it (WAIT_COMPLETED: the
+            # The platform runs the GangTask in its namespace; a cancelled run cancels it (WAIT_COMPLETED: the
             # task ends once the ranks are stopped and the GPUs are back). A *terminated* run cancels nothing:
             # the platform's owner check finds the orphan.
             nexus = workflow.create_nexus_client(service=GangService, endpoint=tenant_route.endpoint)
@@ -154,8 +157,10 @@ class _TemporalDispatcher:
                 headers={"gangflow-task": task.name},
                 summary=summary,
             )
+        # runs recorded before the rename started "GangRun" children: replaying them must start the same type
+        gang_type = GANG_TYPE if workflow.patched(GANG_TYPE_PATCH) else LEGACY_GANG_TYPE
         return await workflow.execute_child_workflow(  # type: ignore[no-any-return]
-            GANG_TYPE,
+            gang_type,
             args=[spec, blob],
             id=f"{info.workflow_id}.{call}",
             task_queue=info.task_queue,

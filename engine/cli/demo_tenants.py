@@ -3,7 +3,7 @@
 Team-a borrows the whole cluster with two runs of examples/multitenant.py, team-b submits one and takes its
 quota back: a team-a gang gets a preemption notice, saves a checkpoint and releases its GPUs, team-b trains,
 and the team-a gang resumes from its checkpoint and finishes. Every event is printed as it is seen (the
-runs' GangRun status queries, the Scheduler's queue and the ranks' logs, polled), then the whole timeline.
+runs' GangTask status queries, the Scheduler's queue and the ranks' logs, polled), then the whole timeline.
 """
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ class _Run:
     tenant: str
     envelope: Envelope
     started: bool = False
-    attempt: int = 0  # the GangRun's attempt now (each preemption starts the next)
+    attempt: int = 0  # the GangTask's attempt now (each preemption starts the next)
     held: list[dict[str, Any]] | None = None  # the placement of this attempt, once admitted
     admitted_at: Any = None  # when the Scheduler admitted it (its clock): tells this placement from the last
     training: bool = False  # this attempt's ranks started their loop
     noticed_at: float | None = None  # when this attempt's preemption notice went out (epoch s)
-    phase: str = ""  # the GangRun's phase, last seen
+    phase: str = ""  # the GangTask's phase, last seen
     waiting: str = ""  # the last pending reason reported
     result: Any = None
     error: str | None = None
@@ -181,8 +181,8 @@ class TenantsDemo:
     ) -> None:
         status = await client.gang(run.gang_id)
         run.phase = str(status.get("phase") or run.phase)
-        # the GangRun's notice, or the Scheduler's decision about this attempt's placement (the Scheduler shows
-        # the decision until the release reaches it, which may be after the GangRun said it released)
+        # the GangTask's notice, or the Scheduler's decision about this attempt's placement (the Scheduler shows
+        # the decision until the release reaches it, which may be after the GangTask said it released)
         ours = running is not None and run.held is not None and running.get("admitted_at") == run.admitted_at
         notice = status.get("preemption") or (running.get("preempted") if running and ours else None)
         if isinstance(notice, dict) and run.noticed_at is None:

@@ -229,7 +229,7 @@ def _release(command: Command) -> None:
     p = command("release", "operators: free a gang's placement or withdraw its queued request")
     p.add_argument("gang_id", metavar="GANG_ID", help="as 'gangflow cluster' shows it (<run>.<task>-<n>)")
     p.add_argument(
-        "--force", action="store_true", help="even when the gang's GangRun is still running (its ranks may hold GPUs)"
+        "--force", action="store_true", help="even when the gang's GangTask is still running (its ranks may hold GPUs)"
     )
     connection_args(p)
     p.add_argument("--json", action="store_true")

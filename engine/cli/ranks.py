@@ -37,7 +37,7 @@ async def rank_views(client: Client, info: RunInfo, now: float | None = None) ->
         if record.kind != "gang" or record.status == "cached":  # a cache hit launched no gang
             continue
         calls[record.name] = calls.get(record.name, 0) + 1
-        # the isolated layout: a tenant's gang is a Nexus operation with no child id here, its GangRun in the
+        # the isolated layout: a tenant's gang is a Nexus operation with no child id here, its GangTask in the
         # platform's namespace (unreadable to the tenant); its agents' saved details are in the tenant's store
         gang_id = record.child_id or f"{info.run_id}.{record.name}-{calls[record.name]}"
         if record.child_id and record.status in ("scheduled", "running"):

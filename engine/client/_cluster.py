@@ -52,7 +52,7 @@ class ClusterClient:
     task_queue: str
 
     async def gang(self, gang_id: str) -> dict[str, Any]:
-        """A distributed task call (its GangRun id, ``<run>.<task>-<n>``): phase, placement, failed
+        """A distributed task call (its GangTask id, ``<run>.<task>-<n>``): phase, placement, failed
         attempts, and per node the rank pids and latest ``engine.report`` of each rank."""
         handle = self.temporal.get_workflow_handle(gang_id)
         info: dict[str, Any] = {}
@@ -177,7 +177,7 @@ class ClusterClient:
         """Operators: make the Scheduler free a gang's placement, or withdraw its queued request, and wait
         until it has. Returns the Scheduler's entry for the gang as ``queue()`` showed it, plus ``state``
         (``"running"`` or ``"pending"``). Raises GangflowError when no Scheduler answers, when it holds no
-        such gang, and (unless ``force``) when the gang's GangRun still runs: its ranks may be using the
+        such gang, and (unless ``force``) when the gang's GangTask still runs: its ranks may be using the
         GPUs, and a placement given away under them would be handed to another gang."""
         scheduler = self.temporal.get_workflow_handle(SCHEDULER_ID)
 
@@ -212,7 +212,7 @@ class ClusterClient:
                 if owner.status == WorkflowExecutionStatus.RUNNING:
                     run = owner.parent_id or gang_id
                     raise GangflowError(
-                        f"gang {gang_id!r} is still in use: its GangRun runs (run {run}), so its ranks may hold "
+                        f"gang {gang_id!r} is still in use: its GangTask runs (run {run}), so its ranks may hold "
                         f"the GPUs; cancel the run instead (gangflow cancel {run}), or force the release (--force)"
                     )
         await scheduler.signal(RELEASE_SIGNAL, gang_id)

@@ -338,7 +338,7 @@ def gang_contexts(
 @dataclass(frozen=True)
 class NodeLaunch:
     """A *node launch*: what one node agent is asked to start for one attempt of a gang, its node's share of
-    the placement (sent by GangRun as the input of the ``gangflow.run_ranks`` activity)."""
+    the placement (sent by GangTask as the input of the ``gangflow.run_ranks`` activity)."""
 
     gang_id: str
     task: str
@@ -370,14 +370,14 @@ class NodeLaunch:
         )
 
 
-# The preemption notice on its way Scheduler -> GangRun -> node agent: a ``Preempted`` decision, on the wire
+# The preemption notice on its way Scheduler -> GangTask -> node agent: a ``Preempted`` decision, on the wire
 # without the two fields its receiver knows already (``kind``, and ``gang_id``: the gang it is sent to). The
 # payload keeps the field names the recorded histories hold, so both sides of a version change read it.
 _NOTICE_OMITS = frozenset({"kind", "gang_id"})
 
 
 def notice_payload(notice: Preempted, **extra: float) -> dict[str, Any]:
-    """The notice as a signal or activity payload. GangRun's to its node agents says which grace applies
+    """The notice as a signal or activity payload. GangTask's to its node agents says which grace applies
     (``grace_s``: the task's own, else the Scheduler's) and when it came (``noticed_at``)."""
     return {**notice.model_dump(mode="json", exclude=set(_NOTICE_OMITS)), **extra}
 

@@ -8,7 +8,7 @@ silently returning a different value on replay. This module is gangflow's own gu
 How it works. A profile function (``sys.setprofile``, which sees every call of a C function and every
 entry into a Python function on one thread) is installed on the thread that runs a user workflow, only
 while that workflow runs: the worker installs it around each activation of the user-workflow shell
-(never around GangRun or the Scheduler), ``run_local`` around its event loop. It compares each C function
+(never around GangTask or the Scheduler), ``run_local`` around its event loop. It compares each C function
 being called with a table of forbidden callables. Builtin bound methods compare by their ``__self__``
 and method, so ``datetime.datetime.now`` matches however it was reached, and ``random.random`` (a bound
 method of the ``random`` module's hidden instance) matches while ``workflow.random()``'s own instance,

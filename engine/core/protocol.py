@@ -28,6 +28,7 @@ __all__ = [
     "GANGS_SERVICE",
     "GANG_TYPE",
     "INPUT_UPDATE",
+    "LEGACY_GANG_TYPE",
     "MAP_CHUNK_TYPE",
     "NODE_LOST_SIGNAL",
     "NOTICE",
@@ -151,7 +152,11 @@ DESCRIBE_QUERY = "describe"  # query: nodes, running and pending gangs
 QUEUES_QUERY = "queues"  # query: tenants' usage and the configuration
 
 # -- the gang workflow (one distributed task call) ------------------------------------------------
-GANG_TYPE = "GangRun"
+#: one distributed task call: its gang request, placements and attempts, from the call to the last release
+GANG_TYPE = "GangTask"
+#: the same workflow's name before 0.2 (it is one task call, not a run): still registered, so gangs in flight
+#: replay and finish, and a run in flight that started one keeps starting that type (workflows.shell)
+LEGACY_GANG_TYPE = "GangRun"
 PLACEMENT_SIGNAL = "placement"  # signal from the Scheduler: where the gang runs
 REJECTED_SIGNAL = "rejected"  # signal from the Scheduler: the request can never be placed
 PENDING_SIGNAL = "pending"  # signal from the Scheduler: why it waits

@@ -2,7 +2,7 @@
 
 User workflows run unsandboxed (see ``workflows/shell.py``). This runner is Temporal's unsandboxed runner
 plus :mod:`engine.core.guard`'s hook, installed on the worker thread for the length of each activation of
-the user-workflow shell and removed after it. GangRun and the Scheduler (gangflow's own workflows) run
+the user-workflow shell and removed after it. GangTask and the Scheduler (gangflow's own workflows) run
 without it, so they pay nothing. The hook raises only for calls made by a workflow body (the shell marks
 the body with ``guarding``), so the shell's own code and the libraries it calls are never refused.
 """

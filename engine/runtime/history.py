@@ -32,7 +32,7 @@ class TaskRecord:
     started: datetime | None = None
     finished: datetime | None = None
     error: str | None = None
-    child_id: str | None = None  # the child workflow (GangRun for a distributed task)
+    child_id: str | None = None  # the child workflow (GangTask for a distributed task)
     detail: str | None = None  # live state, e.g. why a distributed task is still pending
     cached_from: str | None = None  # status "cached": the run whose result this call reused
 

@@ -1,7 +1,7 @@
 """The node agent (``gangflow node``): the executor on one machine.
 
 It registers the machine's capacity with the Scheduler (and re-registers periodically, which is its
-liveness signal), polls its own task queue ``node/<id>``, and runs the ranks GangRun places on it:
+liveness signal), polls its own task queue ``node/<id>``, and runs the ranks GangTask places on it:
 one process per rank with the plugin's environment and command, pinned GPUs, one log per rank in the
 artifact store, heartbeats while they run, and SIGTERM → grace → SIGKILL of the whole gang on cancel.
 A task's secrets are resolved here for the envelope's tenant (engine/runtime/secrets.py), given to its
@@ -9,11 +9,11 @@ processes only, and redacted from their logs and failure messages. Which process
 environment, and how a notice reaches them is the executor's (engine.executor.plan); this module holds the
 Temporal side: the activities, registration and drain.
 
-A *preemption notice* (the activity ``gangflow.notice``, sent by GangRun when the Scheduler preempts the
+A *preemption notice* (the activity ``gangflow.notice``, sent by GangTask when the Scheduler preempts the
 gang) is different from a cancel: the agent writes the notice file every rank can read
 (``engine.preemption()``), sends the plugin's notice signal, and waits until the ranks have exited (they
 checkpoint and return: the GPUs are free at once) or the grace deadline passes (then they are killed). The
-attempt then ends as ``RankPreempted``, whatever the ranks' exit codes: GangRun queues the gang again
+attempt then ends as ``RankPreempted``, whatever the ranks' exit codes: GangTask queues the gang again
 without spending a restart. Ranks that had all finished before the notice came return their result.
 
 A node agent asked to stop (SIGTERM: systemd, Kubernetes deleting its pod, a Slurm job ending) first
@@ -82,7 +82,7 @@ log = logging.getLogger("gangflow.node")
 REGISTER_EVERY = timedelta(seconds=5)
 #: SIGTERM means "save and exit": ranks get this long before SIGKILL
 STOP_GRACE_S = 5.0
-#: how a rank failure is reported to GangRun: a user error, or a system failure that spends restarts
+#: how a rank failure is reported to GangTask: a user error, or a system failure that spends restarts
 FAILURE_TYPES = {"user": "RankFailed", "killed": "RankKilled", "hung": "RankHung"}
 #: a notice for an attempt this agent never ran (it ended, or never came) is forgotten after this long
 NOTICE_TTL_S = 3600.0
@@ -139,7 +139,7 @@ class NodeActivities:
 
     @activity.defn(name=PING)
     async def ping(self) -> str:
-        """GangRun's liveness probe: a live agent answers at once (see workflows.gang)."""
+        """GangTask's liveness probe: a live agent answers at once (see workflows.gang)."""
         return self.config.node_id
 
     @activity.defn(name=RESERVE_PORT)
@@ -265,7 +265,7 @@ class NodeActivities:
             return result.read_bytes() if result.exists() else pack(None)
         except asyncio.CancelledError:
             await asyncio.shield(asyncio.to_thread(gang.terminate, STOP_GRACE_S))
-            if activity.is_worker_shutdown():  # this agent is going away, not a cancel from GangRun
+            if activity.is_worker_shutdown():  # this agent is going away, not a cancel from GangTask
                 raise ApplicationError(
                     f"node agent {self.config.node_id} shut down", type="NodeShutdown", non_retryable=True
                 ) from None
@@ -290,7 +290,7 @@ def _own_env() -> dict[str, str]:
 
 
 def _preempted(noticed: DeliveredNotice, node_id: str, *, killed: bool) -> ApplicationError:
-    """How a preempted attempt ends on this node, whatever the ranks' exit codes: GangRun requeues it."""
+    """How a preempted attempt ends on this node, whatever the ranks' exit codes: GangTask requeues it."""
     message, details = noticed.report(node_id, killed=killed)
     return ApplicationError(message, details, type=PREEMPTED_TYPE, non_retryable=True)
 

@@ -1,6 +1,6 @@
 """The Scheduler's owner check: which gangs no longer have a running workflow.
 
-An allocation lives only as long as the GangRun that owns it. A GangRun releases its placement itself
+An allocation lives only as long as the GangTask that owns it. A GangTask releases its placement itself
 when it ends or is cancelled; one terminated directly (an operator's ``temporal workflow terminate``) or
 timed out never can. The Scheduler runs this as a local activity every few ticks and releases what the
 closed owners held. Describe (not a visibility query) answers: visibility may lag behind a just-started
@@ -27,7 +27,7 @@ __all__ = ["CALLER_MEMO", "closed_owners"]
 
 #: describes in flight at once: enough to check a thousand gangs in a second or two
 _CONCURRENCY = 32
-#: the GangRun's memo entry naming the tenant run that started it (namespace, workflow id, run id)
+#: the GangTask's memo entry naming the tenant run that started it (namespace, workflow id, run id)
 CALLER_MEMO = "gangflow_caller"
 
 

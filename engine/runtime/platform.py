@@ -5,7 +5,7 @@ The Scheduler's owner check (``engine.runtime.owners``) cancels the gangs whose 
 
 The handler trusts nothing a tenant sends about who it is: the tenant comes from the task queue its endpoint
 targets (``gangs/<tenant>``, set by the operator), and the run's tenant and artifact root in the task's
-envelope are overwritten with that tenant and the root the platform pins for it before the GangRun starts.
+envelope are overwritten with that tenant and the root the platform pins for it before the GangTask starts.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a node agent says about its ranks, while they run and after.
 
 While a node launch runs, :func:`rank_details` is its activity's heartbeat details: the Web UI shows them
-under the GangRun's pending activities, and ``Client.gang`` reads them for ``gangflow status``. A GangRun
+under the GangTask's pending activities, and ``Client.gang`` reads them for ``gangflow status``. A GangTask
 never sees heartbeats (Temporal keeps them on the pending activity, out of the workflow's reach), and
 signalling every report into it would grow its history with each one; so the readable per-rank line lives
 in the heartbeat's ``summary``.
@@ -9,7 +9,7 @@ in the heartbeat's ``summary``.
 The details are also saved in the run's artifact store (:class:`RankSaver`), next to the run's logs but
 outside the log folder: every few seconds while the ranks run, and once when the launch ends. ``gangflow
 status`` reads them where it cannot read the heartbeats: a finished gang (completed activities keep no
-heartbeat details in Temporal), and a tenant's gang in the isolated layout (its GangRun lives in the platform's
+heartbeat details in Temporal), and a tenant's gang in the isolated layout (its GangTask lives in the platform's
 namespace, which the tenant cannot read; the store is the tenant's own).
 """
 

@@ -17,7 +17,7 @@ from engine.runtime.caching import CACHE_ACTIVITIES
 from engine.runtime.guard import GuardedWorkflowRunner
 from engine.runtime.owners import closed_owners
 from engine.runtime.prefetch import prefetching_client, prefetching_converter
-from workflows.gang import GangRun
+from workflows.gang import GangTask, LegacyGangRun
 from workflows.mapping import MapChunk
 from workflows.scheduler import Scheduler
 from workflows.shell import UserWorkflow, configure
@@ -25,7 +25,7 @@ from workflows.shell import UserWorkflow, configure
 __all__ = ["WORKFLOWS", "build_replayer", "build_worker", "preload"]
 
 #: the workflows every gangflow worker runs (a replay of their histories needs the same set)
-WORKFLOWS: tuple[type, ...] = (UserWorkflow, GangRun, Scheduler, MapChunk)
+WORKFLOWS: tuple[type, ...] = (UserWorkflow, GangTask, LegacyGangRun, Scheduler, MapChunk)
 
 
 def preload(modules: Sequence[str]) -> None:

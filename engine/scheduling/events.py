@@ -169,7 +169,7 @@ class Pending(Frozen):
 
 
 class Preempted(Frozen):
-    """A running gang must make room: its GangRun stops it (with ``grace_s`` to checkpoint), releases its
+    """A running gang must make room: its GangTask stops it (with ``grace_s`` to checkpoint), releases its
     placement and queues again at its own priority. ``by`` is the gang it makes room for (of ``by_tenant``),
     or for ``cause="drain"`` the node being drained (``by_tenant`` empty)."""
 

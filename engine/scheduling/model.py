@@ -51,7 +51,7 @@ class NodeSpec(Frozen):
 class GangRequest(Frozen):
     """One distributed task attempt: ``nnodes`` distinct nodes, each offering the per-node amounts.
 
-    Deliberately *not* range-checked here: the request comes from a GangRun workflow that waits for a
+    Deliberately *not* range-checked here: the request comes from a GangTask workflow that waits for a
     decision, so a malformed one must turn into a ``GangRejected`` with a reason (``step`` does that), not
     into a validation error inside the Scheduler workflow. ``mem_per_node=None`` means "don't care".
     ``tenant`` and ``priority`` (a priority class name; None = the configuration's default) are resolved

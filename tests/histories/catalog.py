@@ -47,7 +47,7 @@ SCENARIOS: dict[str, str] = {
     "ddp_pipeline": "examples/ddp_pipeline.py: a 2 × 2 PyTorch DDP gang between plain tasks",
     "jax_pipeline": "examples/jax_pipeline.py: a 2-process JAX gang",
     "xgboost_pipeline": "examples/xgboost_pipeline.py: a 2-worker XGBoost gang",
-    "mpi_pipeline": "examples/mpi_pipeline.py: an MPI gang (remote commands relayed through GangRun)",
+    "mpi_pipeline": "examples/mpi_pipeline.py: an MPI gang (remote commands relayed through GangTask)",
     "resilient_training": "examples/resilient_training.py: a checkpointing DDP gang, no failure",
     "child_workflows": "a workflow calling a child workflow of lightweight (local activity) tasks",
     "node_loss": "a node agent SIGKILLed mid-gang: node lost, new placement, resume from checkpoint",
@@ -106,7 +106,7 @@ class Recorded:
         if self.scenario not in ISOLATED:
             return None
         first = next(_envelopes(WorkflowHistory(self.workflow_id, self.history().events[:1])), None)
-        if first is None:  # the Scheduler or a GangRun: the platform's
+        if first is None:  # the Scheduler or a GangTask: the platform's
             return None
         return TenantRoute(first.run.tenant, first.run.artifacts)
 

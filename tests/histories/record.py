@@ -8,7 +8,7 @@ Rerun it after changing workflow code (workflows/) *deliberately* in a way old r
 commit the result with the change. Each scenario gets a throwaway stack of its own: a Temporal dev server on
 free ports, a ``gangflow worker`` process and, for distributed tasks, node agent processes (2 GPU slots
 each). The scenario runs for real (real ranks, real SIGKILLs, real cancels), every workflow execution it
-produced is exported (user runs, child workflows, GangRun, the Scheduler and any continue-as-new run of
+produced is exported (user runs, child workflows, GangTask, the Scheduler and any continue-as-new run of
 it), and its folder is replaced as a whole, so nothing stale stays behind. Code bundles the histories
 reference are saved under ``bundles/``; bundles no history references any more are deleted.
 
@@ -202,7 +202,7 @@ async def _gang_running(client: Client, gang_id: str, ranks: int, min_step: int 
     while True:
         try:
             gang = await client.gang(gang_id)
-        except RPCError:  # the GangRun child is not started yet
+        except RPCError:  # the GangTask child is not started yet
             gang = {"nodes": []}
         pids = [pid for node in gang["nodes"] for pid in node.get("pids", [])]
         steps = [p.get("step", -1) for node in gang["nodes"] for p in node.get("progress", {}).values()]

@@ -1,4 +1,4 @@
-"""The isolated layout's cost: a gang started through a tenant's Nexus endpoint vs a GangRun child in one namespace.
+"""The isolated layout's cost: a gang started through a tenant's Nexus endpoint vs a GangTask child in one namespace.
 
     python tests/perf/bench_isolation.py [--reps N] [--markdown]
     python tests/perf/bench_isolation.py --render RESULT.json     # the README rows of a saved JSON line
@@ -6,14 +6,14 @@
 Two local stacks, one after the other, in this one run (Temporal dev server, workers and ONE ``gangflow node``
 agent with 2 GPU slots, all on 127.0.0.1; the recorder's stacks, tests/histories/record.py): **shared** (one
 namespace, one worker: the run's gang is a child workflow) and **isolated** (the run in ``gf-team-a`` on the
-tenant's worker, its gang a Nexus operation on ``gf-team-a-gangs``, a GangRun in ``gangflow-system`` on the
+tenant's worker, its gang a Nexus operation on ``gf-team-a-gangs``, a GangTask in ``gangflow-system`` on the
 platform's worker). The pipeline: one 1-rank PyTorch task that returns at once, so what is measured is the
 orchestration around it. One uncounted warm-up run per stack first; between runs a pause of 6 s lets the
 node agent refill its warm standby rank process (its 5 s tick), so every counted run starts its rank from a
 standby in both layouts.
 
 Measured per run, from the run's own history (server timestamps): ``gang_start_s``, the task call scheduled
-(``StartChildWorkflowExecutionInitiated`` / ``NexusOperationScheduled``) to the GangRun running (the child's
+(``StartChildWorkflowExecutionInitiated`` / ``NexusOperationScheduled``) to the GangTask running (the child's
 ``Started`` / the operation's ``Started``); ``gang_s``, scheduled to the gang's result back in the run
 (placement, rank, result); and, on the client's clock, ``run_s``: ``Client.start`` to the result. Medians.
 """
@@ -72,11 +72,11 @@ def markdown(result: dict[str, Any]) -> list[str]:
         return [label, f"{shared:.3f} s", f"{isolated:.3f} s", f"{isolated - shared:+.3f} s"]
 
     rows = [
-        row("task call → GangRun running", "gang_start_s"),
+        row("task call → GangTask running", "gang_start_s"),
         row("task call → the gang's result back in the run", "gang_s"),
         row("`Client.start` → the run's result", "run_s"),
     ]
-    header = ["median", "one namespace (child GangRun)", "isolated (Nexus)", "difference"]
+    header = ["median", "one namespace (child GangTask)", "isolated (Nexus)", "difference"]
     return [*markdown_table(header, "lrrr", rows), "", caption(command_line(result), result)]
 
 

@@ -298,7 +298,7 @@ def main(args: Any) -> None:
         if history:
             try:
                 result["history"] = await history_breakdown(client, run_id, started, t1, stamps)
-            except LookupError as exc:  # GangRun's events changed shape: the figures stand without it
+            except LookupError as exc:  # GangTask's events changed shape: the figures stand without it
                 log(f"  (no history breakdown: {exc})")
         return result
 
@@ -316,7 +316,7 @@ def main(args: Any) -> None:
     async def history_breakdown(
         client: Client, run_id: str, t0: float, t1: float, stamps: dict[str, float]
     ) -> dict[str, float]:
-        """Where a gangflow run's wall time went, from the user run's and its GangRun's histories."""
+        """Where a gangflow run's wall time went, from the user run's and its GangTask's histories."""
         from temporalio.api.enums.v1 import EventType
 
         def when(event: Any) -> float:
@@ -380,7 +380,7 @@ def main(args: Any) -> None:
             "run_ranks_started_to_rank_process": stamps["proc_start"] - ranks_started,
             "run_ranks_activity": ranks_done - ranks_started,
             "rank0_destroyed_to_run_ranks_completed": ranks_done - stamps["pg_destroyed"],
-            # completion: GangRun → user run → client.wait
+            # completion: GangTask → user run → client.wait
             "run_ranks_completed_to_gangrun_completed": gang_done - ranks_done,
             "gangrun_completed_to_user_wf_completed": user_done - gang_done,
             "user_wf_completed_to_wait_returned": t1 - user_done,

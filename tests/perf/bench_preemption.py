@@ -33,15 +33,15 @@ gangs do not start seconds apart; each sample says whether they did (``preemptor
 ``resumed_from_standby``: every rank's process was created before its ``run_ranks`` activity started).
 
 Measured, on this machine's clock, from the **notice**: the moment the Scheduler's preemption reached the
-victim (the ``preempt`` signal in the victim's GangRun history):
+victim (the ``preempt`` signal in the victim's GangTask history):
 
 * ``notice_delivered_s``: the node agent wrote the rank's notice file and sent SIGTERM (the file's mtime);
 * ``save_s``: the ranks' checkpoint at the notice, from the notice delivered to the checkpoint file written
   (its mtime; the step in flight, the all-reduce that agrees on stopping, the save); none for a kill;
-* ``gpus_free_s``: the victim's GangRun signalled ``release`` to the Scheduler (goal: ``save_s`` + 5 s);
+* ``gpus_free_s``: the victim's GangTask signalled ``release`` to the Scheduler (goal: ``save_s`` + 5 s);
 * ``preemptor_first_step_s``: the preemptor's first ``engine.report`` (its rank's own ``time.time()``, from
   the ranks' progress files polled every 0.05 s; goal: ``save_s`` + 15 s);
-* ``capacity_back_s``: the preemptor's GangRun released the GPUs (its run done); then
+* ``capacity_back_s``: the preemptor's GangTask released the GPUs (its run done); then
   ``resume_after_capacity_s``: from there to the victim's first report of attempt 1, and
   ``notice_to_resume_s``: from the notice to that report;
 * ``steps_lost``: the step the victim had reached when it stopped minus the step attempt 1 resumed from
@@ -83,7 +83,7 @@ __all__ = [
 
 MODES = ("cooperative", "kill")
 TENANT = "bench"
-TASK_CALL = "train-1"  # the GangRun id is "<run id>.train-1"
+TASK_CALL = "train-1"  # the GangTask id is "<run id>.train-1"
 NODE_ID = "bench-0"
 GPUS = 2
 RUN_RANKS = "gangflow.run_ranks"
@@ -152,7 +152,7 @@ def trigger_steps(reps: int, every: int, start: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# one preemption, observed: what the ranks, the node's files and the two GangRun histories said
+# one preemption, observed: what the ranks, the node's files and the two GangTask histories said
 # ---------------------------------------------------------------------------------------------------------
 #: (event time, event type without EVENT_TYPE_, signal name or activity type)
 Event = tuple[float, str, str]

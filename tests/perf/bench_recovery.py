@@ -13,7 +13,7 @@ signal). After each killed run the agent is restarted under the same node id.
 
 Measured, from ``time.time()`` at the kill (all clocks are this machine's):
 
-* detection: the dead node declared lost in the GangRun history: its ``gangflow.ping`` probe timed out (sent
+* detection: the dead node declared lost in the GangTask history: its ``gangflow.ping`` probe timed out (sent
   when the survivors' ranks failed on the broken collective), or else its ``gangflow.run_ranks`` activity
   timed out (heartbeat timeout); ``first_failure_seen`` is the first
   ACTIVITY_TASK_FAILED / ACTIVITY_TASK_TIMED_OUT of any node activity (usually the survivor's rank failing
@@ -52,11 +52,11 @@ from benchenv import log  # beside this script (on sys.path when it runs)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-TASK_CALL = "train-1"  # the GangRun id is "<run id>.train-1"
+TASK_CALL = "train-1"  # the GangTask id is "<run id>.train-1"
 NODE_IDS = ("r0", "r1", "r2")
 RUN_RANKS = "gangflow.run_ranks"
 RESERVE_PORT = "gangflow.reserve_port"
-PING = "gangflow.ping"  # GangRun's probe of a node when a peer failed
+PING = "gangflow.ping"  # GangTask's probe of a node when a peer failed
 GOAL_RESUME_S = 5.0  # kill → first report of the next attempt, with default settings
 GOAL_RESUME_SLACK_S = 5.0  # resume ≤ detection + this
 RUN_TIMEOUT_S = 600.0
@@ -237,7 +237,7 @@ class Watch:
         self.restart_seen: float | None = None  # first poll showing restarts >= 1
         self.polls = 0
         self.last_gang: dict[str, Any] = {}
-        self.phases: list[tuple[float, str]] = []  # (first seen, GangRun phase) at every change
+        self.phases: list[tuple[float, str]] = []  # (first seen, GangTask phase) at every change
 
     def add_report(self, attempt: int, rank: int, record: dict[str, Any], source: str) -> None:
         with contextlib.suppress(KeyError, TypeError, ValueError):
@@ -298,7 +298,7 @@ async def poll_gang(
     while True:
         try:
             gang = await client.gang(watch.gang_id)
-        except RPCError:  # the GangRun child is not started yet
+        except RPCError:  # the GangTask child is not started yet
             await asyncio.sleep(0.1)
             continue
         watch.polls += 1
@@ -393,7 +393,7 @@ async def one_run(client: Any, stack: Stack, params: dict[str, Any], kill: bool,
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the GangRun history: what happened after the kill
+# the GangTask history: what happened after the kill
 # ---------------------------------------------------------------------------------------------------------
 async def analyse(client: Any, watch: Watch, result: Any, t0: float, t1: float) -> dict[str, Any]:
     from temporalio.api.enums.v1 import EventType, TimeoutType
@@ -530,7 +530,7 @@ async def analyse(client: Any, watch: Watch, result: Any, t0: float, t1: float) 
     breakdown = {
         # kill → the dead node declared lost (its probe timed out, else its run_ranks heartbeat timeout)
         "detection_wait": gap(kill, detection),
-        # the GangRun reacts: node_lost + release signals to the Scheduler, submit, the placement comes back
+        # the GangTask reacts: node_lost + release signals to the Scheduler, submit, the placement comes back
         "detection_to_placement": gap(detection, placement1),
         # reserve_port on node rank 0, then run_ranks scheduled on every node
         "placement_to_run_ranks_scheduled": gap(placement1, ranks_sched_t),

@@ -494,7 +494,7 @@ Nodes = tuple[tuple[str, tuple[int, ...]], ...]
 
 
 @dataclass
-class GangRun:
+class GangTask:
     """The simulation's view of one gang across its attempts."""
 
     gang: SimGang
@@ -521,7 +521,7 @@ class Simulation:
         self.workload, self.adapter, self.save_s = workload, adapter, save_s
         self.node_ids = workload.node_ids()
         index = {t.name: i for i, t in enumerate(workload.tenants)}
-        self.runs = {g.gang_id: GangRun(g, index[g.tenant]) for g in workload.gangs}
+        self.runs = {g.gang_id: GangTask(g, index[g.tenant]) for g in workload.gangs}
         self.free_gpus = {n: set(range(workload.gpus_per_node)) for n in self.node_ids}
         self.free_cpus = dict.fromkeys(self.node_ids, float(workload.cpus_per_node))
         self.heap: list[tuple[float, int, int, str, str, int]] = []
@@ -610,19 +610,19 @@ class Simulation:
                 break
         return last_ticked
 
-    def submit(self, run: GangRun) -> None:
+    def submit(self, run: GangTask) -> None:
         run.state = "pending"
         self.set_pending(run, True)
         self.handle(self.adapter.submit(replace(run.gang, duration=run.remaining), self.clock))
 
-    def finish(self, run: GangRun) -> None:
+    def finish(self, run: GangTask) -> None:
         self.free(run)
         run.state, run.done_work = "finished", run.gang.duration
         self.finished += 1
         self.makespan = self.clock
         self.handle(self.adapter.release(run.gang.gang_id, self.clock))
 
-    def saved(self, run: GangRun) -> None:
+    def saved(self, run: GangTask) -> None:
         """A preempted gang has saved: it releases its GPUs and asks again for the work it has left."""
         progress = run.done_work + (run.stopped - run.started)
         kept = math.floor(progress / CHECKPOINT_EVERY_S + 1e-9) * CHECKPOINT_EVERY_S
@@ -658,7 +658,7 @@ class Simulation:
                     self.set_pending(run, False)
                     run.state = "rejected"
 
-    def admit(self, run: GangRun, nodes: Nodes) -> None:
+    def admit(self, run: GangTask, nodes: Nodes) -> None:
         gang = run.gang
         if run.state != "pending":
             self.inconsistency(f"{gang.gang_id} admitted while {run.state}")
@@ -689,7 +689,7 @@ class Simulation:
         run.attempt += 1
         self.push(self.clock + run.remaining, FINISH, gang.gang_id, run.attempt)
 
-    def preempt(self, run: GangRun, outcome: Outcome) -> None:
+    def preempt(self, run: GangTask, outcome: Outcome) -> None:
         """The notice: the gang stops working now and saves for ``save_s`` while it still holds its GPUs."""
         victim = run.gang.gang_id
         if run.state == "saving":
@@ -713,17 +713,17 @@ class Simulation:
         self.seq += 1
         heapq.heappush(self.heap, (at, ORDER[kind], self.seq, kind, gang_id, attempt))
 
-    def set_pending(self, run: GangRun, on: bool) -> None:
+    def set_pending(self, run: GangTask, on: bool) -> None:
         sign = 1 if on else -1
         self.pending += sign
         self.pending_gpus[run.tenant] += sign * run.gang.gpus
 
-    def hold(self, run: GangRun, on: bool) -> None:
+    def hold(self, run: GangTask, on: bool) -> None:
         sign = 1 if on else -1
         self.running_gpus[run.tenant] += sign * run.gang.gpus
         self.held_gpus += sign * run.gang.gpus
 
-    def free(self, run: GangRun) -> None:
+    def free(self, run: GangTask) -> None:
         for node_id, gpu_ids in run.placement:
             self.free_gpus[node_id].update(gpu_ids)
             self.free_cpus[node_id] += run.gang.cpus_per_node

@@ -15,7 +15,7 @@ a Temporal dev server, the Scheduler in a real ``gangflow worker`` process, and 
 * **stand-in gangs** (:class:`BenchGang`, a workflow of this file on its own task queue): each signals
   ``submit`` to the Scheduler with its own workflow id as the gang id, waits for ``placement`` (or
   ``rejected``), holds it for a short simulated run, signals ``release`` and ends. It counts ``pending``
-  signals and answers ``preempt`` at once: release, then submit again, as GangRun does.
+  signals and answers ``preempt`` at once: release, then submit again, as GangTask does.
 
 The gangs' shapes, tenants and priority classes are ``bench_scheduler.generate_workload``'s (the Philly fit);
 the queue configuration is ``bench_scheduler.queue_config``'s (tenants with quotas in cohorts, priority
@@ -186,7 +186,7 @@ class BenchGang:
             submits += 1
             await workflow.wait_condition(lambda: self.placement is not None or self.rejected is not None)
             if self.placement is None:
-                await scheduler.signal("release", gang_id)  # as GangRun does: withdraw whatever is left
+                await scheduler.signal("release", gang_id)  # as GangTask does: withdraw whatever is left
                 return self._result(gang_id, submits, holds)
             start = workflow.now().timestamp()
             with contextlib.suppress(TimeoutError):  # the hold ran out: the usual end

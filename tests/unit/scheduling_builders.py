@@ -129,7 +129,7 @@ def run_last(
 
 
 def comes_back(policy: Policy, gang_id: str, now: float | None = None) -> list[Decision]:
-    """What a preempted gang's GangRun does once its ranks exit: release, then ask again for the same gang."""
+    """What a preempted gang's GangTask does once its ranks exit: release, then ask again for the same gang."""
     request = policy.running[gang_id].request
     return run([GangReleased(gang_id=gang_id), GangSubmitted(request=request)], policy, now)
 

@@ -1,4 +1,4 @@
-"""The gang's payloads keep the shape of the dicts they replaced: a Scheduler, GangRun or node agent of the
+"""The gang's payloads keep the shape of the dicts they replaced: a Scheduler, GangTask or node agent of the
 version before reads them, and so do the recorded histories."""
 
 from __future__ import annotations

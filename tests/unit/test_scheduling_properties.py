@@ -341,7 +341,7 @@ def next_events(draw: st.DrawFn, world: World, gangs: dict[str, GangRequest]) ->
     if op == "finish" and finishing:
         return [GangReleased(gang_id=draw(st.sampled_from(finishing)))]
     if op == "come-back" and world.preempting:
-        # a preempted gang saves, exits and releases; its GangRun asks again for the same gang
+        # a preempted gang saves, exits and releases; its GangTask asks again for the same gang
         victim = draw(st.sampled_from(sorted(world.preempting)))
         return [GangReleased(gang_id=victim), GangSubmitted(request=world.running[victim].request)]
     if op == "withdraw" and world.pending:

@@ -600,7 +600,7 @@ def test_a_preempted_gang_that_comes_back_keeps_its_place() -> None:
     policy = team_a_borrows_everything()
     run([gang("a5", "team-a"), gang("a6", "team-a")], policy)
     assert preempted(policy.step(gang("b1", "team-b"))) == [("a4", "b1", "team-b", "reclaim")]
-    run([GangReleased(gang_id="a4"), gang("a4", "team-a")], policy)  # its GangRun releases and asks again
+    run([GangReleased(gang_id="a4"), gang("a4", "team-a")], policy)  # its GangTask releases and asks again
     assert order(policy) == ["a4", "a5", "a6"]  # ahead of the gangs submitted after it first was
     decisions = policy.step(GangReleased(gang_id="b1"))
     assert admitted(decisions) == ["a4"]
