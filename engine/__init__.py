@@ -78,7 +78,7 @@ def __getattr__(name: str) -> object:
     # run_local needs the artifact store (fsspec); import it on first use so ``import engine`` stays
     # cheap and sandbox-safe for workflow modules.
     if name == "run_local":
-        from engine.local import run_local
+        from engine.executor.local import run_local
 
         return run_local
     raise AttributeError(name)
