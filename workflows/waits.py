@@ -134,8 +134,8 @@ class Waits:
         if codec is None:  # pragma: no cover
             raise _Refused(f"{request.describe()}: no type")
         value = parse_text(codec.annotation, message["text"]) if "text" in message else message.get("value")
-        try:
-            return codec.validate(value, f"input {request.name!r}")
+        try:  # what a person sent: a key no field takes is a typo, refused (the run keeps waiting)
+            return codec.validate(value, f"input {request.name!r}", strict_fields=True)
         except GangflowError as exc:
             raise _Refused(str(exc)) from None
 

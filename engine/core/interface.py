@@ -137,8 +137,13 @@ class Interface:
         return {p.name: p.codec.validate(full[p.name], f"{self.owner}: input {p.name!r}", context) for p in self.params}
 
     def inputs_to_wire(self, inputs: Mapping[str, Any], context: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What a caller gives (a person's JSON, a workflow's call) checked: a key no field of a structured
+        input takes is refused (a typo would otherwise run the whole gang with the default)."""
         full = self._complete(inputs)
-        return {p.name: p.codec.to_wire(full[p.name], f"{self.owner}: input {p.name!r}", context) for p in self.params}
+        return {
+            p.name: p.codec.to_wire(full[p.name], f"{self.owner}: input {p.name!r}", context, strict_fields=True)
+            for p in self.params
+        }
 
     def inputs_from_wire(self, data: Mapping[str, Any], context: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.validate_inputs(data, context)

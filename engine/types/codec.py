@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import decimal
+import difflib
 import enum
 import pathlib
 import types
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgpack
-from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
+from pydantic import BaseModel, PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
 from engine.errors import PayloadTooLargeError, TypeMismatchError
 from engine.types import data
@@ -101,10 +102,79 @@ def _first_error(exc: ValidationError) -> str:
     return f"{err['msg']}" + (f" (at {loc})" if loc else "")
 
 
+#: pydantic's error types for a key the declared model or dataclass has no field for
+_UNKNOWN_FIELD = frozenset({"extra_forbidden", "unexpected_keyword_argument"})
+
+
+def _fields(annotation: Any) -> dict[str, Any] | None:
+    """Field name -> annotation of a pydantic model or dataclass annotation (None for anything else)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {name: f.annotation for name, f in annotation.model_fields.items()}
+    if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+        hints = typing.get_type_hints(annotation, include_extras=True)
+        return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(annotation)}
+    return None
+
+
+def _inner(annotation: Any) -> list[Any]:
+    """The annotations one level inside: a model's or dataclass's fields, else the type's arguments."""
+    fields = _fields(annotation)
+    return list(fields.values()) if fields is not None else list(typing.get_args(annotation))
+
+
+def _allows_extra(annotation: Any, seen: frozenset[Any] = frozenset()) -> bool:
+    """Whether a model reachable from ``annotation`` says ``extra="allow"``: its author wants unknown keys
+    kept, so refusing them would be wrong (a plain model or dataclass ignores them, which hides typos)."""
+    if annotation in seen or annotation is Any:
+        return False
+    if (
+        isinstance(annotation, type)
+        and issubclass(annotation, BaseModel)
+        and annotation.model_config.get("extra") == "allow"
+    ):
+        return True
+    try:
+        return any(_allows_extra(a, seen | {annotation}) for a in _inner(annotation))
+    except (TypeError, NameError):  # an annotation get_type_hints cannot resolve: nothing to learn from it
+        return False
+
+
+def _unwrap(annotation: Any) -> Any:
+    """``X`` of ``X | None`` and ``Annotated[X, ...]`` (in a union, its first model or dataclass)."""
+    while typing.get_origin(annotation) in (typing.Union, types.UnionType, typing.Annotated):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = next((a for a in args if _fields(a) is not None), args[0] if args else Any)
+    return annotation
+
+
+def _step(annotation: Any, step: str | int) -> Any:
+    """The annotation one location step inside ``annotation`` (a field name, a list index, a dict key)."""
+    annotation = _unwrap(annotation)
+    fields = _fields(annotation)
+    if fields is not None:
+        return fields.get(str(step), Any)
+    args = list(typing.get_args(annotation))
+    return args[-1] if args else Any  # list[X] -> X, dict[K, V] -> V
+
+
+def _unknown_field(exc: ValidationError, annotation: Any) -> str | None:
+    """ "unknown field 'stpes' (did you mean 'steps'?)" for the first key no field takes, None otherwise."""
+    err = next((e for e in exc.errors(include_url=False) if e["type"] in _UNKNOWN_FIELD), None)
+    if err is None:
+        return None
+    *path, key = err.get("loc", ()) or ("?",)
+    owner = annotation
+    for step in path:  # walk to the model the key was given to, for its field names
+        owner = _step(owner, step)
+    where = f" (at {'.'.join(str(p) for p in path)})" if path else ""
+    close = difflib.get_close_matches(str(key), list(_fields(_unwrap(owner)) or ()), n=1, cutoff=0.5)
+    return f"unknown field {str(key)!r}{where}" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
 class ValueCodec:
     """Codec for one declared type. Build once per parameter (TypeAdapter construction is costly)."""
 
-    __slots__ = ("adapter", "annotation", "name")
+    __slots__ = ("adapter", "annotation", "name", "refuses_unknown")
 
     def __init__(self, annotation: Any) -> None:
         self.annotation = annotation
@@ -114,12 +184,18 @@ class ValueCodec:
             self.adapter: TypeAdapter[Any] = TypeAdapter(data.prepare(annotation))
         except (PydanticSchemaGenerationError, TypeError, NameError) as exc:
             raise TypeError(f"unsupported type {self.name}: {exc}".splitlines()[0]) from None
+        self.refuses_unknown = not _allows_extra(annotation)
 
-    def validate(self, value: Any, where: str, context: dict[str, Any] | None = None) -> Any:
+    def validate(
+        self, value: Any, where: str, context: dict[str, Any] | None = None, *, strict_fields: bool = False
+    ) -> Any:
+        """``value`` checked and coerced; ``strict_fields``: a key no field of a model or dataclass takes is an
+        error (what a person typed: ``--cfg '{"stpes": 5}'``), unless the model itself allows extra keys."""
+        extra: typing.Literal["forbid"] | None = "forbid" if strict_fields and self.refuses_unknown else None
         try:
-            return self.adapter.validate_python(value, context=context)
+            return self.adapter.validate_python(value, context=context, extra=extra)
         except ValidationError as exc:
-            violation = _data_violation(exc)
+            violation = _data_violation(exc) or _unknown_field(exc, self.annotation)
             if violation is not None:
                 raise TypeMismatchError(f"{where}: {violation}") from None
             shown = data.brief(value) or repr(value)
@@ -128,9 +204,11 @@ class ValueCodec:
                 f"{where}: expected {self.name}, got {shown} ({type(value).__name__}): {_first_error(exc)}"
             ) from None
 
-    def to_wire(self, value: Any, where: str, context: dict[str, Any] | None = None) -> Any:
+    def to_wire(
+        self, value: Any, where: str, context: dict[str, Any] | None = None, *, strict_fields: bool = False
+    ) -> Any:
         """Validate ``value`` against the declared type and return msgpack-ready data."""
-        checked = self.validate(value, where, context)
+        checked = self.validate(value, where, context, strict_fields=strict_fields)
         try:
             return _plain(self.adapter.dump_python(checked, mode="python", context=context))
         except (ValueError, TypeError) as exc:

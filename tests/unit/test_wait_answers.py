@@ -235,3 +235,11 @@ def test_the_cli_commands_parse() -> None:
     assert (args.command, args.run_id, args.reject, args.comment) == ("approve", "run-1", True, "no")
     args = parser.parse_args(["input", "run-1", "threshold", "0.93", "--early"])
     assert (args.command, args.name, args.value, args.early) == ("input", "threshold", "0.93", True)
+
+
+def test_an_input_with_an_unknown_field_is_refused_and_the_run_keeps_waiting():
+    """`gangflow input RUN limits '{"hihg": 2}'`: a typo would otherwise set `high` to nothing at all."""
+    waits = _waits(_input("limits", Limits))
+    message = _refusal(waits, {"name": "limits", "text": '{"low": 0.1, "hihg": 2}'})
+    assert "unknown field 'hihg' (did you mean 'high'?)" in message
+    assert [p.request.name for p in waits.pending] == ["limits"]
