@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo test lint unit bench clean
 
 $(STAMP): pyproject.toml
-	@echo "first run: installing gangflow and its dependencies into $(VENV) (about 3 minutes; torch is most of it)"
+	@echo "first run: installing gangflow and its dependencies into $(VENV) (torch is most of it)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check --progress-bar off -e ".[all,dev]"
 	@touch $(STAMP)
