@@ -10,8 +10,9 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo test lint unit bench clean
 
 $(STAMP): pyproject.toml
+	@echo "first run: installing gangflow and its dependencies into $(VENV) (torch is most of it)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[all,dev]"
+	$(PY) -m pip install --disable-pip-version-check --progress-bar off -e ".[all,dev]"
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -28,7 +28,7 @@ from .common import CliError, refused
 from .logs import cmd_logs
 from .operators import cmd_cluster, cmd_node_command, cmd_queue, cmd_queues, cmd_release
 from .params import RunArgv, split_run_argv
-from .parser import build_parser, run_options
+from .parser import build_parser, run_options, workflow_help
 from .render import err_console
 from .runs import cmd_cancel, cmd_list, cmd_plugins, cmd_run, cmd_status
 from .schedules import cmd_schedule
@@ -63,6 +63,17 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] =
 }
 
 
+def _target(own: Sequence[str], options: dict[str, bool]) -> str | None:
+    """The FILE.py:WORKFLOW among ``gangflow run``'s own tokens (past the options and their values)."""
+    i = 0
+    while i < len(own):
+        key, eq, _ = own[i].partition("=")
+        if key not in options:
+            return own[i]
+        i += 2 if options[key] and not eq else 1
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     tokens = list(sys.argv[1:] if argv is None else argv)
@@ -71,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if tokens[:1] == ["run"]:  # gangflow's options go to argparse, the workflow's parameters to parse_params
         split = split_run_argv(tokens[1:], options)
         tokens = ["run", *split.own]
+        target = _target(split.own, options)
+        if target is not None and {"-h", "--help"} & split.given:
+            workflow_help(parser, target)
     args = parser.parse_args(tokens)
     try:
         if args.command == "run":

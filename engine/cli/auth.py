@@ -126,7 +126,7 @@ def add_auth_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         allow_abbrev=False,
     )
     p.add_argument("action", choices=("token",), help="token: print a token for TENANT's namespace (gf-TENANT)")
-    p.add_argument("tenant", metavar="TENANT")
+    p.add_argument("tenant", metavar="TENANT", help="a tenant of the queue configuration")
     p.add_argument("--role", default="write", help="write (default) or read")
     p.add_argument("--state-dir", default=".gangflow", help="the dev stack's state dir (default .gangflow)")
     p.add_argument("--ttl", type=float, default=None, metavar="SECONDS", help="validity (default 86400, a day)")

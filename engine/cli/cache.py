@@ -55,7 +55,7 @@ def add_cache_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         usage="gangflow cache list [--task T] [--json] | gangflow cache clear [--task T]",
         allow_abbrev=False,
     )
-    p.add_argument("action", choices=("list", "clear"))
+    p.add_argument("action", choices=("list", "clear"), help="list the cache entries, or clear them")
     p.add_argument("--task", metavar="T", help="only this task's entries")
     p.add_argument("--artifacts", help="artifact store URI (default $GANGFLOW_ARTIFACTS or .gangflow/artifacts)")
     p.add_argument("--tenant", help="the tenant whose entries (default $GANGFLOW_TENANT or default)")

@@ -9,10 +9,13 @@ workflow parameter such as ``--n`` to ``--namespace``.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import json
 from collections.abc import Callable
 from typing import Any
 
 from engine.core.protocol import TASK_QUEUE
+from engine.errors import DefinitionError, GangflowError
 from engine.runtime.node import DRAIN_TIMEOUT_S
 
 from .auth import add_auth_parser
@@ -24,7 +27,7 @@ from .secrets import add_secret_parser, add_secrets_dir_option
 from .serve import DEMO_NODES, add_layout_options
 from .waits import add_waits_parser
 
-__all__ = ["NODE_ACTIONS", "build_parser", "run_options"]
+__all__ = ["NODE_ACTIONS", "build_parser", "run_options", "workflow_help"]
 
 #: what ``gangflow node ACTION NODE`` does to a node (without an action it starts a node agent)
 NODE_ACTIONS = ("drain", "undrain")
@@ -54,8 +57,10 @@ Command = Callable[..., argparse.ArgumentParser]
 
 def _dev(command: Command) -> None:
     p = command("dev", "run an embedded Temporal dev server (with Web UI) and a worker")
-    p.add_argument("--port", type=int, default=7233)
-    p.add_argument("--ui-port", type=int, default=8233)
+    p.add_argument(
+        "--port", type=int, default=7233, help="Temporal's gRPC port, what clients connect to (default %(default)s)"
+    )
+    p.add_argument("--ui-port", type=int, default=8233, help="the Web UI's port (default %(default)s)")
     p.add_argument("--state-dir", default=".gangflow", help="sqlite state and artifacts (default .gangflow)")
     p.add_argument("--headless", action="store_true", help="no Web UI")
     p.add_argument("--nodes", type=int, default=0, help="node agents to start on this machine (default 0)")
@@ -118,7 +123,7 @@ def _node(command: Command) -> None:
 def _codec_server(command: Command) -> None:
     p = command("codec-server", "serve the Web UI's codec endpoint (shows payloads as JSON)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only)")
-    p.add_argument("--port", type=int, default=8081)
+    p.add_argument("--port", type=int, default=8081, help="port to listen on (default %(default)s)")
     p.add_argument(
         "--allow-origin",
         action="append",
@@ -136,7 +141,7 @@ def _codec_server(command: Command) -> None:
 
 def _plugins(command: Command) -> None:
     p = command("plugins", "the installed distributed-task plugins (entry points gangflow.plugins)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
 def _cluster(command: Command) -> None:
@@ -147,7 +152,7 @@ def _cluster(command: Command) -> None:
     ):
         p = command(name, summary)
         connection_args(p)
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
 def _queues(command: Command) -> None:
@@ -182,7 +187,9 @@ def _run(command: Command) -> None:
         epilog=_RUN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("target", metavar="FILE.py:WORKFLOW")
+    p.add_argument(
+        "target", metavar="FILE.py:WORKFLOW", help="the workflow to run; with --help, its parameters are listed too"
+    )
     connection_args(p)
     p.add_argument("--input-json", help="inputs as one JSON object")
     p.add_argument("--artifacts", help="artifact store URI (default $GANGFLOW_ARTIFACTS or .gangflow/artifacts)")
@@ -196,29 +203,29 @@ def _run(command: Command) -> None:
 
 def _status(command: Command) -> None:
     p = command("status", "show a run: status, tasks, result or error")
-    p.add_argument("run_id")
+    p.add_argument("run_id", metavar="RUN", help="the run id (gangflow list shows them)")
     connection_args(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
 def _list(command: Command) -> None:
     p = command("list", "list runs")
     connection_args(p)
     p.add_argument("--status", help="running, completed, failed, canceled, terminated, timed_out")
-    p.add_argument("--pipeline")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--pipeline", help="only runs of this workflow")
+    p.add_argument("--limit", type=int, default=20, help="at most this many runs, newest first (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
 def _cancel(command: Command) -> None:
     p = command("cancel", "cancel a run (its running tasks are cancelled too)")
-    p.add_argument("run_id")
+    p.add_argument("run_id", metavar="RUN", help="the run id (gangflow list shows them)")
     connection_args(p)
 
 
 def _logs(command: Command) -> None:
     p = command("logs", "print the captured output of a run's tasks")
-    p.add_argument("run_id")
+    p.add_argument("run_id", metavar="RUN", help="the run id (gangflow list shows them)")
     p.add_argument("--task", help="only this task")
     p.add_argument("--rank", type=int, help="only this rank of a distributed task")
     add_follow_option(p)
@@ -232,7 +239,7 @@ def _release(command: Command) -> None:
         "--force", action="store_true", help="even when the gang's GangTask is still running (its ranks may hold GPUs)"
     )
     connection_args(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
 def _demo(command: Command) -> None:
@@ -272,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gangflow", description="Typed, durable ML pipelines on Temporal.", allow_abbrev=False
     )
+    parser.add_argument("--version", action="version", version=f"gangflow {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, summary: str, **options: Any) -> argparse.ArgumentParser:
@@ -285,6 +293,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_waits_parser(sub, connection_args)
     add_schedule_parser(sub, connection_args)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (what pip shows), or "unknown" for a bare source tree."""
+    try:
+        return importlib.metadata.version("gangflow")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def workflow_help(parser: argparse.ArgumentParser, target: str) -> None:
+    """``gangflow run FILE.py:WF --help``: the run options, then the workflow's own parameters with their
+    types and defaults (as ``pyflyte run`` shows them), or why the file could not be read."""
+    from engine.client import load_workflow_file, to_jsonable  # the file is imported only when help asks
+
+    run = _subcommands(parser)["run"]
+    try:
+        interface = load_workflow_file(target).interface
+    except (GangflowError, DefinitionError) as exc:
+        run.epilog = f"{run.epilog}\n{target}: cannot list its parameters: {exc}\n"
+        return
+    lines = [f"{target} parameters (--name value; structured values are JSON):"]
+    for p in interface.params:
+        default = "required" if p.required else f"default {json.dumps(to_jsonable(p.default), default=str)}"
+        lines.append(f"  --{p.name.replace('_', '-'):<22} {p.codec.name} ({default})")
+    run.epilog = "\n".join([*lines, "", run.epilog or ""])
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 import time
 from collections.abc import Mapping
 from datetime import timedelta
@@ -36,8 +38,19 @@ __all__ = [
     "waiting_lines",
 ]
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+
+
+def _console(stderr: bool) -> Console:
+    """A terminal gets tables fitted to its width; a pipe or a file gets lines as long as they are (rich would
+    wrap them at 80 columns, and a wrapped line breaks grep, a pasted command and a log reader). $COLUMNS
+    still wins. The stream is looked up at each write (rich's default), so a redirected one is honoured."""
+    stream = sys.stderr if stderr else sys.stdout
+    wide = None if stream.isatty() or os.environ.get("COLUMNS") else 10_000
+    return Console(stderr=stderr, highlight=False, width=wide)
+
+
+console = _console(stderr=False)
+err_console = _console(stderr=True)
 
 _STYLE = {
     "COMPLETED": "green",

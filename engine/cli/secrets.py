@@ -55,8 +55,8 @@ def add_secret_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         allow_abbrev=False,
     )
     p.add_argument("action", choices=("set", "list"), help="set: NAME's value from stdin; list: the names only")
-    p.add_argument("tenant", metavar="TENANT")
-    p.add_argument("name", nargs="?", metavar="NAME")
+    p.add_argument("tenant", metavar="TENANT", help="whose secret (a tenant of the queue configuration)")
+    p.add_argument("name", nargs="?", metavar="NAME", help="with set: the secret's name")
     p.add_argument("--state-dir", default=".gangflow", help="the dev stack's state dir (default .gangflow)")
 
 

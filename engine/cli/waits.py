@@ -33,12 +33,12 @@ def add_waits_parser(
         usage="gangflow approve RUN [--reject] [--comment TEXT] [--question TEXT] [--by NAME] [--json]",
         allow_abbrev=False,
     )
-    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("run_id", metavar="RUN", help="the waiting run")
     p.add_argument("--reject", action="store_true", help="reject: the run fails (engine.Rejected) with the comment")
     p.add_argument("--comment", help="why; kept with the answer (Approval.comment)")
     p.add_argument("--question", help="which question, when the run waits for several (default: the oldest)")
     p.add_argument("--by", help="who answers (default: this user's name)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the answer as JSON")
     connection_args(p)
 
     p = sub.add_parser(
@@ -47,12 +47,12 @@ def add_waits_parser(
         usage="gangflow input RUN NAME VALUE [--early] [--by NAME] [--json]",
         allow_abbrev=False,
     )
-    p.add_argument("run_id", metavar="RUN")
-    p.add_argument("name", metavar="NAME")
+    p.add_argument("run_id", metavar="RUN", help="the waiting run")
+    p.add_argument("name", metavar="NAME", help="the input the run waits for (wait_for_input's name)")
     p.add_argument("value", metavar="VALUE", help="read against the input's type; JSON for structured values")
     p.add_argument("--early", action="store_true", help="the run does not wait for NAME yet: keep VALUE until it does")
     p.add_argument("--by", help="who sends it (default: this user's name)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the answer as JSON")
     connection_args(p)
 
 
