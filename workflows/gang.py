@@ -89,6 +89,10 @@ NOTICE_BACKSTOP_S = 15.0
 NOTICE_REFRESH_S = 10.0
 #: GangTasks recorded before preemption notices stop their ranks at once when preempted (workflow.patched)
 NOTICE_PATCH = "preemption-notice"
+#: GangRuns recorded before the platform worker kept the Scheduler running failed at once without one
+SUBMIT_PATCH = "submit-waits-for-scheduler"
+#: while no Scheduler runs, the submit is tried again this often (the platform worker checks every 10 s)
+SUBMIT_RETRY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,15 @@ def _request(spec: GangSpec, gang_id: str) -> dict[str, Any]:
     if spec.preemptible:
         unset.add("preemptible")
     return request.model_dump(mode="json", exclude=unset)
+
+
+def _no_scheduler(spec: GangSpec) -> ApplicationError:
+    return ApplicationError(
+        f"no gangflow Scheduler ran within {spec.lost_node_wait_s:g} s: the worker of the platform's queue starts "
+        "it ('gangflow worker', not a tenant's; 'gangflow dev')",
+        type="Unschedulable",
+        non_retryable=True,
+    )
 
 
 def _record(order: list[int], index: int, _: object) -> None:
@@ -333,6 +346,20 @@ class GangTask:
         lines.append(f"last failure: {self.attempts[-1]['reason']}")
         return "\n".join(lines)
 
+    async def _submit_when_scheduled(self, scheduler: Any, request: dict[str, Any], spec: GangSpec) -> None:
+        """No Scheduler runs (its worker restarts, an operator terminated it): the platform worker starts
+        it again within seconds, so wait for it as for a lost node, up to ``lost_node_wait``."""
+        deadline = workflow.now() + timedelta(seconds=spec.lost_node_wait_s)
+        while True:
+            self._say("waiting: no Scheduler is running yet (the platform's worker starts it); submitting again")
+            await workflow.sleep(SUBMIT_RETRY_S)
+            try:
+                await scheduler.signal(SUBMIT_SIGNAL, request)
+                return
+            except Exception as exc:
+                if workflow.now() >= deadline:
+                    raise _no_scheduler(spec) from exc
+
     async def _place(self, spec: GangSpec, scheduler: Any) -> Placement:
         gang_id = workflow.info().workflow_id
         self.placement, self.rejected, self.pending, self.preempt = None, None, None, None
@@ -346,11 +373,9 @@ class GangTask:
         try:
             await scheduler.signal(SUBMIT_SIGNAL, request)  # a GangRequest, as the Scheduler reads it
         except Exception as exc:
-            raise ApplicationError(
-                "no gangflow scheduler is running: start node agents ('gangflow node' or 'gangflow dev --nodes N')",
-                type="Unschedulable",
-                non_retryable=True,
-            ) from exc
+            if not workflow.patched(SUBMIT_PATCH):
+                raise _no_scheduler(spec) from exc
+            await self._submit_when_scheduled(scheduler, request, spec)
         try:
             await workflow.wait_condition(lambda: self.placement is not None or self.rejected is not None)
         except asyncio.CancelledError:

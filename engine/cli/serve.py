@@ -36,6 +36,7 @@ from engine.executor.standby import default_warm_modules
 from engine.runtime import DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
 from engine.runtime.codec_server import CodecServer
 from engine.runtime.encryption import keys_from_env
+from engine.runtime.keeper import keep_scheduler, start_scheduler
 from engine.runtime.node import DRAIN_TIMEOUT_S, NodeConfig, run_node
 from engine.runtime.platform import artifacts_for, build_gang_workers, ensure_endpoints
 from engine.runtime.secrets import SECRETS_DIR_ENV
@@ -103,20 +104,29 @@ async def _serve(
     platform: _Platform | None = None,
 ) -> None:
     """Run a worker until SIGINT / SIGTERM; ``ready`` runs once the worker polls (what needs one of its
-    workflows to answer, such as the Scheduler taking a queue configuration)."""
+    workflows to answer, such as the Scheduler taking a queue configuration). A worker that is not a
+    tenant's starts the Scheduler before it polls and keeps it running (engine.runtime.keeper)."""
     await ensure_search_attributes(temporal)
     preload(modules)
     workers = [build_worker(temporal, task_queue=task_queue, route=route)]
     if platform is not None:
         await ensure_endpoints(temporal, platform.tenants)
         workers += build_gang_workers(temporal, platform.tenants, platform.artifacts)
-    async with contextlib.AsyncExitStack() as running:
-        for worker in workers:
-            await running.enter_async_context(worker)
-        stopped = stop_event()
-        if ready is not None:
-            await ready()
-        await stopped.wait()
+    keeper: asyncio.Task[None] | None = None
+    if route is None:  # the worker of the Scheduler's queue keeps it running (a tenant's worker has none)
+        await start_scheduler(temporal, task_queue)
+        keeper = asyncio.create_task(keep_scheduler(temporal, task_queue))
+    try:
+        async with contextlib.AsyncExitStack() as running:
+            for worker in workers:
+                await running.enter_async_context(worker)
+            stopped = stop_event()
+            if ready is not None:
+                await ready()
+            await stopped.wait()
+    finally:
+        if keeper is not None:
+            keeper.cancel()
 
 
 def add_layout_options(p: argparse.ArgumentParser) -> None:

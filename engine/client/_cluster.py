@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +18,6 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError, TemporalError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -31,10 +29,10 @@ from engine.core.protocol import (
     RELEASE_SIGNAL,
     RUN_RANKS,
     SCHEDULER_ID,
-    SCHEDULER_TYPE,
     STATUS_QUERY,
 )
 from engine.errors import GangflowError, InputError, NodeNotFoundError
+from engine.runtime.keeper import start_scheduler
 from engine.scheduling.config import QueueConfig, QueueConfigError, dump_queue_config, load_queue_config
 from engine.scheduling.events import drain_request
 
@@ -111,13 +109,7 @@ class ClusterClient:
         default this client's), and apply it there in one update: the Scheduler checks it again and
         applies all of it or none (QueueConfigError with its reason). Returns the resulting ``queues()``."""
         parsed = config if isinstance(config, QueueConfig) else load_queue_config(config)
-        await self.temporal.start_workflow(
-            SCHEDULER_TYPE,
-            _scheduler_input(),
-            id=SCHEDULER_ID,
-            task_queue=task_queue or self.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
+        await start_scheduler(self.temporal, task_queue or self.task_queue)
         handle = self.temporal.get_workflow_handle(SCHEDULER_ID)
         try:
             applied: dict[str, Any] = await handle.execute_update(
@@ -237,13 +229,6 @@ _NO_SCHEDULER = (
 )
 #: how long ``apply_queues`` waits for the Scheduler to take a configuration (its worker may be starting)
 _APPLY_TIMEOUT = timedelta(seconds=30)
-
-
-def _scheduler_input() -> dict[str, Any] | None:
-    """What the Scheduler starts with when a client starts it: as ``engine.runtime.node.register`` gives
-    it, how many events one of its runs handles before it continues as new (tests set a small number)."""
-    events = os.environ.get("GANGFLOW_SCHEDULER_EVENTS_PER_RUN", "")
-    return {"max_events": int(events)} if events.isdigit() else None
 
 
 def _held(state: Mapping[str, Any], gang_id: str) -> dict[str, Any] | None:

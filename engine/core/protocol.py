@@ -11,7 +11,9 @@ is a protocol break that recorded histories in ``tests/histories`` catch.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "RESERVE_PORT",
     "RUN_RANKS",
     "SCHEDULED_BY_ATTRIBUTE",
+    "SCHEDULER_EVENTS_ENV",
     "SCHEDULER_ID",
     "SCHEDULER_TYPE",
     "STATUS_QUERY",
@@ -62,6 +65,7 @@ __all__ = [
     "hit_id",
     "node_queue",
     "parse_hit_id",
+    "scheduler_input",
     "tenant_namespace",
     "tenant_of_queue",
 ]
@@ -142,6 +146,17 @@ class TenantRoute:
 # -- the Scheduler workflow -----------------------------------------------------------------------
 SCHEDULER_ID = "gangflow-scheduler"
 SCHEDULER_TYPE = "GangflowScheduler"
+#: how many events one Scheduler run handles before it continues as new (tests force many cycles with a few)
+SCHEDULER_EVENTS_ENV = "GANGFLOW_SCHEDULER_EVENTS_PER_RUN"
+
+
+def scheduler_input(environ: Mapping[str, str] = os.environ) -> dict[str, int] | None:
+    """What the Scheduler starts with, whoever starts it (the platform worker, a node agent, a client
+    applying queues): only read when that start creates it."""
+    events = environ.get(SCHEDULER_EVENTS_ENV, "")
+    return {"max_events": int(events)} if events.isdigit() else None
+
+
 REGISTER_NODE_SIGNAL = "register_node"  # signal: a node agent's capacity, also its liveness
 NODE_LOST_SIGNAL = "node_lost"  # signal: a gang saw a node's activity time out
 SUBMIT_SIGNAL = "submit"  # signal: a gang request

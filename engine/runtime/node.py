@@ -36,7 +36,6 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError, TemporalError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
@@ -56,7 +55,6 @@ from engine.core.protocol import (
     RESERVE_PORT,
     RUN_RANKS,
     SCHEDULER_ID,
-    SCHEDULER_TYPE,
     TASK_QUEUE,
     node_queue,
 )
@@ -68,6 +66,7 @@ from engine.executor.ports import free_port
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
 from engine.runtime.connection import CREDENTIAL_ENV
+from engine.runtime.keeper import start_scheduler
 from engine.runtime.ranks import RankSaver, rank_details
 from engine.runtime.secrets import Redactor, materialize, resolve, task_environment
 from engine.scheduling import Preempted
@@ -318,18 +317,7 @@ async def register(client: Client, config: NodeConfig) -> None:
         "cpus": config.cpus,
         "mem": config.mem,
     }
-    # Only read when this registration starts the Scheduler: how many events one of its runs handles before
-    # it continues as new (tests force many continue-as-new cycles with a small number).
-    events = os.environ.get("GANGFLOW_SCHEDULER_EVENTS_PER_RUN", "")
-    await client.start_workflow(
-        SCHEDULER_TYPE,
-        {"max_events": int(events)} if events.isdigit() else None,
-        id=SCHEDULER_ID,
-        task_queue=config.scheduler_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        start_signal=REGISTER_NODE_SIGNAL,
-        start_signal_args=[spec],
-    )
+    await start_scheduler(client, config.scheduler_queue, signal=REGISTER_NODE_SIGNAL, signal_args=[spec])
 
 
 async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> None:
