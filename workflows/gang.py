@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -46,7 +45,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 from temporalio.workflow import ActivityCancellationType, ActivityHandle
 
-from engine.core.gang import GangShape, NodeLaunch, notice_of, notice_payload
+from engine.core.gang import NodeLaunch, notice_of, notice_payload
 from engine.core.protocol import (
     GANG_TYPE,
     LEGACY_GANG_TYPE,
@@ -67,15 +66,14 @@ from engine.core.protocol import (
     SUBMIT_SIGNAL,
     node_queue,
 )
-from engine.core.resources import Retry
 from engine.core.wire import Envelope
-from engine.scheduling import DEFAULT_LOST_NODE_WAIT_S, GangRequest, NodeAssignment, Placement, Preempted
+from engine.scheduling import NodeAssignment, Placement, Preempted
 from workflows.gang_failures import AttemptFailed, Verdict, classify
 from workflows.gang_notice import PreemptedAttempt, waiting_because
+from workflows.gang_spec import GangSpec, gang_request, no_scheduler
 
 __all__ = [
     "PROBE_TIMEOUT",
-    "GangSpec",
     "GangTask",
     "LegacyGangRun",
 ]
@@ -89,42 +87,10 @@ NOTICE_BACKSTOP_S = 15.0
 NOTICE_REFRESH_S = 10.0
 #: GangTasks recorded before preemption notices stop their ranks at once when preempted (workflow.patched)
 NOTICE_PATCH = "preemption-notice"
-#: GangRuns recorded before the platform worker kept the Scheduler running failed at once without one
+#: GangTasks recorded before the platform worker kept the Scheduler running failed at once without one
 SUBMIT_PATCH = "submit-waits-for-scheduler"
 #: while no Scheduler runs, the submit is tried again this often (the platform worker checks every 10 s)
 SUBMIT_RETRY_S = 5.0
-
-
-@dataclass(frozen=True)
-class GangSpec:
-    """The *gang* of one distributed task call, as the run's workflow hands it to GangTask: the task's layout
-    (``shape``) and its limits. GangTask submits it to the Scheduler as a gang request (``_request``)."""
-
-    task: str
-    call: str  # unique per task call within the run, e.g. "train-1": names logs and checkpoints
-    shape: GangShape  # the task's layout: nodes, ranks per node, what each node offers
-    timeout_s: float
-    heartbeat_timeout_s: float
-    tenant: str
-    max_restarts: int = 3
-    user_attempts: int = 1
-    retry_backoff_s: float = 1.0
-    hang_timeout_s: float | None = None
-    retry_max_interval_s: float | None = None
-    non_retryable: list[str] = field(default_factory=list)
-    lost_node_wait_s: float = DEFAULT_LOST_NODE_WAIT_S
-    priority: str | None = None  # a priority class name: the task's own, else the run's
-    preemptible: bool = True  # False (the task's own): never preempted, whatever its class says
-    preemption_grace_s: float | None = None  # the task's own grace; None: the cluster's (in the notice)
-
-    @property
-    def retry(self) -> Retry:
-        return Retry(
-            attempts=self.user_attempts,
-            backoff=self.retry_backoff_s,
-            max_interval=self.retry_max_interval_s,
-            non_retryable=tuple(self.non_retryable),
-        )
 
 
 def _outcome(handles: list[ActivityHandle[bytes]], lost: set[str]) -> str:
@@ -142,38 +108,6 @@ def _outcome(handles: list[ActivityHandle[bytes]], lost: set[str]) -> str:
     if lost:
         parts.append(f"node(s) {', '.join(sorted(lost))} lost meanwhile")
     return "; ".join(parts)
-
-
-def _request(spec: GangSpec, gang_id: str) -> dict[str, Any]:
-    """The gang request this gang submits, as the Scheduler's ``submit`` signal carries it."""
-    try:
-        request = GangRequest(
-            gang_id=gang_id,
-            nnodes=spec.shape.nnodes,
-            gpus_per_node=spec.shape.gpus_per_node,
-            cpus_per_node=spec.shape.cpus_per_node,
-            mem_per_node=spec.shape.mem_per_node,
-            tenant=spec.tenant,
-            priority=spec.priority,
-            preemptible=spec.preemptible,
-            lost_node_wait_s=spec.lost_node_wait_s,
-        )
-    except ValidationError as exc:
-        raise ApplicationError(f"a malformed gang request: {exc}", type="Unschedulable", non_retryable=True) from None
-    # only when set: a request without them is what a Scheduler from before priorities accepts
-    unset = {"priority"} if spec.priority is None else set()
-    if spec.preemptible:
-        unset.add("preemptible")
-    return request.model_dump(mode="json", exclude=unset)
-
-
-def _no_scheduler(spec: GangSpec) -> ApplicationError:
-    return ApplicationError(
-        f"no gangflow Scheduler ran within {spec.lost_node_wait_s:g} s: the worker of the platform's queue starts "
-        "it ('gangflow worker', not a tenant's; 'gangflow dev')",
-        type="Unschedulable",
-        non_retryable=True,
-    )
 
 
 def _record(order: list[int], index: int, _: object) -> None:
@@ -358,12 +292,12 @@ class GangTask:
                 return
             except Exception as exc:
                 if workflow.now() >= deadline:
-                    raise _no_scheduler(spec) from exc
+                    raise no_scheduler(spec) from exc
 
     async def _place(self, spec: GangSpec, scheduler: Any) -> Placement:
         gang_id = workflow.info().workflow_id
         self.placement, self.rejected, self.pending, self.preempt = None, None, None, None
-        request = _request(spec, gang_id)
+        request = gang_request(spec, gang_id)
         # said before the submit: the Scheduler's answer (a pending reason) can arrive before the submit's own
         # acknowledgement, and must not be overwritten by this line
         if self.requeued:
@@ -374,7 +308,7 @@ class GangTask:
             await scheduler.signal(SUBMIT_SIGNAL, request)  # a GangRequest, as the Scheduler reads it
         except Exception as exc:
             if not workflow.patched(SUBMIT_PATCH):
-                raise _no_scheduler(spec) from exc
+                raise no_scheduler(spec) from exc
             await self._submit_when_scheduled(scheduler, request, spec)
         try:
             await workflow.wait_condition(lambda: self.placement is not None or self.rejected is not None)

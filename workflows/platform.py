@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import nexusrpc
 
 from engine.core.protocol import GANGS_SERVICE
-from workflows.gang import GangSpec
+from workflows.gang_spec import GangSpec
 
 __all__ = ["GangCall", "GangService"]
 

@@ -59,7 +59,7 @@ from workflows.calls import (
     load_code,
     route,
 )
-from workflows.gang import GangSpec
+from workflows.gang_spec import GangSpec
 from workflows.platform import GangCall, GangService
 from workflows.scheduled import scheduled_run_context
 from workflows.waits import Waits

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from engine.core.gang import GangShape, notice_of, notice_payload
 from engine.scheduling import Preempted
-from workflows.gang import GangSpec, _request
+from workflows.gang_spec import GangSpec, gang_request
 
 NOTICE = {"by": "b-1.train-1", "by_tenant": "team-b", "cause": "reclaim", "grace_s": 120.0, "reason": "room"}
 
@@ -37,6 +37,6 @@ def test_the_submit_is_the_gang_request_dict_of_before() -> None:
         "tenant": "default",
         "lost_node_wait_s": 600.0,
     }
-    assert _request(spec, "g") == before
+    assert gang_request(spec, "g") == before
     spec = GangSpec(**{**spec.__dict__, "priority": "high", "preemptible": False})
-    assert _request(spec, "g") == {**before, "priority": "high", "preemptible": False}
+    assert gang_request(spec, "g") == {**before, "priority": "high", "preemptible": False}

@@ -1,0 +1,82 @@
+"""The gang of one distributed task call (``GangSpec``, what the run's workflow hands GangTask) and the gang
+request GangTask submits for it to the Scheduler (``gang_request``), with the failure a submit ends in when no
+Scheduler ever answers. Workflow code: temporalio.workflow's world and the pure packages only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio.exceptions import ApplicationError
+
+from engine.core.gang import GangShape
+from engine.core.resources import Retry
+from engine.scheduling import DEFAULT_LOST_NODE_WAIT_S, GangRequest
+
+__all__ = ["GangSpec", "gang_request", "no_scheduler"]
+
+
+@dataclass(frozen=True)
+class GangSpec:
+    """The *gang* of one distributed task call, as the run's workflow hands it to GangTask: the task's layout
+    (``shape``) and its limits. GangTask submits it to the Scheduler as a gang request (``gang_request``)."""
+
+    task: str
+    call: str  # unique per task call within the run, e.g. "train-1": names logs and checkpoints
+    shape: GangShape  # the task's layout: nodes, ranks per node, what each node offers
+    timeout_s: float
+    heartbeat_timeout_s: float
+    tenant: str
+    max_restarts: int = 3
+    user_attempts: int = 1
+    retry_backoff_s: float = 1.0
+    hang_timeout_s: float | None = None
+    retry_max_interval_s: float | None = None
+    non_retryable: list[str] = field(default_factory=list)
+    lost_node_wait_s: float = DEFAULT_LOST_NODE_WAIT_S
+    priority: str | None = None  # a priority class name: the task's own, else the run's
+    preemptible: bool = True  # False (the task's own): never preempted, whatever its class says
+    preemption_grace_s: float | None = None  # the task's own grace; None: the cluster's (in the notice)
+
+    @property
+    def retry(self) -> Retry:
+        return Retry(
+            attempts=self.user_attempts,
+            backoff=self.retry_backoff_s,
+            max_interval=self.retry_max_interval_s,
+            non_retryable=tuple(self.non_retryable),
+        )
+
+
+def gang_request(spec: GangSpec, gang_id: str) -> dict[str, Any]:
+    """The gang request this gang submits, as the Scheduler's ``submit`` signal carries it."""
+    try:
+        request = GangRequest(
+            gang_id=gang_id,
+            nnodes=spec.shape.nnodes,
+            gpus_per_node=spec.shape.gpus_per_node,
+            cpus_per_node=spec.shape.cpus_per_node,
+            mem_per_node=spec.shape.mem_per_node,
+            tenant=spec.tenant,
+            priority=spec.priority,
+            preemptible=spec.preemptible,
+            lost_node_wait_s=spec.lost_node_wait_s,
+        )
+    except ValidationError as exc:
+        raise ApplicationError(f"a malformed gang request: {exc}", type="Unschedulable", non_retryable=True) from None
+    # only when set: a request without them is what a Scheduler from before priorities accepts
+    unset = {"priority"} if spec.priority is None else set()
+    if spec.preemptible:
+        unset.add("preemptible")
+    return request.model_dump(mode="json", exclude=unset)
+
+
+def no_scheduler(spec: GangSpec) -> ApplicationError:
+    return ApplicationError(
+        f"no gangflow Scheduler ran within {spec.lost_node_wait_s:g} s: the worker of the platform's queue starts "
+        "it ('gangflow worker', not a tenant's; 'gangflow dev')",
+        type="Unschedulable",
+        non_retryable=True,
+    )
