@@ -79,6 +79,9 @@ __all__ = [
 ]
 
 MAX_EVENTS_PER_RUN = 4000
+#: Scheduler runs recorded before it rejected a gang no registered node could hold at once; from this patch on
+#: such a gang waits for a node to register (Policy.wait_for_nodes), up to its lost_node_wait_s
+NODE_WAIT_PATCH = "wait-for-nodes"
 #: how often the Scheduler wakes up by itself (deadlines have this granularity)
 TICK = timedelta(seconds=5)
 #: how often the owners of allocations are checked (on a tick), when there is anything to check
@@ -110,6 +113,7 @@ class Scheduler:
         self.checking: asyncio.Task[None] | None = None  # the owner check in progress
         self.owners_checked = 0.0  # workflow time of the last owner check (carried across continue-as-new)
         self.max_events = MAX_EVENTS_PER_RUN
+        self.versioned = False  # whether this run's behaviour version is decided (``_step``)
         self._restore(carried)
 
     # -- inputs ----------------------------------------------------------------------------------
@@ -251,6 +255,9 @@ class Scheduler:
         return task is None or task.done()
 
     def _step(self, event: Event) -> list[Decision]:
+        if not self.versioned:  # once per run, before its first event: the same point when it is replayed
+            self.versioned = True
+            self.policy.wait_for_nodes = workflow.patched(NODE_WAIT_PATCH)
         decisions = self.policy.step(event, workflow.now().timestamp())
         self.outbox.extend(decisions)
         self.handled += 1

@@ -179,9 +179,7 @@ class ClusterClient:
                 return described
             except RPCError as exc:
                 if exc.status == RPCStatusCode.NOT_FOUND:
-                    raise GangflowError(
-                        "no Scheduler is running here: it starts when the first node agent registers (gangflow node)"
-                    ) from None
+                    raise GangflowError(_NO_SCHEDULER) from None
                 raise GangflowError(f"the Scheduler did not answer: {exc.message}") from None
             except TemporalError as exc:
                 raise GangflowError(f"the Scheduler did not answer: {exc}") from None
@@ -224,8 +222,8 @@ class NoScheduler(GangflowError):
 
 
 _NO_SCHEDULER = (
-    "no Scheduler is running here: it starts when the first node agent registers (gangflow node), "
-    "or with gangflow queues apply FILE"
+    "no Scheduler is running here: the worker of this namespace starts it ('gangflow worker', 'gangflow dev'), "
+    "and so do a node agent and gangflow queues apply FILE"
 )
 #: how long ``apply_queues`` waits for the Scheduler to take a configuration (its worker may be starting)
 _APPLY_TIMEOUT = timedelta(seconds=30)

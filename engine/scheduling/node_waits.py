@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.scheduling.events import Decision, GangRejected, NodeDrained, Preempted
-from engine.scheduling.reasons import drained_wait_reason, draining_reason, lost_wait_expired_reason, lost_wait_reason
+from engine.scheduling.reasons import (
+    drained_wait_reason,
+    draining_reason,
+    lost_wait_expired_reason,
+    lost_wait_reason,
+    node_wait_expired_reason,
+    node_wait_reason,
+)
 from engine.scheduling.state import Notice, Queued
 
 if TYPE_CHECKING:
@@ -22,23 +29,27 @@ __all__ = ["drain", "drain_report", "revive_lost_waiters", "wait_for_drain", "wa
 
 # -- lost nodes ------------------------------------------------------------------------------------------
 def wait_for_lost(policy: Policy, heap: list[tuple[int, str]], decisions: list[Decision], *, timed: bool) -> None:
-    """A whole queue (one shape) fits only with lost nodes back: its gangs wait for them, each up to its
-    ``lost_node_wait_s``, without holding up anyone else."""
+    """A whole queue (one shape) fits only with lost nodes back, or no registered node can hold it at all
+    (none registered yet, or none big enough): its gangs wait for nodes, each up to its ``lost_node_wait_s``,
+    without holding up anyone else."""
     reason = ""
+    unregistered = False  # no registered node would do, lost ones included: waiting for new ones
     for seq, gang_id in sorted(heap):
         queued = policy.pending.get(gang_id)
         if queued is None or queued.seq != seq:
             continue
         request = queued.request
+        unregistered = policy._fit(request, queued.shape) == "never"
         if queued.lost_wait_since is None and timed:
             queued.lost_wait_since = policy._now
         policy._lost_waiters.add(gang_id)
         since = queued.lost_wait_since
         if since is not None and policy._now - since >= request.lost_node_wait_s:
             policy._forget(gang_id)
-            decisions.append(GangRejected(gang_id=gang_id, reason=lost_wait_expired_reason(request, policy.inventory)))
+            expired = node_wait_expired_reason if unregistered else lost_wait_expired_reason
+            decisions.append(GangRejected(gang_id=gang_id, reason=expired(request, policy.inventory)))
             continue
-        reason = reason or lost_wait_reason(request, policy.inventory)
+        reason = reason or (node_wait_reason if unregistered else lost_wait_reason)(request, policy.inventory)
         policy._say(queued, reason, decisions)
 
 

@@ -104,6 +104,9 @@ class Policy:
 
     def __init__(self, config: QueueConfig = DEFAULT_QUEUE_CONFIG, node_ttl_s: float = DEFAULT_NODE_TTL_S) -> None:
         self.config = config
+        #: a gang no registered node can hold waits for one to register (up to its ``lost_node_wait_s``), as
+        #: Kueue keeps a workload no flavor fits pending; False: rejected at once (Schedulers recorded before)
+        self.wait_for_nodes = True
         self.inventory = Inventory(node_ttl_s)
         self.tenancy = Tenancy(config)
         self.running: dict[str, Running] = {}  # in admission order
@@ -201,7 +204,7 @@ class Policy:
             self.config.priority(request.priority)
         except KeyError as exc:
             return f"rejected: {exc.args[0]}"
-        if self._fit(request) == "never":
+        if self._fit(request) == "never" and not self.wait_for_nodes:
             return never_fits_reason(request, self.inventory, count_lost=True)
         vec = demand(request)
         blocked = self.tenancy.blocked(request.tenant, vec)

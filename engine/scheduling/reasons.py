@@ -28,6 +28,8 @@ __all__ = [
     "malformed_reason",
     "needs",
     "never_fits_reason",
+    "node_wait_expired_reason",
+    "node_wait_reason",
     "nominated_reason",
     "queued_reason",
     "quota_reason",
@@ -154,6 +156,21 @@ def lost_wait_reason(request: GangRequest, inventory: Inventory) -> str:
         f"even when idle: waiting for lost {'node' if len(lost) == 1 else 'nodes'} {_ids(lost)} to come back "
         f"(up to {_num(request.lost_node_wait_s)} s; gangs behind it may start meanwhile)"
     )
+
+
+def node_wait_reason(request: GangRequest, inventory: Inventory) -> str:
+    """Why a gang that no registered node can hold waits: for one to register (a cluster coming up, a node
+    pool scaling out), up to its ``lost_node_wait_s``; it does not hold up the queue meanwhile."""
+    why = (never_fits_reason(request, inventory, count_lost=True) or "").removeprefix("rejected: ")
+    return (
+        f"pending: {why}: waiting up to {_num(request.lost_node_wait_s)} s for a node that can hold it to register "
+        "(gangs behind it may start meanwhile)"
+    )
+
+
+def node_wait_expired_reason(request: GangRequest, inventory: Inventory) -> str:
+    why = (never_fits_reason(request, inventory, count_lost=True) or "").removeprefix("rejected: ")
+    return f"unschedulable: {why}; no node that can hold it registered within {_num(request.lost_node_wait_s)} s"
 
 
 def draining(node_id: str, reason: str) -> str:

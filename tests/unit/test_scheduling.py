@@ -172,20 +172,57 @@ def test_malformed_requests_are_rejected_with_what_is_wrong() -> None:
     assert policy.pending == {} and policy.running == {}
 
 
-def test_a_gang_larger_than_the_cluster_is_rejected_at_once() -> None:
-    policy, decisions = run_last([*TWO_NODES, gang("wide", nnodes=3, gpus=1)])
+def test_a_gang_larger_than_every_registered_node_waits_for_one_to_register() -> None:
+    """Kueue keeps a workload no flavor fits pending; so does gangflow: the cluster may be coming up (the first
+    seconds of ``gangflow dev --nodes 2``), or a node pool scaling out. Bounded by its ``lost_node_wait_s``."""
+    policy, decisions = run_last([*TWO_NODES, gang("wide", nnodes=3, gpus=1)], now=0.0)
+    assert only(decisions, Pending, "wide") == (
+        "pending: needs 3 GPUs on 3 nodes (1 GPU, 1 CPU per node); only 2 of 2 alive nodes are that big even when "
+        "idle (largest: 2 GPUs, 8 CPUs): waiting up to 600 s for a node that can hold it to register (gangs "
+        "behind it may start meanwhile)"
+    )
+    # it holds up nobody: a gang behind it that fits starts at once
+    assert admitted(policy.step(gang("solo", gpus=1), now=1.0)) == ["solo"] and order(policy) == ["wide"]
+    # a third node registers: the wide gang starts
+    assert admitted(policy.step(node("c", gpus=2, cpus=8), now=2.0)) == ["wide"]
+
+
+def test_a_gang_submitted_before_any_node_registers_starts_when_one_does() -> None:
+    policy, decisions = run_last([gang("early", gpus=1)], now=0.0)
+    assert only(decisions, Pending, "early").startswith(
+        "pending: needs 1 GPU on 1 node (1 GPU, 1 CPU per node); no alive node is registered: waiting up to 600 s"
+    )
+    assert admitted(policy.step(node("a", gpus=2, cpus=8), now=15.0)) == ["early"]
+
+
+def test_a_gang_no_node_ever_holds_is_rejected_after_its_wait() -> None:
+    request = GangRequest(gang_id="fat", nnodes=1, gpus_per_node=8, lost_node_wait_s=30)
+    policy, _ = run_last([*TWO_NODES, GangSubmitted(request=request)], Policy(node_ttl_s=1000), now=0.0)
+    assert policy.next_deadline() == 30.0
+    assert policy.step(Tick(), now=29.0) == []
+    assert only(policy.step(Tick(), now=30.0), GangRejected, "fat") == (
+        "unschedulable: needs 8 GPUs on 1 node (8 GPUs, 1 CPU per node); only 0 of 2 alive nodes are that big even "
+        "when idle (largest: 2 GPUs, 8 CPUs); no node that can hold it registered within 30 s"
+    )
+    assert policy.pending == {}
+
+
+def test_schedulers_recorded_before_node_waits_reject_at_once() -> None:
+    """``wait_for_nodes=False``: what a Scheduler whose history predates the wait decides (workflows/scheduler.py
+    sets it from ``workflow.patched``), so its replay makes the same decisions."""
+    policy = Policy()
+    policy.wait_for_nodes = False
+    _, decisions = run_last([*TWO_NODES, gang("wide", nnodes=3, gpus=1)], policy)
     assert only(decisions, GangRejected, "wide") == (
         "rejected: needs 3 GPUs on 3 nodes (1 GPU, 1 CPU per node); "
         "only 2 of 2 alive nodes are that big even when idle (largest: 2 GPUs, 8 CPUs)"
     )
-    decisions = policy.step(gang("fat", nnodes=1, gpus=8))
-    assert "only 0 of 2 alive nodes are that big" in only(decisions, GangRejected, "fat")
-    assert "largest: 2 GPUs" in only(decisions, GangRejected, "fat")
-    _, decisions = run_last([gang("early", gpus=1)])
+    old = Policy()
+    old.wait_for_nodes = False
+    _, decisions = run_last([gang("early", gpus=1)], old)
     assert only(decisions, GangRejected, "early") == (
         "rejected: needs 1 GPU on 1 node (1 GPU, 1 CPU per node); no alive node is registered"
     )
-    assert policy.pending == {}
 
 
 def test_a_gang_that_needs_lost_nodes_waits_for_them_without_blocking_the_queue() -> None:
@@ -218,9 +255,9 @@ def test_a_gang_waiting_for_lost_nodes_is_rejected_after_its_wait() -> None:
     assert policy.next_deadline() == 1000.0
 
 
-def test_rejection_counts_lost_nodes_and_says_so() -> None:
+def test_the_wait_for_a_node_counts_lost_nodes_and_says_so() -> None:
     _, decisions = run_last([*TWO_NODES, NodeLost(node_id="b"), gang("triple", nnodes=3, gpus=1)])
-    reason = only(decisions, GangRejected, "triple")
+    reason = only(decisions, Pending, "triple")
     assert "only 2 of 2 registered nodes (1 of them lost) are that big even when idle" in reason
 
 
@@ -351,7 +388,7 @@ def test_node_lost_for_an_unknown_node_is_a_noop() -> None:
 
 def test_reregistration_updates_capacity_and_address() -> None:
     policy, decisions = run_last([node("a", gpus=1, cpus=8), gang("g", gpus=2, nnodes=1)])
-    assert "only 0 of 1 alive node" in only(decisions, GangRejected, "g")  # a has only 1 GPU
+    assert "only 0 of 1 alive node" in only(decisions, Pending, "g")  # a has only 1 GPU
     policy, _ = run_last(
         [node("a", gpus=4, cpus=8), NodeRegistered(spec=NodeSpec(node_id="a", address="new", gpus=8, cpus=1))]
     )
@@ -474,7 +511,7 @@ def test_events_and_decisions_round_trip_through_their_tagged_unions() -> None:
     assert again[-1].config.tenants[0].quota.cpu == 4000  # type: ignore[union-attr]
     policy, decisions = run_last([*TWO_NODES, gang("one", gpus=1), gang("h", nnodes=2, gpus=2), gang("s", gpus=1)])
     decisions += policy.step(GangReleased(gang_id="one"))
-    _, rejected = run_last([gang("r", gpus=0)])
+    _, rejected = run_last([gang("r", gpus=0, nnodes=0)])  # malformed: rejected at once
     all_decisions = [*decisions, *rejected]
     assert {type(d) for d in all_decisions} == {Admitted, Pending, Preempted, GangRejected}
     # the class was renamed from Rejected: its tag on the wire (outboxes, histories) is the same, the old name works

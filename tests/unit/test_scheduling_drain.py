@@ -94,13 +94,14 @@ def test_a_drain_without_a_reason_and_the_gangs_behind_the_first_waiting_one() -
     assert admitted(policy.step(GangReleased(gang_id="w1"))) == ["w2"]
 
 
-def test_a_gang_too_big_even_for_the_drained_nodes_is_still_rejected() -> None:
+def test_a_gang_too_big_even_for_the_drained_nodes_waits_for_a_new_node_not_an_undrain() -> None:
     policy = Policy()
     run([node("a"), node("b"), drain("b", "disk swap")], policy)
     (decision,) = policy.step(gang("huge", gpus=2, nnodes=3))
-    assert isinstance(decision, GangRejected)
-    assert decision.reason.startswith("rejected: needs 6 GPUs on 3 nodes")
+    assert isinstance(decision, Pending)
+    assert decision.reason.startswith("pending: needs 6 GPUs on 3 nodes")
     assert "only 2 of 2 registered nodes (1 drained) are that big even when idle" in decision.reason
+    assert "for a node that can hold it to register" in decision.reason
 
 
 def test_drained_nodes_suffice_so_no_lost_node_deadline_applies() -> None:
