@@ -37,8 +37,9 @@ Tick within ``SEARCH_PUT_OFF_S``.
 
 **Nodes.** A node that has not re-registered for ``node_ttl_s`` is lost; its allocations stay until
 their gangs release them. A gang that only lost nodes could hold waits for them without holding up the
-queue and is rejected after ``request.lost_node_wait_s``. A request that can never fit (too big for
-every registered node, more than its tenant may ever hold, unknown tenant or priority class, malformed,
+queue and is rejected after ``request.lost_node_wait_s``; so does one that no registered node can hold
+(none registered yet, none big enough: ``wait_for_nodes``), waiting for one to register. A request that can
+never be admitted (more than its tenant may ever hold, unknown tenant or priority class, malformed,
 duplicate) is rejected at once.
 
 **Drain.** An operator drains a node (``NodeDrained``): it takes no new gangs, and every preemptible gang
