@@ -15,7 +15,7 @@ import sys
 import sysconfig
 import types
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,18 +140,34 @@ def prepare_run(
         if value is not None and (not isinstance(value, str) or not value or value != value.strip()):
             raise InputError(f"{option} must be a name (a non-empty str without surrounding spaces), got {value!r}")
     cache = check_cache_mode(cache)
-    store = ArtifactStore(artifacts or default_artifact_root())
+    root = artifacts or default_artifact_root()
+    with _usable(root):
+        store = ArtifactStore(root)
     wire = defn.interface.inputs_to_wire(dict(inputs or {}), store.context(fetch=False))
     code = CodeRef(defn.module, defn.qualname)
     source = source_file(defn)
     if bundle and source:
         packed = pack_code(source)
-        uri, sha = store.put_bytes(packed.data)
+        with _usable(root):  # the first write: a root that exists but cannot be written fails here
+            uri, sha = store.put_bytes(packed.data)
         code = CodeRef(packed.module, defn.qualname, uri, sha)
     run = RunContext(
         run_id or f"{defn.name}-{uuid.uuid4().hex[:8]}", defn.name, tenant, store.uri_root, priority, cache
     )
     return defn, Envelope(code, wire, run)
+
+
+@contextlib.contextmanager
+def _usable(root: str) -> Iterator[None]:
+    """A root the store cannot open or write is bad input, said in one line before anything starts (a path
+    under a file, an unknown URI scheme, no permission), not a traceback from fsspec or os.makedirs."""
+    try:
+        yield
+    except (OSError, ValueError, ImportError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InputError(
+            f"artifact root {root!r} cannot be used: {reason} (--artifacts or $GANGFLOW_ARTIFACTS)"
+        ) from None
 
 
 def start_options(defn: WorkflowDefinition, envelope: Envelope) -> dict[str, Any]:
