@@ -410,9 +410,8 @@ def test_node_agents_run_as_root_with_named_capabilities_only() -> None:
     (container,) = spec["containers"]
     context = container["securityContext"]
     assert not context.get("privileged"), "not privileged: the capabilities it needs, named"
-    # no_new_privs: the ranks inherit it. (The API server refuses it beside privileged or CAP_SYS_ADMIN, so
-    # the capability is spelt as Kubernetes spells them, without CAP_.)
-    assert context.get("allowPrivilegeEscalation") is False
+    # Kubernetes counts SYS_ADMIN as escalation: false beside it passes only through kubernetes#119568
+    assert context.get("allowPrivilegeEscalation") is True
     assert context["capabilities"]["drop"] == ["ALL"]
     added = set(context["capabilities"]["add"])
     assert added == NODE_CAPABILITIES, f"capabilities {sorted(added)}"
@@ -552,3 +551,16 @@ def test_endpoints_job_refuses_a_bad_tenant_name(tmp_path: Path, tenants: str) -
     code, calls, output = _run_endpoints_job(tmp_path, {}, tenants)
     assert code == 2 and "is not a tenant name" in output, output
     assert all(c[5] == gang_endpoint("team-a") for c in calls), calls
+
+
+@pytest.mark.parametrize("dockerfile", sorted(set(kube.GANGFLOW_IMAGES.values())))
+def test_images_carry_no_setuid_file(dockerfile: str) -> None:
+    """A rank the root agent started as its own user must not become root again through a setuid binary
+    (the agent keeps SYS_ADMIN in its bounding set, and its container allows privilege escalation)."""
+    steps = kube._dockerfile(dockerfile)
+    users = [i for i, (op, _) in enumerate(steps) if op == "USER"]
+    stripped = [i for i, (op, a) in enumerate(steps) if op == "RUN" and "-perm /6000" in a and "chmod a-s" in a]
+    assert stripped and users and stripped[-1] < users[-1], f"{dockerfile}: setuid and setgid bits are not removed"
+    assert not [a for op, a in steps[stripped[-1] + 1 :] if op in ("RUN", "COPY", "ADD")], (
+        f"{dockerfile}: a step after the removal may bring a setuid file back"
+    )
