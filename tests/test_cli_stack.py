@@ -155,6 +155,9 @@ def test_failed_run_exits_1_with_the_error(server, worker, artifacts):
     )
     assert done.returncode == 1
     assert "task 'boom' failed: ValueError: bad things" in done.stderr
+    # the author's own frames, under the file they wrote; the SDK's and the bundle cache's paths behind --verbose
+    assert 'flows.py", line' in done.stderr and "/bundles/" not in done.stderr, done.stderr
+    assert "temporalio" not in done.stderr and "--verbose shows" in done.stderr
 
 
 def test_unreachable_server_is_a_clear_error():

@@ -21,6 +21,8 @@ from engine.core.waits import duration_text
 from engine.rank.view import format_age, format_metrics
 from engine.runtime.history import TaskRecord
 
+from .tracebacks import readable
+
 __all__ = [
     "console",
     "err_console",
@@ -140,7 +142,7 @@ def waiting_lines(progress: Mapping[str, Any], run_id: str = "RUN") -> list[str]
     return lines
 
 
-def show_status(info: RunInfo, *, result: bool = True) -> None:
+def show_status(info: RunInfo, *, result: bool = True, verbose: bool = False) -> None:
     console.print(
         f"[bold]{escape(info.run_id)}[/]  workflow [bold]{info.workflow}[/]  {_styled(info.status)}  "
         f"tenant {info.tenant}"
@@ -166,7 +168,7 @@ def show_status(info: RunInfo, *, result: bool = True) -> None:
         console.print("[bold]result:[/]", to_jsonable(info.result))
     if info.error:
         console.print("[bold red]error:[/]")
-        console.print(info.error, markup=False)
+        console.print(readable(info.error, verbose=verbose), markup=False)
 
 
 def show_ranks(info: RunInfo, views: Mapping[int, Mapping[str, Any]]) -> None:
@@ -191,10 +193,13 @@ def show_ranks(info: RunInfo, views: Mapping[int, Mapping[str, Any]]) -> None:
         console.print(table)
 
 
-def show_failure(run_id: str, error: str | None) -> None:
-    """A failed run, on stderr: its id, then the failing task's error as it was raised."""
+def show_failure(run_id: str, error: str | None, *, verbose: bool = False) -> None:
+    """A failed run, on stderr: its id, then the failing task's error with the author's own frames (every frame
+    with ``verbose``)."""
     err_console.print(f"[bold red]{escape(run_id)} failed[/]")
-    err_console.print(error or "", markup=False)
+    err_console.print(readable(error or "", verbose=verbose), markup=False)
+    if not verbose and error and readable(error) != error:
+        err_console.print("(--verbose shows Temporal's and gangflow's frames too)", style="dim")
 
 
 def show_runs(runs: list[RunInfo]) -> None:

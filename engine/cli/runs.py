@@ -62,7 +62,7 @@ async def cmd_run(args: argparse.Namespace, argv: RunArgv, options: dict[str, bo
         if args.json:
             print_json({"run_id": run_id, "status": "FAILED", "error": error})
         else:
-            show_failure(run_id, error)
+            show_failure(run_id, error, verbose=args.verbose)
         return EXIT_FAILED
     if args.json:
         print_json({"run_id": run_id, "status": "COMPLETED", "result": to_jsonable(data)})
@@ -83,7 +83,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print_json(with_ranks(run_json(info), views))
     else:
-        show_status(info)
+        show_status(info, verbose=args.verbose)
         show_ranks(info, views)
     return EXIT_OK
 

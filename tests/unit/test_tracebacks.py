@@ -1,0 +1,49 @@
+"""A failed run's error shows the author's own frames under the file they wrote; --verbose shows every frame."""
+
+from __future__ import annotations
+
+from engine.cli.tracebacks import readable
+
+BUNDLE = "/root/.cache/gangflow/stores/b6115737e678a9ba/bundles/" + "4" * 64
+ERROR = f"""TaskFailed: task 'divide' failed: ZeroDivisionError: integer division or modulo by zero
+  File "/srv/venv/lib/python3.11/site-packages/temporalio/worker/_workflow_instance.py", line 2846, in _run
+      await coro
+
+    File "/srv/gangflow/workflows/shell.py", line 316, in run
+      result = await defn.fn(**inputs)
+               ^^^^^^^^^^^^^^^^^^^^^^^
+
+    File "{BUNDLE}/pipelines/flow.py", line 12, in wf
+      return await divide(x=x)
+             ^^^^^^^^^^^^^^^^^
+Activity task failed
+ZeroDivisionError: integer division or modulo by zero
+  File "/srv/gangflow/engine/executor/body.py", line 31, in call_body
+      result = defn.fn(**inputs)
+
+    File "/usr/lib/python3.11/concurrent/futures/thread.py", line 58, in run
+      result = self.fn(*self.args, **self.kwargs)
+
+    File "{BUNDLE}/pipelines/flow.py", line 4, in helper
+      return 10 // x
+             ~~~^^~~
+    File "/home/me/shared/metrics.py", line 9, in score
+      return 1 / n"""
+
+
+def test_only_the_authors_frames_under_their_own_paths():
+    assert readable(ERROR).splitlines() == [
+        "TaskFailed: task 'divide' failed: ZeroDivisionError: integer division or modulo by zero",
+        '  File "pipelines/flow.py", line 12, in wf',
+        "    return await divide(x=x)",
+        "ZeroDivisionError: integer division or modulo by zero",
+        '  File "pipelines/flow.py", line 4, in helper',
+        "    return 10 // x",
+        '  File "/home/me/shared/metrics.py", line 9, in score',  # preloaded code outside a bundle: theirs too
+        "    return 1 / n",
+    ]
+
+
+def test_verbose_keeps_everything_and_a_plain_message_passes_through():
+    assert readable(ERROR, verbose=True) == ERROR
+    assert readable("Unschedulable: needs 6 GPUs on 3 nodes") == "Unschedulable: needs 6 GPUs on 3 nodes"
