@@ -83,7 +83,7 @@ REGISTER_EVERY = timedelta(seconds=5)
 #: SIGTERM means "save and exit": ranks get this long before SIGKILL
 STOP_GRACE_S = 5.0
 #: how a rank failure is reported to GangRun: a user error, or a system failure that spends restarts
-FAILURE_TYPES = {"user": "RankFailed", "killed": "RankKilled", "hung": "RankHung"}
+FAILURE_TYPES = {"user": "RankFailed", "killed": "RankKilled", "hung": "RankHung", "system": "RankUndelivered"}
 #: a notice for an attempt this agent never ran (it ended, or never came) is forgotten after this long
 NOTICE_TTL_S = 3600.0
 #: how long a stopping agent waits for its gangs to checkpoint and leave: the default preemption grace (120 s)
