@@ -1,8 +1,9 @@
 """What one failed attempt of a gang means: GangRun's failure classification.
 
 A *system* failure (a node lost: probe, heartbeat or schedule-to-start timeout; a node agent that shut down;
-a rank killed by a signal; a hung gang; a rank whose code or inputs could not be delivered) spends the gang's restart budget; a *user* error (an exception in the
-task body, the task's timeout) is retried only as far as the task's retry policy says. A timeout only
+a rank killed by a signal; a hung gang; a rank whose code or inputs the platform could not deliver) spends the
+gang's restart budget; a *user* error (an exception in the task body, the task's timeout) is retried only as far
+as the task's retry policy says. A timeout only
 suggests a node is lost: GangRun probes its agent before reporting it lost (see workflows.gang).
 """
 

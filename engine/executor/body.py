@@ -20,8 +20,8 @@ from engine.artifacts.store import ArtifactStore
 from engine.core.definitions import TaskDefinition
 from engine.core.wire import Envelope
 from engine.errors import InputUnavailableError
-from engine.types.files import Artifact
 from engine.types.codec import check_payload_size, pack
+from engine.types.files import Artifact
 
 __all__ = ["TaskBody", "call_body"]
 

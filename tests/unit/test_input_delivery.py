@@ -60,7 +60,7 @@ def test_a_missing_input_or_bundle_raises_input_unavailable(store: ArtifactStore
     envelope, obj = _envelope(tmp_path, store, "missing-input")
     obj.unlink()  # the object is gone from the store (and was never cached here)
     body = TaskBody(envelope, store)
-    with pytest.raises(InputUnavailableError, match="cannot deliver the input 'data.json'"):
+    with pytest.raises(InputUnavailableError, match=r"cannot deliver the input 'data\.json'"):
         body.inputs()
 
     envelope, _ = _envelope(tmp_path / "b", ArtifactStore(str(tmp_path / "b" / "artifacts")), "missing-bundle")
