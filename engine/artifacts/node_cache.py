@@ -29,7 +29,7 @@ import os
 import shutil
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from engine.core.atomic import TEMP_PREFIX
@@ -49,13 +49,18 @@ def secure_dirs(folder: Path, top: Path) -> None:
     """Create ``folder`` (under ``top``, the machine's cache folder) and, as root, make it and every folder from
     ``top`` down to it root-owned and 0755, refusing a symlink among them (a rank could have planted one to make
     root write elsewhere)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    if not _is_root() or folder in _secured:
+    if not _is_root():
+        folder.mkdir(parents=True, exist_ok=True)
         return
+    if folder in _secured:
+        return
+    top.mkdir(parents=True, exist_ok=True)
     chain = [folder, *[p for p in folder.parents if p.is_relative_to(top)]]
-    for path in reversed(chain):
+    for path in reversed(chain):  # top down, one level at a time: never through a symlink
         if path in _secured:
             continue
+        with suppress(FileExistsError):
+            os.mkdir(path, 0o755)
         info = os.lstat(path)
         if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
             raise OSError(f"refusing the cache folder {path}: it is not a plain folder (a symlink?)")
