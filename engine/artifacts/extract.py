@@ -130,9 +130,13 @@ def extract_zip(source: Path, staging: Path, what: str) -> dict[str, str]:
             if info.is_dir():
                 dest.mkdir(parents=True, exist_ok=True)
                 continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
             digest, size = hashlib.sha256(), 0
-            with archive.open(info) as src, open(dest, "xb") as out:  # "x": a duplicate name is refused too
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                out = open(dest, "xb")  # noqa: SIM115 - closed by the with below; "x": a duplicate name is refused
+            except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
+                raise ArchiveRefused(f"{what}: refusing the member {info.filename!r}: it clashes with another") from exc
+            with archive.open(info) as src, out:
                 while chunk := src.read(_CHUNK):
                     size += len(chunk)
                     written += len(chunk)
@@ -182,7 +186,7 @@ def extract_tar(source: Path, staging: Path, what: str) -> None:
     """Extract the tar at ``source`` into the (new) folder ``staging`` (checked first; then tarfile's ``"data"``
     filter, which refuses what the checks would have, as a second line)."""
     cap = limits()
-    with tarfile.open(source) as tar:
+    with tarfile.open(source, "r:") as tar:  # a plain tar, as uploads are: no decompression bomb
         _tar_members(tar, what, cap)
         staging.mkdir(parents=True, exist_ok=True)
         try:
@@ -196,7 +200,7 @@ def tar_digests(source: Path, what: str) -> dict[str, str]:
     of its content, each symlink's as ``"-> <target>"``."""
     cap = limits()
     digests: dict[str, str] = {}
-    with tarfile.open(source) as tar:
+    with tarfile.open(source, "r:") as tar:  # a plain tar, as uploads are: no decompression bomb
         members = _tar_members(tar, what, cap)
         by_name = {m.name: m for m in members}
         for member in members:

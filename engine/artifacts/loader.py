@@ -309,7 +309,7 @@ class CodeLoader:
             return known
         self._verified.forget(archive)
         try:
-            if not os.path.isdir(folder) or archive.is_symlink() or _sha256_of(archive) != sha:
+            if folder.is_symlink() or not folder.is_dir() or archive.is_symlink() or _sha256_of(archive) != sha:
                 return None
             files = zip_digests(archive, str(archive))
             checked = tree_matches(folder, files, extras=True)

@@ -270,6 +270,8 @@ class ArtifactStore:
         _VERIFIED.forget(target)
         try:
             if directory:
+                if not stat.S_ISDIR(os.lstat(target).st_mode):
+                    return False
                 archive = _archive_path(self.cache_path("artifacts", sha))
                 if not archive.is_file() or archive.is_symlink() or _sha256_file(str(archive))[0] != sha:
                     return False

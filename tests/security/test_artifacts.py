@@ -271,6 +271,13 @@ def test_the_caps_default_to_10_gib_and_100000_files_and_a_bad_setting_is_refuse
         limits()
 
 
+def test_a_bundle_whose_members_clash_is_refused(store, tmp_path):
+    ref = crafted_ref(store, zip_of(("flow.py", b"x = 1\n"), ("lib", b"a file"), ("lib/mod.py", b"y = 2\n")))
+    with pytest.raises(CodeNotFoundError, match="clashes with another"):
+        CodeLoader().load(ref, store)
+    no_leftovers(store.cache_path("bundles", ref.bundle_sha or "").parent)
+
+
 def test_a_symlink_in_a_bundle_is_refused(store, tmp_path):
     link = zipfile.ZipInfo("config.txt")
     link.external_attr = (stat.S_IFLNK | 0o777) << 16
