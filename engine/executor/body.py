@@ -18,12 +18,22 @@ from typing import Any
 from engine.artifacts.loader import LOADER, CodeNotFoundError
 from engine.artifacts.store import ArtifactStore
 from engine.core.definitions import TaskDefinition
-from engine.core.wire import Envelope
+from engine.core.wire import CodeRef, Envelope
 from engine.errors import InputUnavailableError
 from engine.types.codec import check_payload_size, pack
 from engine.types.files import Artifact
 
-__all__ = ["TaskBody", "call_body"]
+__all__ = ["TaskBody", "call_body", "deliver_code"]
+
+
+def deliver_code(code: CodeRef, store: ArtifactStore) -> None:
+    """Fetch, verify and extract the call's code bundle into the store's cache, before anything imports it: a
+    failure here (OSError) is the platform's, ``InputUnavailableError``, while an OSError raised by the user's
+    module when it is imported stays the user's."""
+    try:
+        LOADER.folder_for(code, store)
+    except OSError as exc:
+        raise InputUnavailableError(f"cannot deliver the code bundle {code.bundle}: {exc}") from exc
 
 
 def call_body(defn: TaskDefinition, inputs: dict[str, Any]) -> Any:
@@ -53,12 +63,8 @@ class TaskBody:
     def __init__(self, envelope: Envelope, store: ArtifactStore | None = None) -> None:
         self.envelope = envelope
         self.store = store if store is not None else ArtifactStore(envelope.run.artifacts)
-        # the store's own cached copy of the bundle: the same code in a worker's thread and in a rank. Fetched
-        # first on its own, so that an OSError of the user's module at import time stays the user's.
-        try:
-            LOADER.folder_for(envelope.code, self.store)
-        except OSError as exc:
-            raise InputUnavailableError(f"cannot deliver the code bundle {envelope.code.bundle}: {exc}") from exc
+        # the store's own cached copy of the bundle: the same code in a worker's thread and in a rank
+        deliver_code(envelope.code, self.store)
         defn = LOADER.load(envelope.code, self.store)
         if not isinstance(defn, TaskDefinition):
             raise CodeNotFoundError(f"{envelope.code.qualname} is not a @task")

@@ -62,6 +62,8 @@ from engine.core.protocol import (
 )
 from engine.core.secrets import SecretError
 from engine.core.wire import Envelope
+from engine.errors import InputUnavailableError
+from engine.executor.body import deliver_code
 from engine.executor.launcher import NodeGang, RankFailure
 from engine.executor.plan import DeliveredNotice, LauncherRelay, LaunchRefused, NodePlan, safe_name
 from engine.executor.ports import free_port
@@ -152,6 +154,11 @@ class NodeActivities:
         envelope = Envelope.decode(envelope_blob)
         store = store_for(envelope.run.artifacts)
         # the bundle must be in the run's store, and the ranks run in that store's (tenant's) cached copy
+        try:
+            await asyncio.to_thread(deliver_code, envelope.code, store)
+        except InputUnavailableError as exc:  # the platform's fault: a system failure, a restart (not a retry)
+            why = {"error_type": type(exc).__name__, "kind": "system"}
+            raise ApplicationError(str(exc), why, type=FAILURE_TYPES["system"], non_retryable=True) from None
         defn = await asyncio.to_thread(LOADER.load, envelope.code, store)
         if not isinstance(defn, TaskDefinition) or defn.plugin is None:
             raise ApplicationError(

@@ -16,7 +16,7 @@ from engine import File
 from engine.artifacts import ArtifactStore, pack_code
 from engine.core.wire import CodeRef, Envelope, RunContext
 from engine.errors import SYSTEM_ERROR_TYPES, InputUnavailableError
-from engine.executor.body import TaskBody
+from engine.executor.body import TaskBody, deliver_code
 from engine.executor.launcher import RankFailure
 from engine.runtime.node import FAILURE_TYPES
 from engine.types import ValueCodec, pack
@@ -67,6 +67,20 @@ def test_a_missing_input_or_bundle_raises_input_unavailable(store: ArtifactStore
     Path(envelope.code.bundle or "").unlink()
     with pytest.raises(InputUnavailableError, match="cannot deliver the code bundle"):
         TaskBody(envelope)
+    with pytest.raises(InputUnavailableError, match="cannot deliver the code bundle"):  # what a node agent calls
+        deliver_code(envelope.code, ArtifactStore(envelope.run.artifacts))
+
+
+def test_an_oserror_of_the_users_own_module_stays_the_users(store: ArtifactStore, tmp_path: Path) -> None:
+    project = tmp_path / "own"
+    project.mkdir()
+    (project / "flow.py").write_text(f"open({str(tmp_path / 'no-such-file')!r})\n")
+    packed = pack_code(project / "flow.py")
+    uri, sha = store.put_bytes(packed.data)
+    run = RunContext("run-1", "pipe", "team-a", store.uri_root)
+    with pytest.raises(FileNotFoundError) as raised:
+        TaskBody(Envelope(CodeRef(packed.module, "train", uri, sha), {}, run), store)
+    assert not isinstance(raised.value, InputUnavailableError)
 
 
 def test_a_rank_whose_input_is_missing_fails_as_a_system_failure(store: ArtifactStore, tmp_path: Path) -> None:
