@@ -7,9 +7,11 @@ them; the runtime maps them onto Temporal failure types by their ``kind``.
 from __future__ import annotations
 
 __all__ = [
+    "SYSTEM_ERROR_TYPES",
     "DefinitionError",
     "GangflowError",
     "InputError",
+    "InputUnavailableError",
     "NodeNotFoundError",
     "PayloadTooLargeError",
     "QueueConfigError",
@@ -63,3 +65,15 @@ class QueueConfigError(GangflowError, ValueError):
 
     #: the failure type the Scheduler's ``apply_queues`` update already answers with
     kind = "QueueConfigError"
+
+
+class InputUnavailableError(OSError):
+    """The platform could not deliver what a task call needs: its code bundle or a File / Directory input could
+    not be fetched, verified or unpacked into the node's cache. The platform's fault, not the task body's: a rank
+    that raises it fails its attempt as a *system* failure (a restart, not one of the task's ``retries``; see
+    :data:`SYSTEM_ERROR_TYPES`). Deliberately not a :class:`GangflowError`, which means "never retried": the
+    same input may well arrive on the next attempt."""
+
+
+#: the exception types (a rank's error report's first word) that make a failed rank the platform's fault
+SYSTEM_ERROR_TYPES = frozenset({InputUnavailableError.__name__})

@@ -1,9 +1,10 @@
 """What one failed attempt of a gang means: GangTask's failure classification.
 
 A *system* failure (a node lost: probe, heartbeat or schedule-to-start timeout; a node agent that shut down;
-a rank killed by a signal; a hung gang) spends the gang's restart budget; a *user* error (an exception in the
-task body, the task's timeout) is retried only as far as the task's retry policy says. A timeout only
-suggests a node is lost: GangTask probes its agent before reporting it lost (see workflows.gang).
+a rank killed by a signal; a hung gang; a rank whose code or inputs the platform could not deliver) spends the
+gang's restart budget; a *user* error (an exception in the task body, the task's timeout) is retried only as far
+as the task's retry policy says. A timeout only suggests a node is lost: GangTask probes its agent before
+reporting it lost (see workflows.gang).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError,
 __all__ = ["AttemptFailed", "Verdict", "classify"]
 
 #: the node agents' failure types that are the cluster's fault, not the task body's (engine.runtime.node)
-_SYSTEM_TYPES = ("RankKilled", "RankHung")
+_SYSTEM_TYPES = ("RankKilled", "RankHung", "RankUndelivered")
 _NODE_LOST = (TimeoutType.HEARTBEAT, TimeoutType.SCHEDULE_TO_START, TimeoutType.SCHEDULE_TO_CLOSE)
 
 

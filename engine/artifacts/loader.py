@@ -7,13 +7,17 @@ after) live side by side in one worker process, each run using its own. A bundle
 whatever the store, so a process imports it once; the files on disk (a rank's working folder, the configs a task
 reads next to its module) are each store's own.
 
-What is taken from the cache is checked. Extraction writes a manifest (:data:`MANIFEST`, hidden, so never a
-bundle's own file) of every extracted file's sha256 into the folder before it is published; the first use of a
-cached folder in a process re-hashes those files, and a folder whose files were changed, removed or whose manifest
-is missing is extracted again from the store (a task writing into its working folder, or an earlier process killed
-mid-way). Later uses in the same process compare the files' sizes and change times only. Top-level names come
-from the manifest and modules are compiled from their source, never from a ``__pycache__`` found in the folder, so
-a file added to the folder later is never imported in the bundle's name.
+What is taken from the cache is checked against the sha256 the run's reference names, never against anything
+kept beside the files. The bundle's zip is cached too (``bundles/<sha>.zip``, beside the folder); the first use of
+a cached folder in a process re-hashes the zip (it must have the reference's sha256) and every file the zip lists
+(each must hold that member's content), and a folder that does not match (a file changed or removed, a tenant's
+planted code, an earlier process killed mid-way) is extracted again from the store, under the object's lock
+(engine.artifacts.node_cache: safe for concurrent processes, root-owned and read-only to ranks where the agent is
+root). Later uses in the same process compare the zip's and the files' inodes, sizes and change times only.
+Extraction refuses unsafe names, links and archives over the caps before it writes anything
+(engine.artifacts.extract). Top-level names come from the zip's member list, modules are compiled from their
+source, never from a ``__pycache__`` found in the folder, and only files the zip lists are imported in the
+bundle's name (a file added to the folder later, a rank's output say, is refused by the finder).
 
 How a bundle's modules find each other. A workflow file imports its siblings by absolute name
 (``import helpers``, ``from lib import sub``), as it does when run as a script. Those names must resolve
@@ -55,11 +59,8 @@ import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
-import io
-import json
 import os
 import re
-import shutil
 import sys
 import threading
 import types
@@ -71,9 +72,9 @@ from typing import Any
 
 import fsspec
 
-from engine.artifacts.bundle import EXECUTABLE
-from engine.artifacts.store import ArtifactStore
-from engine.core.atomic import publishing
+from engine.artifacts.extract import ArchiveRefused, extract_zip, tree_matches, zip_digests
+from engine.artifacts.node_cache import Verified, discard, object_lock, publish, secure_dirs, sweep, temp_path
+from engine.artifacts.store import ArtifactStore, cache_dir
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, source_file
 from engine.core.wire import CodeRef
 from engine.errors import GangflowError
@@ -82,15 +83,12 @@ __all__ = [
     "BUNDLE_PREFIX",
     "FRAMEWORK_PACKAGES",
     "LOADER",
-    "MANIFEST",
     "CodeLoader",
     "CodeNotFoundError",
     "install_bundle",
 ]
 
 BUNDLE_PREFIX = "_gangflow_bundle_"
-#: the file in an extracted bundle's folder listing each extracted file's sha256
-MANIFEST = ".gangflow-manifest.json"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 #: top-level names a bundle never provides: they are the worker's own gangflow
 FRAMEWORK_PACKAGES = frozenset({"engine", "workflows", "plugins"})
@@ -135,6 +133,8 @@ class _Bundle:
     sha: str
     folder: Path
     builtins: dict[str, Any] = field(repr=False)
+    #: the files the bundle's zip lists (relative POSIX names): the only ones imported in its name
+    files: frozenset[str] = frozenset()
 
 
 def _top_level_names(files: Mapping[str, str]) -> frozenset[str]:
@@ -150,51 +150,41 @@ def _top_level_names(files: Mapping[str, str]) -> frozenset[str]:
     return frozenset(n for n in names if n.isidentifier()) - FRAMEWORK_PACKAGES
 
 
-def _hash_files(folder: Path) -> dict[str, str]:
-    """Each regular file under ``folder`` (relative POSIX path) and its sha256, the manifest left out."""
-    files = {}
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder).as_posix()
-        if path.is_file() and not path.is_symlink() and rel != MANIFEST:
-            files[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return files
+def _zip_path(folder: Path) -> Path:
+    """Where a bundle's zip is cached: ``bundles/<sha>.zip`` beside its extracted folder ``bundles/<sha>``."""
+    return folder.with_name(f"{folder.name}.zip")
 
 
-def _read_manifest(folder: Path, sha: str) -> dict[str, str] | None:
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict) or manifest.get("sha256") != sha or not isinstance(manifest.get("files"), dict):
-        return None
-    return {str(k): str(v) for k, v in manifest["files"].items()}
-
-
-def _stat_files(folder: Path, files: Mapping[str, str]) -> list[tuple[int, int]] | None:
-    """The size and change time of each listed file (None when one is gone): a rewrite changes the ctime."""
-    out = []
-    for rel in files:
-        try:
-            info = os.lstat(folder / rel)
-        except OSError:
-            return None
-        out.append((info.st_size, info.st_ctime_ns))
-    return out
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _unpack(uri: str, sha: str, data: bytes, target: Path) -> Path:
-    """Check ``data`` (read from ``uri``) against ``sha`` and extract it to ``target`` with its manifest,
-    atomically."""
+    """Check ``data`` (read from ``uri``) against ``sha`` and publish it at ``target`` (its zip beside it), under
+    the object's lock (the caller holds it). A copy already there is replaced: the caller found it damaged."""
     if hashlib.sha256(data).hexdigest() != sha:
         raise CodeNotFoundError(f"code bundle {uri} does not match its sha256 {sha}")
-    with publishing(target) as staging:  # a concurrent extraction may win the race: its copy is the same
-        archive = zipfile.ZipFile(io.BytesIO(data))
-        archive.extractall(staging)
-        for info in archive.infolist():  # zipfile drops file modes: give an executable back its exec bit
-            if (info.external_attr >> 16) & 0o111:
-                (staging / info.filename).chmod(EXECUTABLE)
-        manifest = {"sha256": sha, "files": _hash_files(staging)}
-        (staging / MANIFEST).write_text(json.dumps(manifest, sort_keys=True))
+    archive = _zip_path(target)
+    for path in (target, archive):
+        sweep(path)  # what a process killed mid-way left
+        discard(path)
+    staged_zip, staged = temp_path(archive), temp_path(target)
+    try:
+        staged_zip.write_bytes(data)
+        try:
+            extract_zip(staged_zip, staged, f"code bundle {uri}")
+        except (ArchiveRefused, zipfile.BadZipFile) as exc:
+            raise CodeNotFoundError(f"code bundle {uri} is refused: {exc}") from exc
+        publish(staged, target)
+        publish(staged_zip, archive)
+    finally:
+        for path in (staged, staged_zip):
+            if os.path.lexists(path):
+                discard(path)
     return target
 
 
@@ -231,9 +221,9 @@ def install_bundle(uri: str, data: bytes) -> Path:
     ``uri`` points into): for replaying recorded runs whose store is gone. Returns the folder."""
     sha = hashlib.sha256(data).hexdigest()
     target = _bundle_store(uri, sha, None).cache_path("bundles", sha)
-    if target.exists():
-        shutil.rmtree(target)
-    return _unpack(uri, sha, data, target)
+    secure_dirs(target.parent, cache_dir())
+    with object_lock(target):
+        return _unpack(uri, sha, data, target)
 
 
 def _package(bundle: _Bundle) -> types.ModuleType:
@@ -278,6 +268,14 @@ class _BundleFinder(importlib.abc.MetaPathFinder):
         if bundle is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.has_location and spec.origin:
+            # the folder may hold files the zip does not (a rank's output, or a planted module): never run them
+            try:
+                rel = Path(spec.origin).relative_to(bundle.folder).as_posix()
+            except ValueError:
+                rel = ""
+            if rel not in bundle.files:
+                raise ModuleNotFoundError(f"{fullname}: {spec.origin} is not a file of the code bundle", name=fullname)
         if spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader and spec.origin:
             spec.loader = _BundleSourceLoader(fullname, spec.origin, bundle.builtins)
         return spec
@@ -298,40 +296,50 @@ class CodeLoader:
     """
 
     def __init__(self) -> None:
-        #: folders checked in this process, with their files' stats then (see the module docstring)
-        self._checked: dict[Path, list[tuple[int, int]]] = {}
+        #: what this process verified by digest (keyed by each bundle's cached zip), and each folder's file list
+        self._verified = Verified()
+        self._files: dict[Path, dict[str, str]] = {}
 
     def _intact(self, folder: Path, sha: str) -> dict[str, str] | None:
-        """The manifest of a cached folder whose files are as extracted, else None."""
-        files = _read_manifest(folder, sha)
-        if files is None:
+        """The files (name -> sha256) of a cached folder that holds what its zip lists, the zip having ``sha``;
+        else None. Verified by digest on first use in this process, then by inodes and times."""
+        archive = _zip_path(folder)
+        known = self._files.get(folder)
+        if known is not None and self._verified.still(archive, [folder / rel for rel in known]):
+            return known
+        self._verified.forget(archive)
+        try:
+            if folder.is_symlink() or not folder.is_dir() or archive.is_symlink() or _sha256_of(archive) != sha:
+                return None
+            files = zip_digests(archive, str(archive))
+            checked = tree_matches(folder, files, extras=True)
+        except (OSError, ArchiveRefused, zipfile.BadZipFile):
             return None
-        stats = _stat_files(folder, files)
-        if stats is not None and self._checked.get(folder) == stats:
-            return files
-        current = {rel: digest for rel, digest in _hash_files(folder).items() if rel in files}
-        if current != files:
+        if checked is None:
             return None
-        self._checked[folder] = _stat_files(folder, files) or []
+        self._files[folder] = files
+        self._verified.record(archive, checked)
         return files
 
     def _extract(self, uri: str, sha: str, store: ArtifactStore) -> tuple[Path, dict[str, str]]:
-        """The store's extracted copy of the bundle, checked, and its manifest; fetched and extracted again
-        when missing or changed."""
+        """The store's extracted copy of the bundle, verified, and its files; fetched and extracted again when
+        missing or not what ``sha`` names."""
         target = store.cache_path("bundles", sha)
         with _lock:
-            data: bytes | None = None
-            for _ in range(3):  # another process may replace a changed copy at the same time as this one
-                if target.exists():
-                    files = self._intact(target, sha)
-                    if files is not None:
-                        return target, files
-                    shutil.rmtree(target, ignore_errors=True)  # changed since it was extracted: extract it again
-                if data is None:
+            files = self._intact(target, sha)  # the common case: no lock, no write
+            if files is not None:
+                return target, files
+            secure_dirs(target.parent, cache_dir())
+            with object_lock(target):
+                files = self._intact(target, sha)  # another process extracted it while this one waited
+                if files is None:
                     with fsspec.open(uri, "rb") as handle:
-                        data = handle.read()
-                _unpack(uri, sha, data, target)
-            raise CodeNotFoundError(f"code bundle {uri} keeps changing while it is extracted to {target}")
+                        data: bytes = handle.read()
+                    _unpack(uri, sha, data, target)
+                    files = self._intact(target, sha)
+                if files is None:
+                    raise CodeNotFoundError(f"code bundle {uri}: its copy just extracted to {target} does not verify")
+            return target, files
 
     def _bundle_for(self, uri: str, sha: str, store: ArtifactStore | None = None) -> _Bundle:
         source = _bundle_store(uri, sha, store)  # checked on every call: the fast path below trusts the process
@@ -345,7 +353,7 @@ class CodeLoader:
                 folder, files = self._extract(uri, sha, source)
                 namespace = dict(vars(builtins))
                 namespace["__import__"] = _BundleImport(name, _top_level_names(files))
-                bundle = _Bundle(name, uri, sha, folder, namespace)
+                bundle = _Bundle(name, uri, sha, folder, namespace, frozenset(files))
                 _bundles[name] = bundle
             # Before the path finder, which would load the bundle's modules with the normal builtins.
             if _finder not in sys.meta_path:

@@ -6,8 +6,12 @@ Readers keep a local cache per store (under ``$GANGFLOW_CACHE`` or ``~/.cache/ga
 a value read twice is downloaded once, and two stores (two tenants' roots) never share a cached copy, even of the
 same content. What is read is checked: a reference must point into this store's ``cas/``
 (not another store, not a path of its choosing), the downloaded bytes must have the reference's sha256 (files
-and directory archives alike), and a cached copy changed since it was fetched (a task writing into its input,
-say) is fetched again rather than handed out. A local directory is the default root; ``s3://``, ``gs://`` and the
+and directory archives alike), and a cached copy is verified against that sha256 on first use in each process
+(a file re-hashed, an extracted directory compared with its archive), so a copy changed since it was fetched (a
+task writing into its input, a tenant planting a file) is fetched again rather than handed out. The cache is safe
+for any number of concurrent fetchers and crash-safe, and owned by root where the agent is root
+(engine.artifacts.node_cache); directory archives are unpacked with engine.artifacts.extract's checks and caps.
+A local directory is the default root; ``s3://``, ``gs://`` and the
 other fsspec protocols work when their fsspec driver is installed.
 """
 
@@ -15,9 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
-import shutil
+import stat
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +28,8 @@ from typing import Any, Literal
 
 import fsspec
 
-from engine.core.atomic import publishing, write_atomic
+from engine.artifacts.extract import ArchiveRefused, extract_tar, limits, tar_digests, tree_matches
+from engine.artifacts.node_cache import Verified, discard, object_lock, publish, secure_dirs, sweep, temp_path
 from engine.types.files import Artifact, Directory
 
 __all__ = ["ArtifactStore", "CacheKind", "cache_dir", "cache_path", "default_artifact_root", "store_key"]
@@ -79,6 +83,32 @@ def _sha256_file(path: str) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+def _archive_path(object_folder: Path) -> Path:
+    """Where a directory's archive is cached: ``<sha>.tar`` beside the object's folder ``<sha>/`` (never a name in
+    it: those are the artifacts' own names)."""
+    return object_folder.with_name(f"{object_folder.name}.tar")
+
+
+def _archive_cap() -> int:
+    """The largest directory archive worth downloading: the extraction cap plus the tar headers of a full count
+    of files (a larger one is refused before a byte is fetched)."""
+    cap = limits()
+    return cap.max_bytes + 2048 * cap.max_files
+
+
+def _tree(folder: Path) -> list[Path]:
+    """Every file, link and folder under ``folder``, in a stable order (what a later look compares)."""
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames.sort()
+        found += [Path(dirpath, n) for n in sorted(filenames + dirnames)]
+    return found
+
+
+#: what this process verified by digest (engine.artifacts.node_cache)
+_VERIFIED = Verified()
+
+
 def _tar_directory(path: str) -> bytes:
     """A byte-for-byte reproducible tar of a directory: sorted names, zeroed times and owners."""
     buffer = io.BytesIO()
@@ -98,38 +128,6 @@ def _tar_directory(path: str) -> bytes:
                 if not os.listdir(full):  # keep empty directories
                     tar.add(full, arcname=os.path.relpath(full, path), recursive=False, filter=normalize)
     return buffer.getvalue()
-
-
-def _stamp_path(target: Path) -> Path:
-    return target.with_name(f".{target.name}.stamp")
-
-
-def _stamp(target: Path) -> list[list[Any]]:
-    """What a cached copy looks like: each file's relative path, size, mtime and ctime (a change to any of them,
-    e.g. a task writing into its input, means the copy is no longer what was fetched)."""
-    paths = [target] if target.is_file() else sorted(p for p in target.rglob("*") if p.is_file())
-    out: list[list[Any]] = []
-    for path in paths:
-        info = path.stat()
-        out.append(
-            [str(path.relative_to(target)) if path != target else "", info.st_size, info.st_mtime_ns, info.st_ctime_ns]
-        )
-    return out
-
-
-def _read_stamp(target: Path) -> Any:
-    try:
-        return json.loads(_stamp_path(target).read_text())
-    except (OSError, ValueError):
-        return None  # none (fetched before stamps existed, or a concurrent fetch not done): fetch again
-
-
-def _remove(target: Path) -> None:
-    if target.is_dir():
-        shutil.rmtree(target, ignore_errors=True)
-    else:
-        target.unlink(missing_ok=True)
-    _stamp_path(target).unlink(missing_ok=True)
 
 
 class ArtifactStore:
@@ -204,31 +202,88 @@ class ArtifactStore:
 
     def fetch(self, art: Artifact) -> str:
         """A local path holding the artifact's content, downloaded once per sha256 into this store's cache (and
-        again when the cached copy was changed). Raises ValueError (never retried) for a reference outside this
-        store."""
+        again when the cached copy is no longer what the reference's sha256 names). Safe for any number of
+        processes fetching at once (engine.artifacts.node_cache). Raises ValueError (never retried) for a
+        reference outside this store, OSError when the content cannot be delivered."""
         if not art.uri or not art.sha256:
             raise ValueError(f"{art!r} is not an uploaded reference")
         self.check_reference(art.uri, art.sha256)
         target = self.cache_path("artifacts", art.sha256, art.name)
-        if target.exists():
-            if _stamp(target) == _read_stamp(target):
+        directory = isinstance(art, Directory)
+        if self._trusted(target, art.sha256, directory):  # the common case: no lock, no write
+            return str(target)
+        folder = target.parent  # the object's folder: one lock for every name its content is fetched under
+        secure_dirs(folder, cache_dir())
+        with object_lock(folder):
+            if self._trusted(target, art.sha256, directory):  # another process fetched it while this one waited
                 return str(target)
-            _remove(target)  # changed since it was fetched: fetch it again
-        with publishing(target) as staging:  # a concurrent fetch may win the race: its copy is the same
-            if isinstance(art, Directory):
-                data = self.get_bytes(art.uri)
-                if hashlib.sha256(data).hexdigest() != art.sha256:
-                    raise OSError(f"artifact {art.uri} is corrupt: its sha256 is not {art.sha256}")
-                with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-                    tar.extractall(staging, filter="data")
-            else:
-                fs, path = fsspec.core.url_to_fs(art.uri)
-                fs.get_file(path, str(staging))
-                sha, _ = _sha256_file(str(staging))
-                if sha != art.sha256:
-                    raise OSError(f"artifact {art.uri} is corrupt: sha256 {sha} != {art.sha256}")
-        write_atomic(_stamp_path(target), json.dumps(_stamp(target)).encode(), durable=False)
+            sweep(target)  # what a writer killed mid-way left
+            discard(target)  # there, but not what the sha256 names
+            staged = temp_path(target)
+            try:
+                if directory:
+                    if art.size is not None and art.size > _archive_cap():
+                        raise ArchiveRefused(f"directory {art.uri} is {art.size} bytes: over the extraction cap")
+                    extract_tar(self._archive(art.uri, art.sha256), staged, f"directory {art.uri}")
+                else:
+                    self._download(art.uri, art.sha256, staged)
+                publish(staged, target)
+            finally:
+                if os.path.lexists(staged):
+                    discard(staged)
+            if not self._trusted(target, art.sha256, directory):
+                raise OSError(f"artifact {art.uri}: the copy just fetched to {target} does not verify")
         return str(target)
+
+    @staticmethod
+    def _download(uri: str, sha: str, dest: Path) -> None:
+        fs, path = fsspec.core.url_to_fs(uri)
+        fs.get_file(path, str(dest))
+        got, _ = _sha256_file(str(dest))
+        if got != sha:
+            raise OSError(f"artifact {uri} is corrupt: sha256 {got} != {sha}")
+
+    def _archive(self, uri: str, sha: str) -> Path:
+        """The cached copy of a directory's archive (verified, or downloaded again): what its extracted folder is
+        checked against. Under the object's lock."""
+        archive = _archive_path(self.cache_path("artifacts", sha))
+        if archive.is_file() and not archive.is_symlink() and _sha256_file(str(archive))[0] == sha:
+            return archive
+        sweep(archive)
+        discard(archive)
+        staged = temp_path(archive)
+        try:
+            self._download(uri, sha, staged)
+            publish(staged, archive)
+        finally:
+            staged.unlink(missing_ok=True)
+        return archive
+
+    def _trusted(self, target: Path, sha: str, directory: bool) -> bool:
+        """``target`` holds what ``sha`` names: verified by digest on first use in this process (a file re-hashed,
+        a folder compared with its archive, itself re-hashed), then by its files' inodes and times."""
+        if not os.path.lexists(target):
+            return False
+        files = _tree(target) if directory else []
+        if _VERIFIED.still(target, files):
+            return True
+        _VERIFIED.forget(target)
+        try:
+            if directory:
+                if not stat.S_ISDIR(os.lstat(target).st_mode):
+                    return False
+                archive = _archive_path(self.cache_path("artifacts", sha))
+                if not archive.is_file() or archive.is_symlink() or _sha256_file(str(archive))[0] != sha:
+                    return False
+                checked = tree_matches(target, tar_digests(archive, str(archive)), extras=False)
+                if checked is None:
+                    return False
+            elif not stat.S_ISREG(os.lstat(target).st_mode) or _sha256_file(str(target))[0] != sha:
+                return False
+        except (OSError, ArchiveRefused):
+            return False
+        _VERIFIED.record(target, files)
+        return True
 
     def check_reference(self, uri: str, sha: str) -> None:
         """The reference must name this store's object for its sha256: not another store's (another tenant's),

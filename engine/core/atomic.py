@@ -9,14 +9,11 @@ library only: any package may import it, the pure ones included.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["TEMP_PREFIX", "publishing", "write_atomic"]
+__all__ = ["TEMP_PREFIX", "write_atomic"]
 
 #: temporary names start with this (hidden, and never matched by a reader's ``rank*`` or ``step-*`` glob)
 TEMP_PREFIX = ".partial-"
@@ -49,24 +46,3 @@ def write_atomic(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-@contextmanager
-def publishing(target: str | os.PathLike[str]) -> Iterator[Path]:
-    """A scratch path to build a file or folder at; when the block succeeds it is renamed onto ``target``.
-
-    For content-addressed caches: when a concurrent writer got there first (a folder cannot replace a
-    non-empty one), its identical copy is kept. The scratch is removed whether the block succeeds or not.
-    """
-    final = Path(target)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=TEMP_PREFIX))
-    try:
-        yield staging / final.name
-        try:
-            os.replace(staging / final.name, final)
-        except OSError:
-            if not final.exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)

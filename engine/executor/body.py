@@ -18,10 +18,22 @@ from typing import Any
 from engine.artifacts.loader import LOADER, CodeNotFoundError
 from engine.artifacts.store import ArtifactStore
 from engine.core.definitions import TaskDefinition
-from engine.core.wire import Envelope
+from engine.core.wire import CodeRef, Envelope
+from engine.errors import InputUnavailableError
 from engine.types.codec import check_payload_size, pack
+from engine.types.files import Artifact
 
-__all__ = ["TaskBody", "call_body"]
+__all__ = ["TaskBody", "call_body", "deliver_code"]
+
+
+def deliver_code(code: CodeRef, store: ArtifactStore) -> None:
+    """Fetch, verify and extract the call's code bundle into the store's cache, before anything imports it: a
+    failure here (OSError) is the platform's, ``InputUnavailableError``, while an OSError raised by the user's
+    module when it is imported stays the user's."""
+    try:
+        LOADER.folder_for(code, store)
+    except OSError as exc:
+        raise InputUnavailableError(f"cannot deliver the code bundle {code.bundle}: {exc}") from exc
 
 
 def call_body(defn: TaskDefinition, inputs: dict[str, Any]) -> Any:
@@ -43,13 +55,16 @@ class TaskBody:
     """One task call's body, loaded from the envelope's code bundle in the run's store.
 
     Loading raises ``CodeNotFoundError`` (no such task) and ``inputs`` / ``encode`` raise ``GangflowError``
-    (a value that does not match its type): the callers report both as never worth retrying.
+    (a value that does not match its type): the callers report both as never worth retrying. A bundle or input
+    the store cannot deliver (unreachable, missing, corrupt, a cache that cannot be written) raises
+    ``InputUnavailableError``: the platform's fault, a system failure in a rank (engine.errors).
     """
 
     def __init__(self, envelope: Envelope, store: ArtifactStore | None = None) -> None:
         self.envelope = envelope
         self.store = store if store is not None else ArtifactStore(envelope.run.artifacts)
         # the store's own cached copy of the bundle: the same code in a worker's thread and in a rank
+        deliver_code(envelope.code, self.store)
         defn = LOADER.load(envelope.code, self.store)
         if not isinstance(defn, TaskDefinition):
             raise CodeNotFoundError(f"{envelope.code.qualname} is not a @task")
@@ -59,8 +74,14 @@ class TaskBody:
     @property
     def context(self) -> dict[str, Any]:
         if self._context is None:
-            self._context = self.store.context()
+            self._context = {**self.store.context(), "fetch": self._fetch}
         return self._context
+
+    def _fetch(self, art: Artifact) -> str:
+        try:
+            return self.store.fetch(art)
+        except OSError as exc:
+            raise InputUnavailableError(f"cannot deliver the input {art.name!r} ({art.uri}): {exc}") from exc
 
     def inputs(self) -> dict[str, Any]:
         """The call's inputs as the body's parameters (File / Directory values downloaded)."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.core.gang import RankContext
+from engine.errors import SYSTEM_ERROR_TYPES
 from engine.executor.process import signal_group, spawn, stop_processes
 from engine.executor.standby import RUNNER, StandbyPool
 
@@ -66,12 +67,15 @@ class RankFailure:
     @property
     def kind(self) -> str:
         """``killed`` (a signal from outside: the OOM killer, preemption, an operator), ``hung`` (no progress
-        report for ``hang_timeout``), or ``user`` (the body raised, the rank's own command failed, or the
+        report for ``hang_timeout``), ``system`` (the platform could not deliver the rank's code or inputs:
+        engine.errors.SYSTEM_ERROR_TYPES), or ``user`` (the body raised, the rank's own command failed, or the
         process crashed by itself: SIGABRT / SIGSEGV, which is also how frameworks abort after a peer died)."""
         if self.hung_for is not None:
             return "hung"
         if self.returncode is not None and -self.returncode in _EXTERNAL_SIGNALS:
             return "killed"
+        if self.error_type in SYSTEM_ERROR_TYPES:
+            return "system"
         return "user"
 
     @property
@@ -88,7 +92,7 @@ class RankFailure:
         in the body (a rank that wrote its traceback), then crashes and bare exit codes."""
         if self.role:  # a coordinator or launcher usually fails because a rank did
             return 4
-        return {"killed": 0, "hung": 1}.get(self.kind, 2 if self.error else 3)
+        return {"killed": 0, "hung": 1, "system": 1}.get(self.kind, 2 if self.error else 3)
 
     @property
     def how(self) -> str:

@@ -60,6 +60,8 @@ from engine.core.protocol import (
 )
 from engine.core.secrets import SecretError
 from engine.core.wire import Envelope
+from engine.errors import InputUnavailableError
+from engine.executor.body import deliver_code
 from engine.executor.launcher import NodeGang, RankFailure
 from engine.executor.plan import DeliveredNotice, LauncherRelay, LaunchRefused, NodePlan, safe_name
 from engine.executor.ports import free_port
@@ -82,7 +84,7 @@ REGISTER_EVERY = timedelta(seconds=5)
 #: SIGTERM means "save and exit": ranks get this long before SIGKILL
 STOP_GRACE_S = 5.0
 #: how a rank failure is reported to GangTask: a user error, or a system failure that spends restarts
-FAILURE_TYPES = {"user": "RankFailed", "killed": "RankKilled", "hung": "RankHung"}
+FAILURE_TYPES = {"user": "RankFailed", "killed": "RankKilled", "hung": "RankHung", "system": "RankUndelivered"}
 #: a notice for an attempt this agent never ran (it ended, or never came) is forgotten after this long
 NOTICE_TTL_S = 3600.0
 #: how long a stopping agent waits for its gangs to checkpoint and leave: the default preemption grace (120 s)
@@ -151,6 +153,11 @@ class NodeActivities:
         envelope = Envelope.decode(envelope_blob)
         store = store_for(envelope.run.artifacts)
         # the bundle must be in the run's store, and the ranks run in that store's (tenant's) cached copy
+        try:
+            await asyncio.to_thread(deliver_code, envelope.code, store)
+        except InputUnavailableError as exc:  # the platform's fault: a system failure, a restart (not a retry)
+            why = {"error_type": type(exc).__name__, "kind": "system"}
+            raise ApplicationError(str(exc), why, type=FAILURE_TYPES["system"], non_retryable=True) from None
         defn = await asyncio.to_thread(LOADER.load, envelope.code, store)
         if not isinstance(defn, TaskDefinition) or defn.plugin is None:
             raise ApplicationError(

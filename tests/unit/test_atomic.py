@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
 import pytest
 
-from engine.core.atomic import TEMP_PREFIX, publishing, write_atomic
+from engine.core.atomic import TEMP_PREFIX, write_atomic
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -73,33 +72,3 @@ def test_readers_never_see_a_partial_file(tmp_path):
         stop.set()
         reader.join()
     assert seen == {100_000}
-
-
-def test_publishing_moves_the_folder_into_place(tmp_path):
-    target = tmp_path / "cache" / "sha"
-    with publishing(target) as staging:
-        assert not staging.exists() and staging.parent.parent == target.parent
-        staging.mkdir()
-        (staging / "a.txt").write_text("a")
-    assert (target / "a.txt").read_text() == "a"
-    assert leftovers(target.parent) == []
-
-
-def test_publishing_keeps_the_copy_of_a_concurrent_winner(tmp_path):
-    target = tmp_path / "sha"
-    target.mkdir()
-    (target / "a.txt").write_text("winner")
-    with publishing(target) as staging:
-        staging.mkdir()
-        (staging / "a.txt").write_text("loser")
-    assert (target / "a.txt").read_text() == "winner"
-    assert leftovers(tmp_path) == []
-
-
-def test_publishing_cleans_up_after_a_failure(tmp_path):
-    target = tmp_path / "artifact.bin"
-    with pytest.raises(OSError, match="corrupt"), publishing(target) as staging:
-        staging.write_bytes(b"bad")
-        raise OSError("artifact is corrupt")
-    assert not target.exists()
-    assert os.listdir(tmp_path) == []

@@ -12,7 +12,7 @@ import pytest
 
 from engine import Directory, File, TypeMismatchError
 from engine.artifacts import ArtifactStore, pack_code
-from engine.artifacts.loader import MANIFEST, CodeLoader, CodeNotFoundError
+from engine.artifacts.loader import CodeLoader, CodeNotFoundError
 from engine.artifacts.store import cache_dir, store_key
 from engine.core.definitions import TaskDefinition
 from engine.core.wire import CodeRef
@@ -149,10 +149,10 @@ def test_a_cached_bundle_whose_files_were_changed_is_extracted_again(stores, tmp
     (folder / "flow.py").write_text("raise SystemExit('planted code')\n")
     assert loader.folder_for(ref, a) == folder and "planted" not in (folder / "flow.py").read_text()
 
-    # a removed file, or a folder without its manifest (an extraction from before, or cut short), likewise
+    # a removed file, or a folder without its cached zip (an extraction from before, or cut short), likewise
     (folder / "config.txt").unlink()
     assert (fresh_folder(ref, a) / "config.txt").is_file()
-    (folder / MANIFEST).unlink()
+    folder.with_name(folder.name + ".zip").unlink()
     (folder / "config.txt").write_text("not checked")
     assert (fresh_folder(ref, a) / "config.txt").read_text() == f"original {tmp_path}"
     # a file added to the folder (a task's output) is no change to the bundle: kept, and nothing re-extracted
