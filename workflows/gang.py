@@ -48,6 +48,7 @@ from temporalio.workflow import ActivityCancellationType, ActivityHandle
 
 from engine.core.gang import GangShape, NodeLaunch, notice_of, notice_payload
 from engine.core.protocol import (
+    ATTEMPTS_MEMO,
     GANG_TYPE,
     LEGACY_GANG_TYPE,
     NODE_LOST_SIGNAL,
@@ -90,8 +91,6 @@ NOTICE_REFRESH_S = 10.0
 NOTICE_PATCH = "preemption-notice"
 #: GangTasks recorded before their attempt list was kept in their memo (``gangflow_attempts``) upsert none
 ATTEMPTS_PATCH = "attempts-memo"
-#: the memo key of the attempt list: what ``gangflow status`` reads of a finished gang without any worker
-ATTEMPTS_MEMO = "gangflow_attempts"
 
 
 @dataclass(frozen=True)

@@ -4,34 +4,68 @@ Inside a rank of a distributed task it records the latest step and metrics in a 
 agent watches: the agent puts them into its heartbeat details (the Web UI and ``gangflow status`` show
 them) and, when the task sets ``hang_timeout``, treats a rank that has stopped reporting as hung.
 Writes are throttled (at most every ``_MIN_INTERVAL`` seconds, except the first), so calling it on
-every step costs nothing measurable. Outside a rank it does nothing.
+every step costs nothing measurable. A report the throttle holds back is not lost: it is written when the
+interval ends (a timer thread), or by :func:`flush` (at interpreter exit, and by a runner that leaves with
+``os._exit``), so the last report, usually the final step, is the one the file keeps. Outside a rank it
+does nothing.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import threading
 import time
 from typing import Any
 
 from engine.core.atomic import write_atomic
 
-__all__ = ["report"]
+__all__ = ["flush", "report"]
 
 _MIN_INTERVAL = 0.5
 _last_write = 0.0
+#: the newest report the throttle held back (path, step, metrics, time), and the timer that writes it
+_pending: tuple[str, int, dict[str, Any], float] | None = None
+_timer: threading.Timer | None = None
+_lock = threading.Lock()
+
+
+def _write(path: str, step: int, metrics: dict[str, Any], when: float) -> None:
+    """Write one report (the caller holds ``_lock``)."""
+    global _last_write
+    _last_write = time.monotonic()
+    clean = {k: (v if isinstance(v, int | float | str | bool) or v is None else str(v)) for k, v in metrics.items()}
+    line = json.dumps({"step": step, "time": when, "pid": os.getpid(), **clean})
+    # rewritten every half second and stale after a crash anyway: no fsync
+    write_atomic(path, line.encode(), durable=False)
+
+
+def flush() -> None:
+    """Write the report the throttle held back, if any (safe to call at any time, from any thread)."""
+    global _pending, _timer
+    with _lock:
+        pending, _pending, _timer = _pending, None, None
+        if pending is not None:
+            _write(*pending)
 
 
 def report(step: int, *, force: bool = False, **metrics: Any) -> None:
-    global _last_write
+    global _pending, _timer
     path = os.environ.get("GANGFLOW_PROGRESS_FILE")
     if not path:
         return
     now = time.monotonic()
-    if not force and _last_write and now - _last_write < _MIN_INTERVAL:
-        return
-    _last_write = now
-    clean = {k: (v if isinstance(v, int | float | str | bool) or v is None else str(v)) for k, v in metrics.items()}
-    line = json.dumps({"step": int(step), "time": time.time(), "pid": os.getpid(), **clean})
-    # rewritten every half second and stale after a crash anyway: no fsync
-    write_atomic(path, line.encode(), durable=False)
+    with _lock:
+        if not force and _last_write and now - _last_write < _MIN_INTERVAL:
+            _pending = (path, int(step), metrics, time.time())
+            if _timer is None:
+                _timer = threading.Timer(_MIN_INTERVAL - (now - _last_write), flush)
+                _timer.daemon = True  # never keeps a finished rank alive
+                _timer.start()
+            return
+        _pending = None  # this report is newer than the one held back
+        _write(path, int(step), metrics, time.time())
+
+
+atexit.register(flush)
