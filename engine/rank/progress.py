@@ -3,10 +3,12 @@
 Inside a rank of a distributed task it records the latest step and metrics in a small file the node
 agent watches: the agent puts them into its heartbeat details (the Web UI and ``gangflow status`` show
 them) and, when the task sets ``hang_timeout``, treats a rank that has stopped reporting as hung.
-Writes are throttled (at most every ``_MIN_INTERVAL`` seconds, except the first), so calling it on
-every step costs nothing measurable. A report the throttle holds back is not lost: it is written when the
-interval ends (a timer thread), or by :func:`flush` (at interpreter exit, and by a runner that leaves with
-``os._exit``), so the last report, usually the final step, is the one the file keeps. Outside a rank it
+Writes are throttled (at most every ``_MIN_INTERVAL`` seconds, except the first: ten small writes a second
+at most), so calling it on every step costs nothing measurable. A report the throttle holds back is not
+lost: it is written when the interval ends (a timer thread), or by :func:`flush` (at interpreter exit, and
+by a runner that leaves with ``os._exit``), so the last report, usually the final step, is the one the file
+keeps and ``gangflow status`` shows. Each report also carries the first step this rank reported
+(``first_step``): where this attempt started, which ``gangflow status`` lists per attempt. Outside a rank it
 does nothing.
 """
 
@@ -23,12 +25,15 @@ from engine.core.atomic import write_atomic
 
 __all__ = ["flush", "report"]
 
-_MIN_INTERVAL = 0.5
+#: short, so that a held-back final report is written before a rank that returns at once has exited
+_MIN_INTERVAL = 0.1
 _last_write = 0.0
 #: the newest report the throttle held back (path, step, metrics, time), and the timer that writes it
 _pending: tuple[str, int, dict[str, Any], float] | None = None
 _timer: threading.Timer | None = None
 _lock = threading.Lock()
+#: the first step reported into each progress file by this process: one rank's one attempt
+_first: dict[str, int] = {}
 
 
 def _write(path: str, step: int, metrics: dict[str, Any], when: float) -> None:
@@ -36,7 +41,8 @@ def _write(path: str, step: int, metrics: dict[str, Any], when: float) -> None:
     global _last_write
     _last_write = time.monotonic()
     clean = {k: (v if isinstance(v, int | float | str | bool) or v is None else str(v)) for k, v in metrics.items()}
-    line = json.dumps({"step": step, "time": when, "pid": os.getpid(), **clean})
+    first = _first.setdefault(path, step)
+    line = json.dumps({**clean, "step": step, "time": when, "pid": os.getpid(), "first_step": first})
     # rewritten every half second and stale after a crash anyway: no fsync
     write_atomic(path, line.encode(), durable=False)
 
@@ -58,6 +64,7 @@ def report(step: int, *, force: bool = False, **metrics: Any) -> None:
     now = time.monotonic()
     with _lock:
         if not force and _last_write and now - _last_write < _MIN_INTERVAL:
+            _first.setdefault(path, int(step))  # held back or not, where this attempt started
             _pending = (path, int(step), metrics, time.time())
             if _timer is None:
                 _timer = threading.Timer(_MIN_INTERVAL - (now - _last_write), flush)

@@ -4,9 +4,9 @@ While a node launch runs, :func:`rank_details` is its activity's heartbeat detai
 under the GangTask's pending activities, and ``Client.gang`` reads them for ``gangflow status``. A GangTask
 never sees heartbeats (Temporal keeps them on the pending activity, out of the workflow's reach), and
 signalling every report into it would grow its history with each one; so the readable per-rank line lives
-in the heartbeat's ``summary``. Besides each rank's latest report, the details say when the node's ranks started
-(``started``), when the details were taken (``at``) and each rank's first report of the attempt
-(``first_steps``): what an attempt's first step, last step and duration are read from once it is over.
+in the heartbeat's ``summary``. Besides each rank's latest report (which names the first step the rank reported,
+``first_step``), the details say when the node's ranks started (``started``) and when the details were
+taken (``at``): what an attempt's first step, last step and duration are read from once it is over.
 
 The details are also saved in the run's artifact store (:class:`RankSaver`), next to the run's logs but
 outside the log folder: every few seconds while the ranks run, and once when the launch ends. ``gangflow
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import weakref
 from typing import Any
 
 from engine.artifacts.store import ArtifactStore
@@ -43,11 +42,6 @@ SAVE_EVERY_S = 10.0
 
 log = logging.getLogger(__name__)
 
-#: each running gang's first report per rank. A rank's report file holds its latest report only; the agent
-#: builds these details every poll (a fraction of a second, while reports are at least half a second apart),
-#: so the first one it sees is the attempt's first. Weak: forgotten with the gang.
-_FIRST_STEPS: weakref.WeakKeyDictionary[NodeGang, dict[str, int]] = weakref.WeakKeyDictionary()
-
 
 def rank_details(node_id: str, gang: NodeGang) -> dict[str, Any]:
     """The heartbeat details of one node's ranks (the shape ``engine.rank.view`` reads)."""
@@ -56,15 +50,9 @@ def rank_details(node_id: str, gang: NodeGang) -> dict[str, Any]:
         for launch, proc in zip(gang.ranks, gang.procs, strict=False)
         if launch.role is None
     }
-    progress = gang.progress()
-    first = _FIRST_STEPS.setdefault(gang, {})
-    for rank, report in progress.items():
-        step = report.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            first.setdefault(str(rank), step)
     now = time.time()
-    details: dict[str, Any] = {"node": node_id, "pids": gang.pids, "ranks": ranks, "progress": progress}
-    details.update(first_steps=dict(first), started=gang.started or None, at=now)
+    details: dict[str, Any] = {"node": node_id, "pids": gang.pids, "ranks": ranks, "progress": gang.progress()}
+    details.update(started=gang.started or None, at=now)
     details["summary"] = summary_line(rank_rows([details], now))
     return details
 
@@ -140,17 +128,16 @@ def _steps(values: Any) -> list[int]:
 
 
 def attempt_steps(nodes: list[dict[str, Any]]) -> dict[str, Any]:
-    """What one attempt's saved details say of it: ``first_step`` (the lowest first report of any rank),
+    """What one attempt's saved details say of it: ``first_step`` (the lowest first step any rank reported),
     ``last_step`` (the highest last report), ``started_at`` and ``ended_at`` (epoch seconds: the earliest
     start of a node's ranks, the latest details; an agent that died mid-attempt saved its last ones earlier).
     None where no node says (no report, or an agent from before these keys)."""
     firsts, lasts, starts, ends = [], [], [], []
     for details in nodes:
-        first = details.get("first_steps")
-        firsts += _steps(first.values()) if isinstance(first, dict) else []
         progress = details.get("progress")
-        reports = progress.values() if isinstance(progress, dict) else []
-        lasts += _steps(r.get("step") for r in reports if isinstance(r, dict))
+        reports = [r for r in progress.values() if isinstance(r, dict)] if isinstance(progress, dict) else []
+        firsts += _steps(r.get("first_step") for r in reports)
+        lasts += _steps(r.get("step") for r in reports)
         starts += [v for v in [details.get("started")] if isinstance(v, int | float) and v]
         ends += [v for v in [details.get("at")] if isinstance(v, int | float) and v]
     return {

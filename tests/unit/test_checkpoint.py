@@ -192,6 +192,6 @@ def test_a_throttled_report_is_written_when_the_interval_ends_or_at_flush(tmp_pa
     report(step=52, loss=0.25)
     progress.flush()  # what a runner leaving with os._exit calls
     data = json.loads(target.read_text())
-    assert (data["step"], data["loss"]) == (52, 0.25)
+    assert (data["step"], data["loss"], data["first_step"]) == (52, 0.25, 1)  # where this rank started
     progress.flush()  # nothing held back: nothing happens
     assert step() == 52

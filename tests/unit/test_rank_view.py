@@ -194,25 +194,27 @@ class _Gang:
         return dict(self.reports)
 
 
-def test_details_keep_each_ranks_first_report_of_the_attempt() -> None:
+def test_details_say_when_the_ranks_started_and_where_each_attempt_began() -> None:
     gang = _Gang()
-    assert rank_details("n0", gang)["first_steps"] == {}  # type: ignore[arg-type]
-    gang.reports = {0: {"step": 20, "time": NOW}, 1: {"step": 21, "time": NOW}}
-    rank_details("n0", gang)  # type: ignore[arg-type]
-    gang.reports = {0: {"step": 35, "time": NOW}, 1: {"step": 36, "time": NOW}}
+    gang.reports = {0: {"step": 35, "first_step": 20, "time": NOW}, 1: {"step": 36, "first_step": 21, "time": NOW}}
     details = rank_details("n0", gang)  # type: ignore[arg-type]
-    assert details["first_steps"] == {"0": 20, "1": 21} and details["started"] == NOW - 30 and details["at"] >= NOW
-    steps = attempt_steps([details, {"node": "n1", "progress": {"2": {"step": 40}}, "first_steps": {"2": 19}}])
+    assert details["started"] == NOW - 30 and details["at"] >= NOW and "first_step" not in str(details["summary"])
+    other = {"node": "n1", "progress": {"2": {"step": 40, "first_step": 19}, "3": "junk"}, "at": NOW + 5}
+    steps = attempt_steps([details, other])
     assert (steps["first_step"], steps["last_step"], steps["started_at"]) == (19, 40, NOW - 30)
-    assert attempt_steps([{"node": "old agent", "progress": {}}]) == dict.fromkeys(
-        ("first_step", "last_step", "started_at", "ended_at")
-    )
+    assert steps["ended_at"] == details["at"]  # the latest details
+    assert attempt_steps([{"node": "old agent", "progress": {"0": {"step": 3}}}]) == {
+        "first_step": None,
+        "last_step": 3,
+        "started_at": None,
+        "ended_at": None,
+    }
 
 
 def test_attempts_join_the_gangs_record_with_the_saved_steps() -> None:
     saved = {
-        0: [{"first_steps": {"0": 0}, "progress": {"0": {"step": 30}}, "started": 100.0, "at": 140.0}],
-        1: [{"first_steps": {"0": 30}, "progress": {"0": {"step": 60}}, "started": 150.0, "at": 170.0}],
+        0: [{"progress": {"0": {"step": 30, "first_step": 0}}, "started": 100.0, "at": 140.0}],
+        1: [{"progress": {"0": {"step": 60, "first_step": 30}}, "started": 150.0, "at": 170.0}],
     }
     recorded = [
         {"attempt": 0, "kind": "preempted", "ended": "preempted by b-1 of team-b (reclaim)", "reason": "x",
