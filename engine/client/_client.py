@@ -53,6 +53,8 @@ from engine.types.codec import unpack
 __all__ = ["Client", "RunInfo", "log_rank"]
 
 _TRANSIENT = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNKNOWN)
+#: how long ``status`` waits for a worker to replay a finished gang that predates its attempt memo
+_REPLAY_QUERY_TIMEOUT = timedelta(seconds=5)
 
 
 @dataclass
@@ -248,9 +250,10 @@ class Client(ClusterClient):
             else:
                 with contextlib.suppress(RPCError, TemporalError):
                     recorded = await (await gang.describe()).memo_value(ATTEMPTS_MEMO, None)
-                if recorded is None:
+                if recorded is None:  # a gang from before the memo: a worker replays it, if one runs
                     with contextlib.suppress(RPCError, TemporalError):
-                        recorded = (await gang.query(STATUS_QUERY)).get("attempts")
+                        answer = await gang.query(STATUS_QUERY, rpc_timeout=_REPLAY_QUERY_TIMEOUT)
+                        recorded = answer.get("attempts")
         if not isinstance(recorded, list):
             recorded = failure_attempts(record.error)
         saved: dict[int, list[dict[str, Any]]] = {}
