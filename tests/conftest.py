@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -41,6 +42,18 @@ def gangflow_cli(
         cwd=cwd,
         timeout=timeout,
     )
+
+
+def status_json(address: str, run_id: str) -> dict[str, Any]:
+    """``gangflow status RUN --json`` as a user runs it (a real process), parsed."""
+    done = gangflow_cli("status", run_id, "--json", GANGFLOW_ADDRESS=address)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def gang_task(status: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    """A distributed task call of ``status_json``'s answer: the first (or the first named ``name``)."""
+    return next(t for t in status["tasks"] if t["kind"] == "gang" and name in (None, t["name"]))
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:

@@ -48,4 +48,4 @@ def test_a_reference_outside_the_runs_store_is_refused_at_once(server, worker, a
         gangflow_cli("status", json.loads(done.stdout)["run_id"], "--json", GANGFLOW_ADDRESS=server.address).stdout
     )
     (task,) = status["tasks"]
-    assert task["name"] == "size" and task["status"] == "failed" and task["attempt"] == 1, task  # not retried
+    assert task["name"] == "size" and task["status"] == "failed" and task["attempt"] == 0, task  # not retried

@@ -57,7 +57,7 @@ def test_a_schema_violation_fails_the_run_naming_the_column_without_retrying(ser
         return str(info.error), info.tasks
 
     error, tasks = run(main())
-    assert [(t.name, t.status, t.attempt) for t in tasks] == [("load_unlabelled", "failed", 1)]  # not retried
+    assert [(t.name, t.status, t.attempt) for t in tasks] == [("load_unlabelled", "failed", 0)]  # not retried (0-based)
     assert "task 'load_unlabelled'" in error
     assert "DataFrame column 'label' has dtype float64, expected int64" in error
     assert "TypeMismatch" in error

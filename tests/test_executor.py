@@ -97,7 +97,13 @@ def test_cancel_leaves_no_rank_process_behind(server, worker, cluster, artifacts
             await asyncio.sleep(0.1)
         with pytest.raises(WorkflowFailureError):
             await client.wait(run_id)
-        assert (await client.status(run_id)).status == "CANCELED"
+        status = await client.status(run_id)
+        assert status.status == "CANCELED"
+        # the gang's one attempt, as its GangTask recorded it when the cancel stopped it (no worker asked)
+        (gang,) = [t for t in status.tasks if t.kind == "gang"]
+        (attempt,) = gang.attempts
+        assert (gang.status, gang.attempt, attempt["attempt"], attempt["ended"]) == ("cancelled", 0, 0, "cancelled")
+        assert attempt["duration_s"] > 0 and len(attempt["nodes"]) == 2, attempt
         return pids
 
     run(main())

@@ -119,6 +119,10 @@ def test_a_team_runs_a_gang_through_its_endpoint_and_the_platform_pins_who_and_w
         ranks = train["ranks"]
         assert ranks["gang_id"] == "a-first.train-1" and not ranks["live"], ranks
         assert sorted(r["rank"] for r in ranks["ranks"]) == [0, 1] and all(r["pid"] for r in ranks["ranks"]), ranks
+        # its attempt list too: the platform's GangTask is out of reach, the saved reports give its times
+        (attempt,) = train["attempts"]
+        assert (train["attempt"], attempt["attempt"], attempt["ended"]) == (0, 0, "completed"), train["attempts"]
+        assert attempt["duration_s"] > 0 and attempt["last_step"] is None, attempt  # its task reports no step
 
     run(check())
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Stack, gangflow_cli, run, stack_fixture, until
+from conftest import Stack, gang_task, gangflow_cli, run, stack_fixture, status_json, until
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from engine.client import Client, load_workflow_file
@@ -206,6 +206,21 @@ async def scheduler_runs(client: Client) -> int:
     return len([w async for w in client.temporal.list_workflows(f"WorkflowId = '{SCHEDULER_ID}'")])
 
 
+def resumed_at(stack: Stack, run_id: str, ended: str, first: int) -> None:
+    """``gangflow status --json`` of a finished run whose gang was preempted once and resumed from step
+    ``first``: both attempts (0-based), how the first ended, each one's steps and duration, and the rank
+    table's final step."""
+    task = gang_task(status_json(stack.server.address, run_id))
+    preempted, resumed = task["attempts"]
+    assert (preempted["attempt"], resumed["attempt"], task["attempt"], task["ranks"]["attempt"]) == (0, 1, 1, 1)
+    assert (preempted["kind"], preempted["ended"]) == ("preempted", ended), preempted
+    assert (resumed["kind"], resumed["ended"]) == ("completed", "completed"), resumed
+    # each rank reports step + 1 after each step: the preempted attempt reported up to the step it saved
+    assert preempted["first_step"] == 1 and 0 < preempted["last_step"] <= first, preempted
+    assert resumed["first_step"] == first + 1 and resumed["last_step"] == task["ranks"]["ranks"][0]["step"], resumed
+    assert all(a["duration_s"] > 0 for a in (preempted, resumed)), task["attempts"]
+
+
 async def settled(stack: Stack) -> None:
     # a GangTask's release reaches the Scheduler as a signal, possibly just after its run's result
     await stack.wait_for("every gang released", lambda q: q["totals"]["running"] == q["totals"]["pending"] == 0)
@@ -260,6 +275,7 @@ def test_reclaim_saves_at_the_notice_frees_the_gpus_at_once_and_resumes(stack: S
             assert attempt["kind"] == "preempted", attempt
             assert attempt["reason"].startswith(f"preempted by {b_gang} of team-b (reclaim): the ranks exited ")
             assert info["preemptions"] == 1 and info["preemption"] is None, info
+            resumed_at(stack, run_id, f"preempted by {b_gang} of team-b (reclaim)", a["first"])
         await settled(stack)
 
     run(main())
@@ -474,6 +490,12 @@ def test_a_drain_moves_a_running_gang_to_another_node_through_a_checkpoint(stack
         assert attempt["reason"].startswith(f"preempted: node {first} is draining (maintenance): the ranks exited ")
         # resumed on the other node from the step the notice found, every step applied once, no restart spent
         assert done["attempt"] == 1 and done["first"] > 0 and done["applied"] == 400, done
+        resumed_at(stack, run_id, f"preempted: node {first} is draining (maintenance)", done["first"])
+        task = gang_task(status_json(stack.server.address, run_id))
+        assert [a["nodes"] for a in task["attempts"]] == [[first], [other]], task["attempts"]
+        assert task["attempts"][1]["last_step"] == 400 and task["ranks"]["ranks"][0]["step"] == 400, task
+        shown = cli("status", run_id)
+        assert "train-1 attempts" in shown.stdout and f"node {first} is draining" in shown.stdout, shown.stdout
         assert info["restarts"] == 0, info
         await settled(stack)
 

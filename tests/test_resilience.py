@@ -13,8 +13,9 @@ from typing import Any
 
 import gangs
 import pytest
-from conftest import ROOT, Stack, alive, failure_of, run, stack_fixture
+from conftest import ROOT, Stack, alive, failure_of, gang_task, gangflow_cli, run, stack_fixture, status_json
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 
 from engine.client import Client
@@ -67,6 +68,24 @@ def _pids(gang: dict[str, Any]) -> dict[str, list[int]]:
     return {node["node"]: node["pids"] for node in gang["nodes"]}
 
 
+def _restarted_once(stack: Stack, run_id: str, ended: str, first_step: int) -> None:
+    """``gangflow status`` of a finished run whose gang ran twice: the attempts (0-based, the same in the
+    task table, the attempt list and the rank table), how the first ended, each one's steps and duration;
+    the rank table's reports are the final step's."""
+    task = gang_task(status_json(stack.server.address, run_id))
+    first, second = task["attempts"]
+    assert (first["attempt"], second["attempt"], task["attempt"], task["ranks"]["attempt"]) == (0, 1, 1, 1), task
+    assert first["kind"] == "system" and first["ended"].startswith(ended), first
+    assert second["kind"] == "completed" and second["ended"] == "completed", second
+    assert first["first_step"] == 0 and first_step <= first["last_step"] < STEPS["total_steps"], first
+    assert second["first_step"] == first_step and second["last_step"] == STEPS["total_steps"], second
+    assert all(a["duration_s"] > 0 and len(a["nodes"]) == 2 for a in (first, second)), task["attempts"]
+    assert [r["step"] for r in task["ranks"]["ranks"]] == [STEPS["total_steps"]] * 2, task["ranks"]
+    shown = gangflow_cli("status", run_id, GANGFLOW_ADDRESS=stack.server.address, COLUMNS="200")
+    assert shown.returncode == 0 and "train-1 attempts" in shown.stdout and ended in shown.stdout, shown.stdout
+    assert "train ranks (attempt 1, last reports)" in shown.stdout, shown.stdout
+
+
 def test_node_agent_killed_mid_training_resumes_from_checkpoint(stack: Stack):
     async def main() -> None:
         client, run_id, gang_id = await _start_training(stack)
@@ -82,6 +101,7 @@ def test_node_agent_killed_mid_training_resumes_from_checkpoint(stack: Stack):
         assert f"node {victim} lost" in info["failed_attempts"][0]["reason"]
         assert await _run_ranks_started(client, gang_id) == 4  # 2 nodes × 2 attempts, in the history
         assert not any(alive(pid) for node in pids.values() for pid in node)  # no orphan of attempt 0
+        _restarted_once(stack, run_id, f"node {victim} lost", result.first_step)
         stack.nodes[victim].restart()
         await stack.wait_nodes()
 
@@ -116,6 +136,10 @@ def test_killed_rank_restarts_the_gang(stack: Stack):
         info = await client.gang(gang_id)
         assert "killed by SIGKILL" in info["failed_attempts"][0]["reason"]
         assert not any(alive(pid) for node in pids.values() for pid in node)
+        _restarted_once(stack, run_id, "rank ", result.first_step)
+        assert gang_task(status_json(stack.server.address, run_id))["attempts"][0]["ended"].endswith(
+            "was killed by SIGKILL"
+        )
 
     run(main())
 
@@ -144,10 +168,20 @@ def test_hung_rank_is_detected_and_restarted(stack: Stack):
 
 def test_user_error_is_not_restarted(stack: Stack):
     async def main() -> None:
-        error = await failure_of(await stack.client(), gangs.user_bug, {})
+        client = await stack.client()
+        run_id = await client.start(gangs.user_bug, {})
+        with pytest.raises(WorkflowFailureError):
+            await client.wait(run_id)
+        error = str((await client.status(run_id)).error)
         assert "user error in the task body, not restarted (1 attempt(s) allowed" in error
         assert "attempt 0 [user] rank 1 (node" in error and "KeyError" in error
         assert "attempt 1" not in error  # max_restarts=3 is for system failures only
+        # a failed run's status lists its one attempt and how it ended, in a few words
+        task = gang_task(status_json(stack.server.address, run_id))
+        (attempt,) = task["attempts"]
+        assert (attempt["attempt"], attempt["kind"], task["attempt"]) == (0, "user", 0), task
+        assert attempt["ended"].startswith("rank 1 (node ") and attempt["ended"].endswith("exited with code 1")
+        assert attempt["duration_s"] > 0 and attempt["reason"].startswith(attempt["ended"] + ": KeyError"), attempt
 
     run(main())
 

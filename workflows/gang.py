@@ -47,6 +47,7 @@ from temporalio.workflow import ActivityCancellationType, ActivityHandle
 
 from engine.core.gang import NodeLaunch, notice_of, notice_payload
 from engine.core.protocol import (
+    ATTEMPTS_MEMO,
     GANG_TYPE,
     LEGACY_GANG_TYPE,
     NODE_LOST_SIGNAL,
@@ -55,7 +56,6 @@ from engine.core.protocol import (
     PING,
     PLACEMENT_SIGNAL,
     PREEMPT_SIGNAL,
-    PREEMPTED_TYPE,
     REJECTED_SIGNAL,
     RELEASE_SIGNAL,
     REMOTE_COMMAND,
@@ -68,8 +68,8 @@ from engine.core.protocol import (
 )
 from engine.core.wire import Envelope
 from engine.scheduling import NodeAssignment, Placement, Preempted
-from workflows.gang_failures import AttemptFailed, Verdict, classify
-from workflows.gang_notice import PreemptedAttempt, waiting_because
+from workflows.gang_failures import AttemptFailed, Verdict, attempt_record, classify, finish_record
+from workflows.gang_notice import PreemptedAttempt, preempted_outcome, waiting_because
 from workflows.gang_spec import GangSpec, gang_request, no_scheduler
 
 __all__ = [
@@ -91,23 +91,8 @@ NOTICE_PATCH = "preemption-notice"
 SUBMIT_PATCH = "submit-waits-for-scheduler"
 #: while no Scheduler runs, the submit is tried again this often (the platform worker checks every 10 s)
 SUBMIT_RETRY_S = 5.0
-
-
-def _outcome(handles: list[ActivityHandle[bytes]], lost: set[str]) -> str:
-    """How the ranks of a preempted attempt left, in the node agents' words: the slowest node's report."""
-    reports: list[tuple[bool, float, str]] = []
-    for handle in handles:
-        failure = handle.exception() if handle.done() else None
-        cause = failure.cause if isinstance(failure, ActivityError) else None
-        if isinstance(cause, ApplicationError) and cause.type == PREEMPTED_TYPE:
-            details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
-            seconds = details.get("seconds")
-            slow = float(seconds) if isinstance(seconds, int | float) else 0.0
-            reports.append((details.get("killed") is True, slow, cause.message.split(": ", 1)[-1]))
-    parts = [max(reports)[2]] if reports else ["the ranks were stopped"]
-    if lost:
-        parts.append(f"node(s) {', '.join(sorted(lost))} lost meanwhile")
-    return "; ".join(parts)
+#: GangTasks recorded before their attempt list was kept in their memo (``gangflow_attempts``) upsert none
+ATTEMPTS_PATCH = "attempts-memo"
 
 
 def _record(order: list[int], index: int, _: object) -> None:
@@ -141,7 +126,7 @@ class GangTask:
         self.rejected: str | None = None
         self.pending: str | None = None
         self.phase = "submitted"
-        self.attempts: list[dict[str, Any]] = []  # one entry per failed attempt
+        self.attempts: list[dict[str, Any]] = []  # one entry per attempt (workflows.gang_failures attempt_record)
         self.restarts = 0
         self.remote: dict[str, list[str]] = {}  # "<attempt>/<node rank>" -> command
         self.preempt: Preempted | None = None  # the Scheduler's notice while this gang holds a placement
@@ -205,8 +190,19 @@ class GangTask:
             "restarts": self.restarts,
             "preemptions": self.preemptions,
             "preemption": self.noticed,
-            "failed_attempts": self.attempts,
+            "failed_attempts": self._failed(),
+            "attempts": self.attempts,
         }
+
+    def _failed(self) -> list[dict[str, Any]]:
+        return [a for a in self.attempts if a["kind"] in ("preempted", "system", "user")]
+
+    def _ended(self, record: dict[str, Any], kind: str, reason: str, ended: str | None = None) -> None:
+        """End the attempt's record, and keep the list in the memo where a finished gang's status reads it
+        without a worker to answer a query (gangs recorded before it replay without the upsert)."""
+        finish_record(record, kind, reason, workflow.now(), ended)
+        if workflow.patched(ATTEMPTS_PATCH):
+            workflow.upsert_memo({ATTEMPTS_MEMO: self.attempts})
 
     def _say(self, text: str, more: str = "") -> None:
         self.phase = text
@@ -221,10 +217,14 @@ class GangTask:
         attempt = 0
         while True:
             placement = await self._place(spec, scheduler)
+            nodes = [n.node_id for n in sorted(placement.nodes, key=lambda n: n.node_rank)]
+            record = attempt_record(attempt, nodes, workflow.now())
+            self.attempts.append(record)
             failure: AttemptFailed | None = None
             preempted: PreemptedAttempt | None = None
+            result: bytes | None = None
             try:
-                return await self._attempt(spec, envelope, placement, attempt)
+                result = await self._attempt(spec, envelope, placement, attempt)
             except AttemptFailed as failed:
                 failure = failed
             except PreemptedAttempt as notice:
@@ -237,19 +237,27 @@ class GangTask:
                     await scheduler.signal(NODE_LOST_SIGNAL, node_id)
                 await scheduler.signal(RELEASE_SIGNAL, gang_id)
                 self.noticed = None
+                if preempted is not None:
+                    reason = f"{preempted.summary}: {preempted.outcome}" if preempted.outcome else preempted.summary
+                    self._ended(record, "preempted", reason, preempted.summary)
+                elif failure is not None:
+                    self._ended(record, "system" if failure.system else "user", failure.reason)
+                elif result is not None:
+                    self._ended(record, "completed", "completed")
+                else:  # the run is being cancelled (nothing else leaves _attempt without a result)
+                    self._ended(record, "cancelled", "cancelled")
+            if result is not None:
+                return result
             if preempted is not None:
                 # a preemption is the cluster's decision, not a failure: no restart or retry is spent, and the
                 # gang queues again at its own priority (and its old place) to resume from its checkpoint
                 self.preemptions += 1
-                reason = f"{preempted.summary}: {preempted.outcome}" if preempted.outcome else preempted.summary
-                self.attempts.append({"attempt": attempt, "kind": "preempted", "reason": reason})
                 attempt += 1
                 self.requeued = waiting_because(preempted.notice)
                 continue
             if failure is None:  # pragma: no cover - _attempt returns, or raises one of the two
                 raise ApplicationError("internal error: attempt ended without a result", non_retryable=True)
             kind = "system" if failure.system else "user"
-            self.attempts.append({"attempt": attempt, "kind": kind, "reason": failure.reason})
             if failure.system:
                 self.restarts += 1
                 if self.restarts > spec.max_restarts:
@@ -276,8 +284,9 @@ class GangTask:
 
     def _summary(self, headline: str) -> str:
         lines = [headline + ":"]
-        lines += [f"  attempt {a['attempt']} [{a['kind']}] {_first_line(a['reason'])}" for a in self.attempts]
-        lines.append(f"last failure: {self.attempts[-1]['reason']}")
+        failed = self._failed()
+        lines += [f"  attempt {a['attempt']} [{a['kind']}] {_first_line(a['reason'])}" for a in failed]
+        lines.append(f"last failure: {failed[-1]['reason']}")
         return "\n".join(lines)
 
     async def _submit_when_scheduled(self, scheduler: Any, request: dict[str, Any], spec: GangSpec) -> None:
@@ -399,7 +408,7 @@ class GangTask:
                 lost = await self._honour(spec, handles, nodes, attempt)
                 if all(h.done() and h.exception() is None for h in handles):
                     return handles[0].result()  # every rank had finished before the notice reached it
-                raise PreemptedAttempt(self.preempt, sorted(lost), _outcome(handles, lost))
+                raise PreemptedAttempt(self.preempt, sorted(lost), preempted_outcome(handles, lost))
             # Stop the survivors first, then judge: the root cause (a node that vanished, a rank killed
             # from outside) often reports after its peers' collective errors ("connection closed by peer").
             self._say(f"attempt {attempt}: a rank failed; probing the other nodes and stopping their ranks")

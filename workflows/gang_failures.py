@@ -9,11 +9,14 @@ reporting it lost (see workflows.gang).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType, is_cancelled_exception
 
-__all__ = ["AttemptFailed", "Verdict", "classify"]
+__all__ = ["AttemptFailed", "Verdict", "attempt_record", "classify", "ended_line", "finish_record"]
 
 #: the node agents' failure types that are the cluster's fault, not the task body's (engine.runtime.node)
 _SYSTEM_TYPES = ("RankKilled", "RankHung", "RankUndelivered")
@@ -59,3 +62,37 @@ def classify(err: BaseException, node_id: str) -> Verdict | None:
         error_type = details.get("error_type") if isinstance(details.get("error_type"), str) else None
         return Verdict(node_id, cause.type in _SYSTEM_TYPES, cause.message, False, error_type)
     return Verdict(node_id, True, f"node {node_id}: {err.message}: {cause}", False)
+
+
+#: how a rank left, as the node agents word it (engine.executor.launcher ``RankFailure.how``): what the attempt
+#: list's ``ended`` keeps of a failure's first line, without the error text after it
+_HOW = re.compile(r"^(.*?(?:exited with code -?\d+|was killed by [A-Z0-9]+|was killed by signal \d+|\(hung\)))")
+
+
+def ended_line(reason: str) -> str:
+    """How an attempt ended, in a few words: ``rank 1 (node n1) exited with code 1``, ``node n1 lost
+    (heartbeat timeout)``; the reason's first line when it has no such head."""
+    first = reason.splitlines()[0] if reason else reason
+    found = _HOW.match(first)
+    return found.group(1) if found else first
+
+
+def attempt_record(attempt: int, nodes: list[str], now: datetime) -> dict[str, Any]:
+    """One attempt of a gang as GangTask keeps it (``status`` query, memo): running until
+    :func:`finish_record`; times are epoch seconds of workflow time (the same on every replay)."""
+    return {
+        "attempt": attempt,
+        "kind": "running",
+        "ended": None,
+        "reason": None,
+        "nodes": nodes,
+        "started_at": now.timestamp(),
+        "ended_at": None,
+        "duration_s": None,
+    }
+
+
+def finish_record(record: dict[str, Any], kind: str, reason: str, now: datetime, ended: str | None = None) -> None:
+    """End an attempt record: ``kind`` completed, cancelled, preempted, system or user."""
+    record.update(kind=kind, reason=reason, ended=ended or ended_line(reason), ended_at=now.timestamp())
+    record["duration_s"] = round(record["ended_at"] - record["started_at"], 3)

@@ -9,9 +9,13 @@ the attempt list's line, why the gang waits again, and the exception that ends a
 
 from __future__ import annotations
 
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.workflow import ActivityHandle
+
+from engine.core.protocol import PREEMPTED_TYPE
 from engine.scheduling import Preempted
 
-__all__ = ["PreemptedAttempt", "preemption_summary", "waiting_because"]
+__all__ = ["PreemptedAttempt", "preempted_outcome", "preemption_summary", "waiting_because"]
 
 
 class PreemptedAttempt(Exception):
@@ -46,3 +50,20 @@ def waiting_because(notice: Preempted) -> str:
     if cause == "backfill":
         return f"gang {by} of {tenant} was waiting before this backfilled gang started"
     return f"moved to make room for gang {by} of {tenant}"
+
+
+def preempted_outcome(handles: list[ActivityHandle[bytes]], lost: set[str]) -> str:
+    """How the ranks of a preempted attempt left, in the node agents' words: the slowest node's report."""
+    reports: list[tuple[bool, float, str]] = []
+    for handle in handles:
+        failure = handle.exception() if handle.done() else None
+        cause = failure.cause if isinstance(failure, ActivityError) else None
+        if isinstance(cause, ApplicationError) and cause.type == PREEMPTED_TYPE:
+            details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
+            seconds = details.get("seconds")
+            slow = float(seconds) if isinstance(seconds, int | float) else 0.0
+            reports.append((details.get("killed") is True, slow, cause.message.split(": ", 1)[-1]))
+    parts = [max(reports)[2]] if reports else ["the ranks were stopped"]
+    if lost:
+        parts.append(f"node(s) {', '.join(sorted(lost))} lost meanwhile")
+    return "; ".join(parts)

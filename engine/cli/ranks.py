@@ -32,28 +32,25 @@ async def rank_views(client: Client, info: RunInfo, now: float | None = None) ->
     now = time.time() if now is None else now
     views: dict[int, RankView] = {}
     store: ArtifactStore | None = None
-    calls: dict[str, int] = {}
     for index, record in enumerate(info.tasks):
-        if record.kind != "gang" or record.status == "cached":  # a cache hit launched no gang
+        # a cache hit launched no gang; ``call`` (engine.runtime.history) also names the gang of a tenant in the
+        # isolated layout: a Nexus operation with no child id here, its GangTask in the platform's namespace
+        # (unreadable to the tenant), its agents' saved details in the tenant's store
+        if record.kind != "gang" or record.call is None:
             continue
-        calls[record.name] = calls.get(record.name, 0) + 1
-        # the isolated layout: a tenant's gang is a Nexus operation with no child id here, its GangTask in the
-        # platform's namespace (unreadable to the tenant); its agents' saved details are in the tenant's store
-        gang_id = record.child_id or f"{info.run_id}.{record.name}-{calls[record.name]}"
+        gang_id = record.child_id or f"{info.run_id}.{record.call}"
         if record.child_id and record.status in ("scheduled", "running"):
             with contextlib.suppress(RPCError, TemporalError):
                 gang = await client.gang(gang_id)
                 rows = rank_rows(gang.get("nodes") or [], now)
                 if rows:
-                    attempt = len(gang.get("failed_attempts") or [])
+                    attempts = gang.get("attempts") or gang.get("failed_attempts") or []
+                    attempt = attempts[-1]["attempt"] if gang.get("attempts") else len(attempts)
                     views[index] = {"gang_id": gang_id, "attempt": attempt, "live": True, "ranks": rows}
                     continue
-        prefix = f"{info.run_id}."
-        if not gang_id.startswith(prefix):
-            continue
         store = store or ArtifactStore(info.artifacts or client.artifacts)
         with contextlib.suppress(OSError, ValueError):
-            saved = last_attempt_ranks(store, info.run_id, gang_id[len(prefix) :])
+            saved = last_attempt_ranks(store, info.run_id, record.call)
             if saved is not None:
                 attempt, nodes = saved
                 live = record.child_id is None and record.status == "running"  # saved every few seconds

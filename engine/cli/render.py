@@ -29,6 +29,7 @@ __all__ = [
     "print_json",
     "print_unwrapped",
     "run_json",
+    "show_attempts",
     "show_drain",
     "show_failure",
     "show_queue",
@@ -110,6 +111,7 @@ def run_json(info: RunInfo) -> dict[str, Any]:
                 "error": t.error,
                 "detail": t.detail,
                 "cached_from": t.cached_from,
+                **({"call": t.call, "attempts": t.attempts} if t.kind == "gang" else {}),
             }
             for t in info.tasks
         ],
@@ -164,11 +166,43 @@ def show_status(info: RunInfo, *, result: bool = True, verbose: bool = False) ->
             seconds = f"{t.seconds:.2f}" if t.seconds is not None else ""
             table.add_row(str(n), t.name, t.kind, _task_status(t), str(t.attempt), seconds, escape(t.detail or ""))
         console.print(table)
+    show_attempts(info)
     if result and info.status == "COMPLETED":
         console.print("[bold]result:[/]", to_jsonable(info.result))
     if info.error:
         console.print("[bold red]error:[/]")
         console.print(readable(info.error, verbose=verbose), markup=False)
+
+
+def _steps(attempt: Mapping[str, Any]) -> str:
+    first, last = attempt.get("first_step"), attempt.get("last_step")
+    if first is None and last is None:
+        return "—"
+    return f"{'?' if first is None else first} → {'?' if last is None else last}"
+
+
+def show_attempts(info: RunInfo) -> None:
+    """Per distributed task call, its attempts (0-based, as ``GANGFLOW_ATTEMPT`` and the rank table number
+    them): how each ended, how long it ran, its first and last step, where it ran."""
+    for task in info.tasks:
+        if task.kind != "gang" or not task.attempts:
+            continue
+        console.print(f"[bold]{escape(task.call or task.name)}[/] attempts")
+        table = Table(show_edge=False, header_style="bold")
+        for column in ("attempt", "ended", "seconds", "steps", "nodes"):
+            table.add_column(column)
+        for attempt in task.attempts:
+            seconds = attempt.get("duration_s")
+            kind = attempt.get("kind")
+            ended = attempt.get("ended") or ("running" if kind == "running" else "—")
+            table.add_row(
+                str(attempt.get("attempt")),
+                _styled(ended) if ended in _STYLE else escape(str(ended)),
+                f"{seconds:.1f}" if isinstance(seconds, int | float) else "",
+                _steps(attempt),
+                escape(", ".join(str(n) for n in attempt.get("nodes") or [])),
+            )
+        console.print(table)
 
 
 def show_ranks(info: RunInfo, views: Mapping[int, Mapping[str, Any]]) -> None:

@@ -35,6 +35,7 @@ from engine.client._prepare import (
 )
 from engine.core.definitions import WorkflowDefinition, definition_of
 from engine.core.protocol import (
+    ATTEMPTS_MEMO,
     DEFAULT_TENANT,
     PROGRESS_QUERY,
     QUEUES_QUERY,
@@ -45,12 +46,15 @@ from engine.core.protocol import (
 from engine.core.wire import Envelope, RunContext
 from engine.errors import GangflowError, InputError
 from engine.runtime.connection import PIPELINE, SCHEDULED_BY, TENANT, Endpoint, connect
-from engine.runtime.history import TaskRecord, read_tasks
+from engine.runtime.history import TaskRecord, failure_attempts, read_tasks
+from engine.runtime.ranks import attempt_ranks, merge_attempts
 from engine.types.codec import unpack
 
 __all__ = ["Client", "RunInfo", "log_rank"]
 
 _TRANSIENT = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNKNOWN)
+#: how long ``status`` waits for a worker to replay a finished gang that predates its attempt memo
+_REPLAY_QUERY_TIMEOUT = timedelta(seconds=5)
 
 
 @dataclass
@@ -215,16 +219,50 @@ class Client(ClusterClient):
         )
         if with_tasks:
             info.tasks, info.error = await read_tasks(handle, self.temporal.data_converter.payload_codec)
+            store = ArtifactStore(info.artifacts or self.artifacts)
             for record in info.tasks:
-                if record.kind == "gang" and record.child_id and record.status in ("scheduled", "running"):
-                    with contextlib.suppress(RPCError, TemporalError):
-                        gang = await self.temporal.get_workflow_handle(record.child_id).query(STATUS_QUERY)
-                        record.detail = gang.get("phase")
+                if record.kind == "gang" and record.status != "cached":  # a cache hit launched no gang
+                    await self._gang_attempts(record, run_id, store)
         if desc.status == WorkflowExecutionStatus.COMPLETED:
             info.result = unpack(await handle.result())
         elif desc.status == WorkflowExecutionStatus.RUNNING:
             info.progress = await self.progress(run_id)
         return info
+
+    async def _gang_attempts(self, record: TaskRecord, run_id: str, store: ArtifactStore) -> None:
+        """A distributed task call's attempts (``record.attempts``, its last one ``record.attempt``) and, while
+        it runs, its gang's phase (``record.detail``).
+
+        How each attempt ended is the GangTask's judgement: a running gang answers its status query; a finished
+        one keeps the list in its memo, read by ``describe`` with no worker to replay it (a gang from before the
+        memo: the query, if a worker answers). A tenant's gang in the isolated layout lives in the platform's
+        namespace, out of the tenant's reach: its failure, in the run's own history, names its failed attempts.
+        Steps, and times where nothing else says, come from what the node agents saved in the run's store
+        (``engine.runtime.ranks``), which every layout can read."""
+        recorded: list[dict[str, Any]] | None = None
+        if record.child_id:
+            gang = self.temporal.get_workflow_handle(record.child_id)
+            if record.status in ("scheduled", "running"):
+                with contextlib.suppress(RPCError, TemporalError):
+                    answer = await gang.query(STATUS_QUERY)
+                    record.detail = answer.get("phase")
+                    recorded = answer.get("attempts")
+            else:
+                with contextlib.suppress(RPCError, TemporalError):
+                    recorded = await (await gang.describe()).memo_value(ATTEMPTS_MEMO, None)
+                if recorded is None:  # a gang from before the memo: a worker replays it, if one runs
+                    with contextlib.suppress(RPCError, TemporalError):
+                        answer = await gang.query(STATUS_QUERY, rpc_timeout=_REPLAY_QUERY_TIMEOUT)
+                        recorded = answer.get("attempts")
+        if not isinstance(recorded, list):
+            recorded = failure_attempts(record.error)
+        saved: dict[int, list[dict[str, Any]]] = {}
+        if record.call:
+            with contextlib.suppress(OSError, ValueError):
+                saved = attempt_ranks(store, run_id, record.call)
+        record.attempts = merge_attempts([a for a in recorded if isinstance(a, dict)], saved, record.status)
+        if record.attempts:
+            record.attempt = record.attempts[-1]["attempt"]
 
     async def runs(self, *, status: str | None = None, pipeline: str | None = None, limit: int = 20) -> list[RunInfo]:
         clauses = [f"{PIPELINE.name} IS NOT NULL"]

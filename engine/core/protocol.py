@@ -19,6 +19,7 @@ from dataclasses import dataclass
 __all__ = [
     "APPLY_QUEUES_UPDATE",
     "APPROVE_UPDATE",
+    "ATTEMPTS_MEMO",
     "CACHE_HIT",
     "CACHE_LOOKUP",
     "CACHE_RECORD",
@@ -178,6 +179,8 @@ PENDING_SIGNAL = "pending"  # signal from the Scheduler: why it waits
 PREEMPT_SIGNAL = "preempt"  # signal from the Scheduler: the preemption notice
 REMOTE_COMMAND = "remote_command"  # signal and query: MPI's remote-shell hook between agents
 STATUS_QUERY = "status"  # query: phase, attempt, placement, ranks
+#: the memo key where a GangTask keeps its attempt list (what a finished gang's status reads, no worker needed)
+ATTEMPTS_MEMO = "gangflow_attempts"
 #: the error type a rank's attempt ends with when it was preempted (never spends a restart)
 PREEMPTED_TYPE = "RankPreempted"
 MAP_CHUNK_TYPE = "MapChunk"

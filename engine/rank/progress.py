@@ -3,35 +3,84 @@
 Inside a rank of a distributed task it records the latest step and metrics in a small file the node
 agent watches: the agent puts them into its heartbeat details (the Web UI and ``gangflow status`` show
 them) and, when the task sets ``hang_timeout``, treats a rank that has stopped reporting as hung.
-Writes are throttled (at most every ``_MIN_INTERVAL`` seconds, except the first), so calling it on
-every step costs nothing measurable. Outside a rank it does nothing.
+Writes are throttled (at most one every ``_MIN_INTERVAL`` seconds: fifty small writes a second at most), so
+calling it on every step costs nothing measurable. A report the throttle holds back is not lost: a writer
+thread writes the newest one when the interval ends, and :func:`flush` writes it at once (at interpreter
+exit, and for a runner that leaves with ``os._exit``), so the last report, usually the final step, is the
+one the file keeps and ``gangflow status`` shows. Each report also names the first step this rank reported
+(``first_step``): where this attempt started, which ``gangflow status`` lists per attempt. Outside a rank
+it does nothing.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import threading
 import time
 from typing import Any
 
 from engine.core.atomic import write_atomic
 
-__all__ = ["report"]
+__all__ = ["flush", "report"]
 
-_MIN_INTERVAL = 0.5
+#: short, so that a held-back final report is written before a rank that returns soon after it has exited
+_MIN_INTERVAL = 0.02
 _last_write = 0.0
+#: the newest report the throttle held back: (path, step, metrics, time)
+_pending: tuple[str, int, dict[str, Any], float] | None = None
+_lock = threading.Lock()
+_due = threading.Event()  # set while a report is held back: wakes the writer thread
+_writer: threading.Thread | None = None
+#: the first step reported into each progress file by this process: one rank's one attempt
+_first: dict[str, int] = {}
+
+
+def _write(path: str, step: int, metrics: dict[str, Any], when: float) -> None:
+    """Write one report (the caller holds ``_lock``)."""
+    global _last_write
+    _last_write = time.monotonic()
+    clean = {k: (v if isinstance(v, int | float | str | bool) or v is None else str(v)) for k, v in metrics.items()}
+    line = json.dumps({**clean, "step": step, "time": when, "pid": os.getpid(), "first_step": _first[path]})
+    # rewritten many times a second and stale after a crash anyway: no fsync
+    write_atomic(path, line.encode(), durable=False)
+
+
+def flush() -> None:
+    """Write the report the throttle held back, if any (safe to call at any time, from any thread)."""
+    global _pending
+    with _lock:
+        pending, _pending = _pending, None
+        if pending is not None:
+            _write(*pending)
+
+
+def _write_held_back() -> None:
+    while True:
+        _due.wait()
+        time.sleep(max(0.0, _MIN_INTERVAL - (time.monotonic() - _last_write)))
+        _due.clear()  # before the flush: a report held back from now on sets it again
+        flush()
 
 
 def report(step: int, *, force: bool = False, **metrics: Any) -> None:
-    global _last_write
+    global _pending, _writer
     path = os.environ.get("GANGFLOW_PROGRESS_FILE")
     if not path:
         return
     now = time.monotonic()
-    if not force and _last_write and now - _last_write < _MIN_INTERVAL:
-        return
-    _last_write = now
-    clean = {k: (v if isinstance(v, int | float | str | bool) or v is None else str(v)) for k, v in metrics.items()}
-    line = json.dumps({"step": int(step), "time": time.time(), "pid": os.getpid(), **clean})
-    # rewritten every half second and stale after a crash anyway: no fsync
-    write_atomic(path, line.encode(), durable=False)
+    with _lock:
+        _first.setdefault(path, int(step))
+        if not force and _last_write and now - _last_write < _MIN_INTERVAL:
+            _pending = (path, int(step), metrics, time.time())
+            if _writer is None:
+                _writer = threading.Thread(target=_write_held_back, name="gangflow-report", daemon=True)
+                _writer.start()
+            _due.set()
+            return
+        _pending = None  # this report is newer than the one held back
+        _write(path, int(step), metrics, time.time())
+
+
+atexit.register(flush)

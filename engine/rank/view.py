@@ -3,7 +3,7 @@ and how long ago that report was), built from what node agents heartbeat for the
 
 A node agent's heartbeat details (``engine/runtime/node.py``) are ``{"node", "pids", "ranks", "progress",
 "summary"}``: ``ranks`` maps each rank on the node to its pid, ``progress`` each rank that has reported to
-its latest report (``{"step", "time", "pid", **metrics}``), and ``summary`` is :func:`summary_line` of
+its latest report (``{"step", "time", "pid", "first_step", **metrics}``), and ``summary`` is :func:`summary_line` of
 those rows, the line a person reads in the Web UI. Heartbeats go through JSON, so rank keys arrive as
 strings; agents from before ``ranks`` existed send ``pids`` only (then a rank's pid is known once it
 reports). Pure: used by the node agent, the client and the CLI alike.
@@ -18,7 +18,7 @@ from typing import Any
 __all__ = ["RankRow", "format_age", "format_metrics", "rank_rows", "summary_line"]
 
 #: the report's own keys; everything else in a report is a metric the rank chose to report
-_REPORT_KEYS = frozenset({"step", "time", "pid"})
+_REPORT_KEYS = frozenset({"step", "time", "pid", "first_step"})
 #: metrics shown first, in this order, when a rank reports them
 _FIRST = ("loss", "val_loss", "accuracy", "lr")
 

@@ -1,13 +1,18 @@
 """What happened in a run, read from its Temporal history: one record per task call, and the failure.
 
 Used by ``gangflow status`` and the tests; works on finished runs and without any worker running.
+
+Attempts are 0-based everywhere (DESIGN.md, "Names"): a plain task's first try is attempt 0 (Temporal counts
+from 1, and a retried call's activity id ends ``#<try>`` counting from 1), and a distributed task's
+attempts are its gang's (``GANGFLOW_ATTEMPT``), filled in by ``Client.status`` from the gang's attempt list.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +24,7 @@ from temporalio.converter import DataConverter, PayloadCodec
 
 from engine.core.protocol import CACHE_HIT, CACHE_LOOKUP, CACHE_RECORD, parse_hit_id
 
-__all__ = ["TaskRecord", "format_failure", "read_tasks"]
+__all__ = ["TaskRecord", "failure_attempts", "format_failure", "read_tasks"]
 
 
 @dataclass
@@ -27,7 +32,7 @@ class TaskRecord:
     name: str
     kind: str  # "task", "lightweight" or "workflow"
     status: str = "scheduled"  # scheduled, running, completed, failed, timed out, cancelled
-    attempt: int = 1
+    attempt: int = 0  # 0-based: the try (plain task) or gang attempt (distributed task) that ran last
     scheduled: datetime | None = None
     started: datetime | None = None
     finished: datetime | None = None
@@ -35,6 +40,10 @@ class TaskRecord:
     child_id: str | None = None  # the child workflow (GangTask for a distributed task)
     detail: str | None = None  # live state, e.g. why a distributed task is still pending
     cached_from: str | None = None  # status "cached": the run whose result this call reused
+    call: str | None = None  # a distributed task call's name in the run ("train-1": its logs, ranks, checkpoints)
+    #: a distributed task call's attempts, oldest first: {"attempt", "ended", "kind", "duration_s", "first_step",
+    #: "last_step", ...} (``Client.status``)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def seconds(self) -> float | None:
@@ -115,7 +124,7 @@ async def read_tasks(
             call, sep, tries = scheduled.activity_id.rpartition("#")
             earlier = calls.get(call) if sep else None
             if earlier is not None and tries.isdigit():  # the shell tried this call again
-                earlier.status, earlier.attempt, earlier.finished = "scheduled", int(tries), None
+                earlier.status, earlier.attempt, earlier.finished = "scheduled", int(tries) - 1, None
                 records[event.event_id] = earlier
                 continue
             records[event.event_id] = TaskRecord(scheduled.activity_type.name, "task", scheduled=when)
@@ -125,7 +134,7 @@ async def read_tasks(
             started = event.activity_task_started_event_attributes
             rec = records[started.scheduled_event_id]
             rec.status, rec.started = "running", when
-            rec.attempt = max(rec.attempt, started.attempt)
+            rec.attempt = max(rec.attempt, started.attempt - 1)
             if started.HasField("last_failure"):
                 rec.error = format_failure(await _open(started.last_failure, codec), traces=False)
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
@@ -188,7 +197,40 @@ async def read_tasks(
                 rec.error = format_failure(await _open(closed.failure, codec))
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
             failure = format_failure(await _open(event.workflow_execution_failed_event_attributes.failure, codec))
-    return list({id(r): r for r in records.values()}.values()), failure
+    tasks = list({id(r): r for r in records.values()}.values())
+    _name_calls(tasks, handle.id)
+    return tasks, failure
+
+
+def _name_calls(tasks: list[TaskRecord], run_id: str) -> None:
+    """Each distributed task call's name in the run: its GangTask's id less the run's, or (a gang behind a
+    Nexus operation, whose id this namespace does not see) the task's name and its call number, as the run's
+    workflow numbers them (a cache hit launched no gang and takes no number)."""
+    counts: dict[str, int] = {}
+    for record in tasks:
+        if record.kind != "gang" or record.status == "cached":
+            continue
+        counts[record.name] = counts.get(record.name, 0) + 1
+        prefix = f"{run_id}."
+        if record.child_id and record.child_id.startswith(prefix):
+            record.call = record.child_id[len(prefix) :]
+        elif record.child_id is None:
+            record.call = f"{record.name}-{counts[record.name]}"
+
+
+#: one attempt of a gang's failure text (workflows/gang.py ``_summary``): "  attempt 1 [system] node n1 lost ..."
+_ATTEMPT_LINE = re.compile(r"^\s+attempt (\d+) \[(\w+)\] (.*)$")
+
+
+def failure_attempts(error: str | None) -> list[dict[str, Any]]:
+    """The failed attempts a gang's failure lists (where its own attempt list cannot be read: a tenant's gang
+    lives in the platform's namespace), as ``{"attempt", "kind", "reason"}``."""
+    found: dict[int, dict[str, Any]] = {}
+    for line in (error or "").splitlines():
+        match = _ATTEMPT_LINE.match(line)
+        if match:  # the innermost cause repeats the list: the first mention of each attempt is enough
+            found.setdefault(int(match[1]), {"attempt": int(match[1]), "kind": match[2], "reason": match[3]})
+    return [found[a] for a in sorted(found)]
 
 
 _CHILD_CLOSED = {

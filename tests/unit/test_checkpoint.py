@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -168,3 +169,29 @@ def test_checkpoints_in_an_object_store_are_uploaded_whole_and_found_again(tmp_p
     assert checkpoint.load_latest() == (40, {"weights": [40]})
     with pytest.raises(RuntimeError, match="object store"):
         checkpoint.directory()  # a local folder it is not: say so rather than write into a folder named "file:"
+
+
+def test_a_throttled_report_is_written_when_the_interval_ends_or_at_flush(tmp_path, monkeypatch):
+    """The last report of a fast loop (usually its final step) is the one the file keeps, not the last one
+    the throttle let through."""
+    from engine.rank import progress
+
+    target = tmp_path / "rank0.json"
+    monkeypatch.setenv("GANGFLOW_PROGRESS_FILE", str(target))
+
+    def step() -> int | None:
+        return json.loads(target.read_text())["step"] if target.exists() else None
+
+    for n in range(1, 51):
+        report(step=n)
+    deadline = time.monotonic() + 5
+    while step() != 50 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert step() == 50  # the timer wrote the held-back report
+    report(step=51)
+    report(step=52, loss=0.25)
+    progress.flush()  # what a runner leaving with os._exit calls
+    data = json.loads(target.read_text())
+    assert (data["step"], data["loss"], data["first_step"]) == (52, 0.25, 1)  # where this rank started
+    progress.flush()  # nothing held back: nothing happens
+    assert step() == 52

@@ -17,10 +17,11 @@ from engine.cli.logs import LogTail, wanted
 from engine.cli.ranks import with_ranks
 from engine.client import RunInfo
 from engine.rank.view import format_age, format_metrics, rank_rows, summary_line
-from engine.runtime.history import TaskRecord
-from engine.runtime.ranks import last_attempt_ranks, save_ranks
+from engine.runtime.history import TaskRecord, failure_attempts
+from engine.runtime.ranks import attempt_steps, last_attempt_ranks, merge_attempts, rank_details, save_ranks
 from engine.scheduling import NodeAssignment
 from workflows.gang import _rank_map
+from workflows.gang_failures import ended_line
 
 NOW = 1_000_000.0
 
@@ -177,3 +178,125 @@ def test_tail_prints_whole_lines_new_files_and_the_rest_at_the_end(tmp_path, roo
     assert poll(final=True) == ["== t-1.rank0.attempt0.log", "four"]  # the end: a last line without newline
     store.fs.pipe_file(f"{folder}/notes.json", json.dumps({}).encode())
     assert poll(final=True) == []
+
+
+class _Gang:
+    """What rank_details reads of a node's gang (engine.executor.launcher.NodeGang)."""
+
+    def __init__(self) -> None:
+        self.ranks: list[Any] = []
+        self.procs: list[Any] = []
+        self.pids: list[int] = []
+        self.started = NOW - 30
+        self.reports: dict[int, dict[str, Any]] = {}
+
+    def progress(self) -> dict[int, dict[str, Any]]:
+        return dict(self.reports)
+
+
+def test_details_say_when_the_ranks_started_and_where_each_attempt_began() -> None:
+    gang = _Gang()
+    gang.reports = {0: {"step": 35, "first_step": 20, "time": NOW}, 1: {"step": 36, "first_step": 21, "time": NOW}}
+    details = rank_details("n0", gang)  # type: ignore[arg-type]
+    assert details["started"] == NOW - 30 and details["at"] >= NOW and "first_step" not in str(details["summary"])
+    other = {"node": "n1", "progress": {"2": {"step": 40, "first_step": 19}, "3": "junk"}, "at": NOW + 5}
+    steps = attempt_steps([details, other])
+    assert (steps["first_step"], steps["last_step"], steps["started_at"]) == (19, 40, NOW - 30)
+    assert steps["ended_at"] == details["at"]  # the latest details
+    assert attempt_steps([{"node": "old agent", "progress": {"0": {"step": 3}}}]) == {
+        "first_step": None,
+        "last_step": 3,
+        "started_at": None,
+        "ended_at": None,
+    }
+
+
+def test_attempts_join_the_gangs_record_with_the_saved_steps() -> None:
+    saved = {
+        0: [{"progress": {"0": {"step": 30, "first_step": 0}}, "started": 100.0, "at": 140.0}],
+        1: [{"progress": {"0": {"step": 60, "first_step": 30}}, "started": 150.0, "at": 170.0}],
+    }
+    recorded = [
+        {"attempt": 0, "kind": "preempted", "ended": "preempted by b-1 of team-b (reclaim)", "reason": "x",
+         "started_at": 99.0, "ended_at": 141.0, "duration_s": 42.0, "nodes": ["n1", "n2"]},
+        {"attempt": 1, "kind": "completed", "ended": "completed", "reason": "completed",
+         "started_at": 149.0, "ended_at": 171.0, "duration_s": 22.0, "nodes": ["n1", "n2"]},
+    ]  # fmt: skip
+    merged = merge_attempts(recorded, saved, "completed")
+    assert [(a["attempt"], a["ended"], a["duration_s"], a["first_step"], a["last_step"]) for a in merged] == [
+        (0, "preempted by b-1 of team-b (reclaim)", 42.0, 0, 30),
+        (1, "completed", 22.0, 30, 60),
+    ]
+    # the isolated layout, a completed run: no record of the gang's own, the saved details give times and steps
+    alone = merge_attempts([], saved, "completed")
+    assert [(a["attempt"], a["ended"], a["duration_s"], a["last_step"]) for a in alone] == [
+        (0, None, 40.0, 30),
+        (1, "completed", 20.0, 60),
+    ]
+    # ... a failed one: its failure names the failed attempts
+    error = (
+        "RankFailed: user error in the task body, not restarted (1 attempt(s) allowed ...):\n"
+        "  attempt 0 [system] node n1 lost (heartbeat timeout)\n"
+        "  attempt 1 [user] rank 1 (node n2, local rank 0) exited with code 1: KeyError: 'x'\n"
+        "last failure: rank 1 (node n2, local rank 0) exited with code 1: KeyError: 'x'\n"
+        "RankFailed: user error ...:\n  attempt 0 [system] node n1 lost (heartbeat timeout)\n"
+    )
+    failed = merge_attempts(failure_attempts(error), saved, "failed")
+    assert [(a["attempt"], a["kind"], a["ended"]) for a in failed] == [
+        (0, "system", "node n1 lost (heartbeat timeout)"),
+        (1, "user", "rank 1 (node n2, local rank 0) exited with code 1: KeyError: 'x'"),
+    ]
+    assert failure_attempts(None) == [] and failure_attempts("ValueError: no list here") == []
+
+
+@pytest.mark.parametrize(
+    ("reason", "ended"),
+    [
+        ("rank 1 (node n1, local rank 1) exited with code 1: KeyError: 'x'\n--- last lines", "rank 1 (node n1, "
+         "local rank 1) exited with code 1"),
+        ("rank 0 (node n1, local rank 0) was killed by SIGKILL\n--- last lines", "rank 0 (node n1, local rank 0) "
+         "was killed by SIGKILL"),
+        ("rank 0 (node n1, local rank 0) made no progress for 12 s (hung)", "rank 0 (node n1, local rank 0) made "
+         "no progress for 12 s (hung)"),
+        ("node n1 lost (heartbeat timeout)", "node n1 lost (heartbeat timeout)"),
+        ("", ""),
+    ],
+)  # fmt: skip
+def test_an_attempt_ends_in_a_few_words(reason: str, ended: str) -> None:
+    assert ended_line(reason) == ended
+
+
+def _status_text(info: RunInfo) -> str:
+    out = io.StringIO()
+    original = render.console
+    render.console = Console(file=out, width=160, highlight=False)
+    try:
+        render.show_status(info)
+    finally:
+        render.console = original
+    return out.getvalue()
+
+
+def test_status_lists_each_gangs_attempts_numbered_from_0() -> None:
+    attempts = [
+        {"attempt": 0, "kind": "preempted", "ended": "preempted by b-1 of team-b (reclaim)", "duration_s": 42.0,
+         "first_step": 0, "last_step": 30, "nodes": ["n1", "n2"]},
+        {"attempt": 1, "kind": "completed", "ended": "completed", "duration_s": 22.5, "first_step": 30,
+         "last_step": 60, "nodes": ["n2", "n3"]},
+    ]  # fmt: skip
+    train = TaskRecord("train", "gang", status="completed", attempt=1, call="train-1", attempts=attempts)
+    info = RunInfo("r", "wf", "COMPLETED", None, None, tasks=[TaskRecord("prep", "task", "completed"), train])
+    text = _status_text(info)
+    rows = [[cell.strip() for cell in line.split("│")] for line in text.splitlines() if "│" in line]
+    assert rows[:2] == [
+        ["1", "prep", "task", "completed", "0", "", ""],
+        ["2", "train", "gang", "completed", "1", "", ""],  # the task table numbers attempts as the gang does
+    ]
+    assert "train-1 attempts" in text
+    assert rows[2:] == [
+        ["0", "preempted by b-1 of team-b (reclaim)", "42.0", "0 → 30", "n1, n2"],
+        ["1", "completed", "22.5", "30 → 60", "n2, n3"],
+    ]
+    task = render.run_json(info)["tasks"][1]
+    assert task["attempt"] == 1 and task["call"] == "train-1" and task["attempts"] == attempts
+    assert "attempts" not in render.run_json(info)["tasks"][0]  # a plain task has tries, not gang attempts
