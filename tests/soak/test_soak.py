@@ -123,6 +123,7 @@ def test_a_short_soak_loses_nothing() -> None:
     done = run_soak(*SHORT, "--drain-minutes", "8", timeout=1100)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1, done.stderr[-5000:]
+    print(lines[0])  # the soak's figures, for `pytest -rP`
     result = json.loads(lines[0])
     report = f"{lines[0]}\n{done.stderr[-5000:]}"
     runs = result["runs"]
