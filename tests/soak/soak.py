@@ -219,6 +219,14 @@ def rank_processes(root: Path, *, active_only: bool) -> list[int]:
     return sorted(found)
 
 
+def parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the harness
 # ---------------------------------------------------------------------------------------------------------
@@ -278,13 +286,14 @@ class Soak:
         node_id = free[int(fault.pick * len(free))]
         agent = self.stack.nodes[node_id]
         self.tally.busy.add(node_id)
+        hosted = sum(1 for pid in rank_processes(self.root, active_only=True) if parent_of(pid) == agent.proc.pid)
         sig = {"agent_sigkill": signal.SIGKILL, "agent_sigterm": signal.SIGTERM, "agent_sigstop": signal.SIGSTOP}
         os.kill(agent.proc.pid, sig[kind])
         if kind == "agent_sigstop":
             self.later(self.resume_agent(node_id, fault.hold))
-            return kind, f"node {node_id} for {fault.hold:.0f} s"
+            return kind, f"node {node_id} ({hosted} rank(s)) for {fault.hold:.0f} s"
         self.later(self.restart_agent(node_id, fault.delay))
-        return kind, f"node {node_id}"
+        return kind, f"node {node_id} ({hosted} rank(s))"
 
     def later(self, coro: Any) -> None:
         self.recoveries.append(asyncio.create_task(coro))
