@@ -21,6 +21,7 @@ from engine.core.wire import Envelope
 from engine.errors import GangflowError
 from engine.executor.body import TaskBody
 from engine.executor.standby import become_rank
+from engine.rank import progress
 from engine.types.codec import unpack
 
 __all__ = ["main"]
@@ -35,6 +36,7 @@ def _run(spec: dict[str, Any], rank: RankContext) -> None:
     plugin.setup(rank)
     try:
         result = body.call(inputs)
+        progress.flush()  # the last engine.report (often the final step) before the agent reads it
         if rank.rank == 0:
             write_atomic(spec["result_path"], body.encode(result))
         Path(spec["done_dir"], f"rank{rank.rank}").touch()
@@ -74,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         report = f"{kind}: {exc}\n{''.join(traceback.format_exception(exc))}"
         write_atomic(Path(spec["error_dir"], f"rank{rank.rank}"), report.encode())
         code = 1
+    progress.flush()  # os._exit skips the atexit hook that would write a held-back report
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
