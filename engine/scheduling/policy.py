@@ -67,7 +67,8 @@ the node's re-registrations, its loss and ``snapshot``.
 as the order is walked, and ``Pending`` for a gang whose reason changed (a new gang always gets one).
 
 **Where.** This module holds the state, the events and the admission cycle. The victim search is
-``engine.scheduling.preemption``, the waits for lost and drained nodes ``engine.scheduling.node_waits``,
+``engine.scheduling.preemption``, the waits for lost and drained nodes ``engine.scheduling.node_waits``, the
+lenders waiting ``engine.scheduling.lenders``,
 the continue-as-new encoding ``engine.scheduling.snapshot``, the per-gang records they share
 ``engine.scheduling.state``; they read and update the policy's state, which stays this class's.
 """
@@ -97,6 +98,7 @@ from engine.scheduling.events import (
     Tick,
 )
 from engine.scheduling.inventory import Inventory
+from engine.scheduling.lenders import Lenders
 from engine.scheduling.model import DEFAULT_NODE_TTL_S, GangRequest, Placement
 from engine.scheduling.reasons import (
     behind_reason,
@@ -111,7 +113,7 @@ from engine.scheduling.reasons import (
     quota_reason,
 )
 from engine.scheduling.state import Fit, Queued, QueueKey, Running, Shape, shape_of
-from engine.scheduling.tenancy import Blocked, Tenancy, Vec, demand
+from engine.scheduling.tenancy import Tenancy, Vec, demand
 
 __all__ = ["Policy"]
 
@@ -147,9 +149,7 @@ class Policy:
         self._tier_cache: dict[str, tuple[Any, dict[int, tuple[bool, float]]]] = {}
         self._searches_left = 1
         self._pending_counts: dict[str, int] = {}  # tenant -> its gangs waiting (``max_pending``)
-        #: root cohort -> its lenders waiting: gangs within their tenant's nominal quota that the cohort pool
-        #: stopped when last looked at; nothing borrows from that cohort meanwhile (module docstring)
-        self._lenders: dict[str, set[str]] = {}
+        self.lenders = Lenders()  # nothing borrows from a cohort while a lender waits there (module docstring)
 
     # -- events ------------------------------------------------------------------------------------
     def step(self, event: Event, now: float | None = None) -> list[Decision]:
@@ -280,7 +280,7 @@ class Policy:
         old = sorted(self.pending.values(), key=lambda q: q.seq)
         self.pending, self._queues = {}, {}
         self._pending_counts.clear()
-        self._lenders.clear()
+        self.lenders.clear()
         self._lost_waiters.clear()
         self._reserved.clear()
         self._retry.clear()
@@ -411,11 +411,11 @@ class Policy:
             ):
                 continue
             blocked = self.tenancy.blocked(tenant, vec, not queued.preemptible)
-            self._mark_lender(queued, blocked)
-            if blocked is None and self._lender_waits(queued):
+            root = self.tenancy.root(tenant)
+            self.lenders.update(root, request.gang_id, blocked)
+            if blocked is None and self.lenders.waiting(root) and self.tenancy.would_borrow(tenant, vec):
                 refused.setdefault(tenant, []).append(vec)  # a bigger gang would borrow too
-                tkey = ("lender", tenant, queued.shape, self.tenancy.root(tenant))
-                text = self._text(tkey, lender_waiting_reason, request, self.tenancy.root(tenant))
+                text = self._text(("lender", tenant, queued.shape, root), lender_waiting_reason, request, root)
                 self._say(queued, text, decisions)
                 continue
             if blocked is not None:
@@ -484,34 +484,6 @@ class Policy:
         self._tier_cache[tenant] = (stamp, tiers)
         return tiers
 
-    # -- lenders waiting -------------------------------------------------------------------------------
-    def _mark_lender(self, queued: Queued, blocked: Blocked | None) -> None:
-        """Remember (or forget) the gang as a lender waiting: within its tenant's nominal quota and stopped
-        by its cohort's pool (what its tenant lent is in use by borrowers)."""
-        root = self.tenancy.root(queued.request.tenant)
-        if root is None:
-            return
-        gang_id = queued.request.gang_id
-        if blocked is not None and blocked.kind == "cohort" and blocked.within_nominal:
-            self._lenders.setdefault(root, set()).add(gang_id)
-        elif gang_id in self._lenders.get(root, ()):
-            self._unmark_lender(root, gang_id)
-
-    def _unmark_lender(self, root: str | None, gang_id: str) -> None:
-        lenders = self._lenders.get(root) if root is not None else None
-        if root is not None and lenders is not None and gang_id in lenders:
-            lenders.discard(gang_id)
-            if not lenders:
-                del self._lenders[root]
-
-    def _lender_waits(self, queued: Queued) -> bool:
-        """Whether ``queued`` would borrow from a cohort that a lender waits for: then it waits too (it was
-        just looked at and not stopped by the pool, so it is no lender waiting itself)."""
-        root = self.tenancy.root(queued.request.tenant)
-        if root is None or root not in self._lenders:
-            return False
-        return self.tenancy.would_borrow(queued.request.tenant, queued.vec)
-
     def _text(self, key: tuple[Any, ...], build: Callable[..., str], *args: Any) -> str:
         """A reason text, built once per distinct situation (``key``): many gangs wait for the same thing."""
         text = self._texts.get(key)
@@ -564,7 +536,7 @@ class Policy:
         if queued is not None:
             tenant = queued.request.tenant
             self._pending_counts[tenant] -= 1
-            self._unmark_lender(self.tenancy.root(tenant), gang_id)
+            self.lenders.forget(self.tenancy.root(tenant), gang_id)
         self._reserved.pop(gang_id, None)
         self._lost_waiters.discard(gang_id)
         self._retry.pop(gang_id, None)

@@ -17,6 +17,7 @@ import zlib
 from typing import TYPE_CHECKING, Any
 
 from engine.scheduling.config import dump_queue_config, load_queue_config
+from engine.scheduling.lenders import Lenders
 from engine.scheduling.model import GangRequest, NodeAssignment, NodeSpec, Placement
 from engine.scheduling.state import Notice, Queued, Running, shape_of
 from engine.scheduling.tenancy import demand
@@ -110,7 +111,7 @@ def take(policy: Policy) -> dict[str, Any]:
         "pversion": policy._pversion,
         "retry": policy._retry,
         "evicted_for": {k: sorted(v) for k, v in policy._evicted_for.items()},
-        "lenders": {k: sorted(v) for k, v in policy._lenders.items()},
+        "lenders": policy.lenders.rows(),
         "strings": list(strings),
     }
     blob = zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 6)
@@ -191,7 +192,7 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
     policy._retry = dict(data["retry"])
     policy._evicted_for = {k: set(v) for k, v in data["evicted_for"].items()}
     # keys added later are absent from older snapshots: their default is what a policy of then did
-    policy._lenders = {k: set(v) for k, v in data.get("lenders", {}).items()}
+    policy.lenders = Lenders({k: set(v) for k, v in data.get("lenders", {}).items()})
     for gang_id, running in policy.running.items():
         notice = notices[gang_id]
         if notice is not None:

@@ -218,7 +218,7 @@ def test_a_snapshot_carries_the_lenders_waiting_and_an_older_one_without_them_st
     run([*CLUSTER, *(gang(f"a{i}", "team-a") for i in range(1, 5))], policy, now=0.0)
     policy.step(gang("b1", "team-b", gpus=2), now=10.0)  # a lender waiting for its victims to come of age
     restored = Policy.restore(json.loads(json.dumps(policy.snapshot())))
-    assert restored._lenders == policy._lenders == {"research": {"b1"}}
+    assert restored.lenders.by_root == policy.lenders.by_root == {"research": {"b1"}}
     for event, now in ((gang("a5", "team-a"), 20.0), (GangReleased(gang_id="a1"), 30.0), (Tick(), 60.0)):
         assert restored.step(event, now) == policy.step(event, now)
 
@@ -227,7 +227,7 @@ def test_a_snapshot_carries_the_lenders_waiting_and_an_older_one_without_them_st
         data["config"]["policy"].pop("max_pending")
 
     old = Policy.restore(_rewrite(Policy(config(TWO_TEAMS)).snapshot(), older))
-    assert old._lenders == {} and old.config.policy.max_pending == 1000
+    assert old.lenders.by_root == {} and old.config.policy.max_pending == 1000
     assert old.config.tenant("team-a") is not None and old.config.allows("team-a", None)
 
 
