@@ -379,6 +379,8 @@ class Policy:
             request = queued.request
             heap = self._queues[tenant][key]
             fit = self._fit(request, queued.shape)
+            if fit != "now":  # it waits for nodes, not for what its tenant lent: no longer a lender waiting
+                self.lenders.forget(self.tenancy.root(tenant), request.gang_id)
             if fit == "drained":
                 node_waits.wait_for_drain(self, queued, decisions)
                 continue

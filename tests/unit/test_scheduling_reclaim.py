@@ -18,7 +18,19 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scheduling_builders import FOREVER, TWO_TEAMS, admitted, comes_back, config, gang, node, only, preempted, run
+from scheduling_builders import (
+    FOREVER,
+    TWO_TEAMS,
+    admitted,
+    comes_back,
+    config,
+    drain,
+    gang,
+    node,
+    only,
+    preempted,
+    run,
+)
 
 from engine.scheduling import (
     Admitted,
@@ -129,6 +141,15 @@ def test_within_a_tenant_priority_still_comes_first() -> None:
     # team-a: a big top gang that would borrow and a small low one within its quota; the top one ranks first
     run([gang("top", "team-a", gpus=2, priority="top"), gang("small", "team-a", priority="low")], policy)
     assert [p["gang_id"] for p in policy.describe()["pending"]] == ["top", "small"]
+
+
+def test_a_lender_that_waits_for_drained_nodes_no_longer_holds_borrowers_back() -> None:
+    policy = Policy(config(TWO_TEAMS + "policy: {min_runtime: 60s}\n"), node_ttl_s=FOREVER)
+    run([*CLUSTER, *(gang(f"a{i}", "team-a") for i in range(1, 5))], policy, now=0.0)
+    policy.step(gang("b1", "team-b", gpus=2), now=10.0)  # its victims are too young: it waits for its quota
+    assert policy.lenders.by_root == {"research": {"b1"}}
+    run([drain("a"), drain("b")], policy, now=20.0)  # now it waits for an operator, not for what team-b lent
+    assert policy.lenders.by_root == {}
 
 
 # ---------------------------------------------------------------- priority classes per tenant
