@@ -309,6 +309,31 @@ def test_a_gang_bigger_than_its_tenant_may_ever_hold_fails_at_once(stack: Stack,
     run(main())
 
 
+def test_a_priority_class_the_tenant_may_not_use_is_refused_before_anything_starts(
+    stack: Stack, project: Path, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        client = await stack.client()
+        restricted = {**CONFIG, "tenants": [{**TENANTS[0], "priority_classes": ["low"]}, TENANTS[1]]}
+        await client.apply_queues(restricted)
+        try:
+            args = ["run", "lab_flows.py:holding", "--tenant", "team-a", "--priority", "high"]
+            done = cli(stack, *args, "--run-id", "hostage-high", "--marker", str(tmp_path), cwd=project)
+            assert done.returncode == 2, (done.stdout, done.stderr)  # bad input
+            said = " ".join(done.stderr.split())
+            assert (
+                "priority class 'high' (the run) is not allowed for tenant 'team-a': its priority classes are low"
+            ) in said, done.stderr
+            # nothing started: no run, no gang asked for
+            assert "hostage-high" not in {r.run_id for r in await client.runs(limit=200)}
+            queue = await client.queue()
+            assert not [g for g in [*queue["running"], *queue["pending"]] if g["gang_id"].startswith("hostage")]
+        finally:
+            await client.apply_queues(CONFIG)
+
+    run(main())
+
+
 def test_a_waiting_gang_says_why_in_tenant_terms(stack: Stack, project: Path, tmp_path: Path) -> None:
     async def main() -> None:
         client = await stack.client()

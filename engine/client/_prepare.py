@@ -237,15 +237,19 @@ def _known(names: Sequence[str]) -> str:
 
 def check_tenancy(queues: Mapping[str, Any] | None, run: RunContext, tasks: Mapping[str, str]) -> None:
     """Refuse (TenancyError) a run whose tenant, priority class or tasks' priority classes the queue
-    configuration lacks. ``queues`` is the Scheduler's "queues" answer, None when no configuration can be
-    had (no Scheduler runs, or one from before queue configurations): then only tenant "default" and no
-    priority class exist."""
+    configuration lacks, or whose tenant may not use them (``tenants[].priority_classes``). ``queues`` is the
+    Scheduler's "queues" answer, None when no configuration can be had (no Scheduler runs, or one from
+    before queue configurations): then only tenant "default" and no priority class exist."""
     config = queues.get("config") if queues is not None else None
+    allowed: list[str] | None = None  # the classes the run's tenant may name; None: every class
     if isinstance(config, Mapping):
-        tenants = [str(t.get("name")) for t in config.get("tenants") or [] if isinstance(t, Mapping)]
+        entries = [t for t in config.get("tenants") or [] if isinstance(t, Mapping)]
+        tenants = [str(t.get("name")) for t in entries]
         classes: list[str] | None = [
             str(c.get("name")) for c in config.get("priority_classes") or [] if isinstance(c, Mapping)
         ]
+        own = next((t.get("priority_classes") for t in entries if t.get("name") == run.tenant), None)
+        allowed = [str(name) for name in own] if isinstance(own, list | tuple) else None
     elif queues is not None and isinstance(queues.get("tenants"), Mapping):
         tenants, classes = sorted(queues["tenants"]), None  # names only: the Scheduler checks classes itself
     else:
@@ -265,4 +269,10 @@ def check_tenancy(queues: Mapping[str, Any] | None, run: RunContext, tasks: Mapp
             raise TenancyError(
                 f"unknown priority class {priority!r} ({who}): the cluster's priority classes are "
                 f"{_known(classes)}{hint}"
+            )
+        if allowed is not None and priority not in allowed:
+            raise TenancyError(
+                f"priority class {priority!r} ({who}) is not allowed for tenant {run.tenant!r}: its priority "
+                f"classes are {_known(allowed)} (tenants[].priority_classes in the queue configuration; "
+                "gangflow queues show)"
             )

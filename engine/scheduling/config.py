@@ -4,9 +4,9 @@ One YAML file, in the shape Kueue users know (``examples/queues.yaml`` is a comm
 
     cohorts: [{name: research}]
     tenants:
-      - {name: team-a, cohort: research, weight: 1, quota: {gpu: 2, cpu: 16, mem: 64Gi}}
+      - {name: team-a, cohort: research, weight: 1, quota: {gpu: 2, cpu: 16, mem: 64Gi}, priority_classes: [low]}
     priority_classes: [{name: low, value: 10}, {name: high, value: 100, preemptible: false}]
-    policy: {min_runtime: 60s, preemption_grace: 120s}
+    policy: {min_runtime: 60s, preemption_grace: 120s, max_pending: 1000}
 
 Semantics (Kueue's, where Kueue has the concept):
 
@@ -30,7 +30,18 @@ Semantics (Kueue's, where Kueue has the concept):
 - **Priority classes** — ``value`` orders gangs within a tenant (higher first, then FIFO) and allows
   preemption of lower-priority gangs; ``preemptible: false`` protects a class's gangs from every kind of
   preemption. A gang without a class gets ``policy.default_priority``, or value 0 and preemptible when
-  that is unset.
+  that is unset. A tenant's ``priority_classes: [low, ...]`` lists the classes its runs and tasks may
+  name (absent: every class; ``[]``: none, only the default a gang gets by naming none); a gang naming
+  another is rejected, and the client refuses such a run before it starts.
+- **Lent capacity is always reclaimable.** A gang that is not preemptible (its class, or its task's
+  ``Gang(preemptible=False)``) is admitted only within its tenant's nominal quota: a tenant's protected
+  gangs together never hold more than its nominal quota, so whatever it borrows is held by gangs that
+  can be preempted, and reclaim (below) can always take it back (under ``reclaim_within_cohort: any``,
+  the default; ``lower_priority`` lets a borrower of a higher class keep it, as in Kueue: allow such a
+  class only to the tenants that may).
+- **max_pending** — how many gangs a tenant may have waiting at once (``policy.max_pending``, default
+  1,000; a tenant's own ``max_pending`` wins). One more is rejected, naming the cap; a preempted gang
+  coming back is never refused for it.
 - **Policy knobs** — ``reclaim_within_cohort`` (``never`` | ``lower_priority`` | ``any``: which lent-out
   gangs a tenant may preempt to get back to its nominal quota), ``within_tenant`` (``never`` |
   ``lower_priority``: whether a tenant's gang may preempt its own lower-priority gangs), ``min_runtime``
@@ -73,6 +84,7 @@ from engine.scheduling.model import Frozen
 from engine.scheduling.units import MILLI, cpus_of, parse_cpu, parse_duration, parse_gpu, parse_mem
 
 __all__ = [
+    "DEFAULT_MAX_PENDING",
     "DEFAULT_PRIORITY",
     "DEFAULT_QUEUE_CONFIG",
     "CohortConfig",
@@ -163,7 +175,8 @@ class CohortConfig(Frozen):
 
 
 class TenantConfig(Frozen):
-    """One team: nominal quota, cohort, borrowing and lending limits, fair-share weight."""
+    """One team: nominal quota, cohort, borrowing and lending limits, fair-share weight, the priority classes
+    it may name (None: every class) and its cap on pending gangs (None: ``policy.max_pending``)."""
 
     name: str
     cohort: str | None = None
@@ -171,6 +184,8 @@ class TenantConfig(Frozen):
     quota: ResourceAmounts = ResourceAmounts()
     borrowing_limit: ResourceAmounts | None = None
     lending_limit: ResourceAmounts | None = None
+    priority_classes: tuple[str, ...] | None = None
+    max_pending: int | None = None
 
     @field_validator("name")
     @classmethod
@@ -188,6 +203,18 @@ class TenantConfig(Frozen):
         if value < 0:
             raise ValueError(f"must be >= 0, got {value!r}")
         return value
+
+    @field_validator("max_pending", mode="before")
+    @classmethod
+    def _max_pending(cls, value: object) -> object:
+        return value if value is None else _check_count(value)
+
+
+def _check_count(value: object) -> object:
+    _check_number(value, "an integer >= 0")
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"must be >= 0, got {value!r}")
+    return value
 
 
 class PriorityClass(Frozen):
@@ -212,6 +239,8 @@ class PriorityClass(Frozen):
 
 #: what a gang gets when it names no priority class and ``policy.default_priority`` is unset
 DEFAULT_PRIORITY = PriorityClass(name="default", value=0, preemptible=True)
+#: how many gangs a tenant may have waiting at once unless the configuration says otherwise
+DEFAULT_MAX_PENDING = 1000
 
 
 class PolicyConfig(Frozen):
@@ -223,11 +252,17 @@ class PolicyConfig(Frozen):
     preemption_grace: float = 120.0
     backfill: bool = True
     default_priority: str | None = None
+    max_pending: int = DEFAULT_MAX_PENDING
 
     @field_validator("min_runtime", "preemption_grace", mode="before")
     @classmethod
     def _duration(cls, value: object) -> float:
         return parse_duration(value)
+
+    @field_validator("max_pending", mode="before")
+    @classmethod
+    def _max_pending(cls, value: object) -> object:
+        return _check_count(value)
 
 
 class QueueConfig(Frozen):
@@ -282,6 +317,18 @@ class QueueConfig(Frozen):
     def root_cohort(self, tenant: str) -> str | None:
         """The top of the tenant's cohort chain: tenants under one root share idle capacity. None if none."""
         return self._roots.get(tenant)
+
+    def allows(self, tenant: str, priority: str | None) -> bool:
+        """Whether the tenant may name the priority class (None, naming none, always may: it gets the default)."""
+        entry = self._tenants.get(tenant)
+        allowed = entry.priority_classes if entry is not None else None
+        return priority is None or allowed is None or priority in allowed
+
+    def max_pending(self, tenant: str) -> int:
+        """How many gangs the tenant may have waiting at once: its own ``max_pending``, else the policy's."""
+        entry = self._tenants.get(tenant)
+        own = entry.max_pending if entry is not None else None
+        return self.policy.max_pending if own is None else own
 
 
 def _names(items: Iterable[Any]) -> str:
@@ -343,6 +390,20 @@ def _check_limits(index: int, tenant: TenantConfig) -> None:
                 )
 
 
+def _check_allowed_classes(index: int, tenant: TenantConfig, classes: tuple[PriorityClass, ...]) -> None:
+    """A tenant's ``priority_classes`` name defined classes, each once."""
+    defined = {c.name for c in classes}
+    seen: set[str] = set()
+    for at, name in enumerate(tenant.priority_classes or ()):
+        field = f"tenants[{index}].priority_classes[{at}]"
+        if name not in defined:
+            known = _names(classes) or "none are defined"
+            raise QueueConfigError(f"{field}: unknown priority class {name!r} (priority classes: {known})")
+        if name in seen:
+            raise QueueConfigError(f"{field}: priority class {name!r} is listed twice")
+        seen.add(name)
+
+
 def _amount(resource: str, value: int) -> str:
     if resource == "cpu":
         return f"{cpus_of(value)} CPUs"
@@ -365,6 +426,7 @@ def _check_references(config: QueueConfig) -> None:
             known = f"cohorts: {_names(config.cohorts)}" if config.cohorts else "no cohorts are defined"
             raise QueueConfigError(f"tenants[{index}].cohort: unknown cohort {tenant.cohort!r} ({known})")
         _check_limits(index, tenant)
+        _check_allowed_classes(index, tenant, config.priority_classes)
     default = config.policy.default_priority
     if default is not None and default not in {p.name for p in config.priority_classes}:
         known = _names(config.priority_classes) or "none are defined"

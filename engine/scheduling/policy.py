@@ -6,14 +6,27 @@ continue-as-new (``snapshot`` / ``restore``). Its state is mutable and indexed s
 about O(tenants × shapes + nodes looked at), never a pass over every queued gang.
 
 **Order.** Pending gangs are kept per tenant in FIFO queues, one per (priority, shape). After an event the
-heads of those queues are tried in order: higher priority first, then the tenant with the lowest fair
-share (``engine.scheduling.tenancy``), then submission order. When a head is admitted, the next gang of
-its queue joins the order; when it is not, the rest of its queue (same tenant, priority and shape) waits
-too, so an event looks at a few heads, not at 15,000 gangs.
+heads of those queues are tried in order: a gang that keeps its tenant within its nominal quota before
+one that would make it borrow (as Kueue orders them: nothing is admitted on lent capacity ahead of the
+lender, whatever its priority), then higher priority, then the tenant with the lowest fair share
+(``engine.scheduling.tenancy``), then submission order. Within a tenant, priority still comes first (a
+gang borrows in this sense when it or a gang of higher priority of its tenant would). When a head is
+admitted, the next gang of its queue joins the order; when it is not, the rest of its queue (same
+tenant, priority and shape) waits too, so an event looks at a few heads, not at 15,000 gangs.
 
 **Admission** is all-or-nothing: the tenant's quota must allow the whole gang (nominal quota, or
 borrowing idle cohort capacity within the limits), and ``nnodes`` nodes must each hold one node's
 share (best fit, ``engine.scheduling.inventory``).
+
+**Lent capacity is always reclaimable** (Kueue's guarantee). Only preemptible gangs borrow: a gang that is
+not preemptible is admitted only while its tenant's protected gangs stay within its nominal quota
+(``Tenancy.blocked``), so what a tenant holds above its quota can always be preempted. And while a gang
+within its tenant's nominal quota waits for its cohort to give lent capacity back (a *lender waiting*),
+no gang that would borrow from that cohort is admitted: what the reclaim frees goes to the lender, not
+to a new borrower that would have to be reclaimed in turn. So a gang within its nominal quota (with
+``reclaim_within_cohort: any``, and the nominal quotas adding up to what the nodes hold) starts within
+``min_runtime`` + ``preemption_grace`` of its arrival: every borrower it needs gone was admitted before
+it arrived (tests/unit/test_scheduling_reclaim.py checks it in simulated time).
 
 **Backfill without starvation.** The first gang in order that the nodes cannot hold is the *blocker*.
 Gangs after it may still start on idle GPUs, but only as *backfill*: they must be preemptible, and any
@@ -39,8 +52,9 @@ Tick within ``SEARCH_PUT_OFF_S``.
 their gangs release them. A gang that only lost nodes could hold waits for them without holding up the
 queue and is rejected after ``request.lost_node_wait_s``; so does one that no registered node can hold
 (none registered yet, none big enough: ``wait_for_nodes``), waiting for one to register. A request that can
-never be admitted (more than its tenant may ever hold, unknown tenant or priority class, malformed,
-duplicate) is rejected at once.
+never be admitted (more than its tenant may ever hold, unknown tenant or priority class, a class its tenant
+may not use, malformed, duplicate) is rejected at once, and so is a gang beyond its tenant's
+``max_pending`` gangs waiting (a preempted gang coming back is never refused for it).
 
 **Drain.** An operator drains a node (``NodeDrained``): it takes no new gangs, and every preemptible gang
 on it is preempted at once (cause ``drain``, ``by`` the node; whatever its age: ``min_runtime`` and the
@@ -54,7 +68,8 @@ the node's re-registrations, its loss and ``snapshot``.
 as the order is walked, and ``Pending`` for a gang whose reason changed (a new gang always gets one).
 
 **Where.** This module holds the state, the events and the admission cycle. The victim search is
-``engine.scheduling.preemption``, the waits for lost and drained nodes ``engine.scheduling.node_waits``,
+``engine.scheduling.preemption``, the waits for lost and drained nodes ``engine.scheduling.node_waits``, the
+lenders waiting ``engine.scheduling.lenders``,
 the continue-as-new encoding ``engine.scheduling.snapshot``, the per-gang records they share
 ``engine.scheduling.state``; they read and update the policy's state, which stays this class's.
 """
@@ -84,11 +99,15 @@ from engine.scheduling.events import (
     Tick,
 )
 from engine.scheduling.inventory import Inventory
+from engine.scheduling.lenders import Lenders
 from engine.scheduling.model import DEFAULT_NODE_TTL_S, GangRequest, Placement
 from engine.scheduling.reasons import (
     behind_reason,
     capacity_reason,
+    class_not_allowed_reason,
+    lender_waiting_reason,
     malformed_reason,
+    max_pending_reason,
     never_fits_reason,
     nominated_reason,
     queued_reason,
@@ -133,6 +152,8 @@ class Policy:
         self._texts: dict[tuple[Any, ...], str] = {}
         self._tier_cache: dict[str, tuple[Any, dict[int, tuple[bool, float]]]] = {}
         self._searches_left = 1
+        self._pending_counts: dict[str, int] = {}  # tenant -> its gangs waiting (``max_pending``)
+        self.lenders = Lenders()  # nothing borrows from a cohort while a lender waits there (module docstring)
 
     # -- events ------------------------------------------------------------------------------------
     def step(self, event: Event, now: float | None = None) -> list[Decision]:
@@ -171,7 +192,7 @@ class Policy:
         return decisions
 
     def _submit(self, request: GangRequest, decisions: list[Decision]) -> bool:
-        refusal = self._refusal(request)
+        refusal = self._refusal(request, arriving=True)
         if refusal is not None:
             decisions.append(GangRejected(gang_id=request.gang_id, reason=refusal))
             return False
@@ -186,10 +207,15 @@ class Policy:
 
     def _enqueue(self, queued: Queued) -> None:
         self.pending[queued.request.gang_id] = queued
+        tenant = queued.request.tenant
+        self._pending_counts[tenant] = self._pending_counts.get(tenant, 0) + 1
         heap = self._queues.setdefault(queued.request.tenant, {}).setdefault(queued.key, [])
         heapq.heappush(heap, (queued.seq, queued.request.gang_id))
 
-    def _refusal(self, request: GangRequest) -> str | None:
+    def _refusal(self, request: GangRequest, *, arriving: bool) -> str | None:
+        """Why the request is rejected at once, or None. ``arriving``: a new submission (not a queued gang
+        looked at again under a new configuration), which ``max_pending`` counts unless it comes back from
+        a preemption."""
         malformed = malformed_reason(request)
         if malformed is not None:
             return malformed
@@ -202,14 +228,19 @@ class Policy:
             known = ", ".join(t.name for t in self.config.tenants)
             return f"rejected: unknown tenant {request.tenant!r} (tenants: {known})"
         try:
-            self.config.priority(request.priority)
+            cls = self.config.priority(request.priority)
         except KeyError as exc:
             return f"rejected: {exc.args[0]}"
+        if not self.config.allows(request.tenant, request.priority):
+            return class_not_allowed_reason(request, self.config.tenant(request.tenant))
+        cap = self.config.max_pending(request.tenant)
+        if arriving and gang_id not in self._requeue and self._pending_counts.get(request.tenant, 0) >= cap:
+            return max_pending_reason(request, cap, self.config.tenant(request.tenant))
         if self._fit(request) == "never" and not self.wait_for_nodes:
             return never_fits_reason(request, self.inventory, count_lost=True)
         vec = demand(request)
-        blocked = self.tenancy.blocked(request.tenant, vec)
-        if blocked is not None and blocked.kind == "never":
+        blocked = self.tenancy.blocked(request.tenant, vec, not (cls.preemptible and request.preemptible))
+        if blocked is not None and blocked.kind in ("never", "never_protected"):
             return quota_reason(request.tenant, blocked, None, request, False)
         return None
 
@@ -218,7 +249,7 @@ class Policy:
         if running is not None:
             self._by_tenant[running.request.tenant].pop(gang_id, None)
             self.inventory.release(gang_id, running.placement)
-            self.tenancy.add(running.request.tenant, running.vec, -1)
+            self.tenancy.add(running.request.tenant, running.vec, -1, protected=not running.preemptible)
             self._count_prio(running, -1)
             self._pversion += 1
             preemptor = self.pending.get(running.preempted_for or "")
@@ -229,8 +260,7 @@ class Policy:
             else:
                 self._evicted_for.pop(gang_id, None)  # done: its history no longer matters
             return
-        queued = self.pending.pop(gang_id, None)
-        if queued is not None:  # withdrawn while waiting; its heap entry is skipped lazily
+        if gang_id in self.pending:  # withdrawn while waiting; its heap entry is skipped lazily
             self._forget(gang_id)
         else:  # a preempted gang that will not come back (its run ended): forget its place and history
             self._requeue.pop(gang_id, None)
@@ -244,22 +274,24 @@ class Policy:
         self._tier_cache.clear()
         self._prio_counts.clear()
         for running in self.running.values():
-            self.tenancy.add(running.request.tenant, running.vec)
             try:  # a class made non-preemptible protects its running gangs too; a class gone keeps the old
                 cls = config.priority(running.request.priority)
                 running.prio, running.preemptible = cls.value, cls.preemptible and running.request.preemptible
             except KeyError:
                 pass
+            self.tenancy.add(running.request.tenant, running.vec, protected=not running.preemptible)
             self._count_prio(running, 1)
         old = sorted(self.pending.values(), key=lambda q: q.seq)
         self.pending, self._queues = {}, {}
+        self._pending_counts.clear()
+        self.lenders.clear()
         self._lost_waiters.clear()
         self._reserved.clear()
         self._retry.clear()
         self._pversion += 1
         for queued in old:
             request = queued.request
-            refusal = self._refusal(request)
+            refusal = self._refusal(request, arriving=False)
             if refusal is not None:
                 decisions.append(GangRejected(gang_id=request.gang_id, reason=refusal))
                 continue
@@ -312,7 +344,7 @@ class Policy:
         # ``changed`` counts admissions per tenant in this cycle: an entry ranked before the last one is ranked
         # again when it comes up (its tenant's share moved)
         changed: dict[str, int] = {}
-        order: list[tuple[int, bool, float, int, int, str, str, QueueKey]] = []
+        order: list[tuple[bool, int, float, int, int, str, str, QueueKey]] = []
         for tenant, queues in self._queues.items():
             heads = []
             for key, heap in list(queues.items()):
@@ -324,7 +356,7 @@ class Policy:
             tiers = self.tiers(tenant, [h for _, h in heads])
             for key, head in heads:
                 borrows, share = tiers[key[0]]
-                order.append((key[0], borrows, share, head.seq, 0, head.request.gang_id, tenant, key))
+                order.append((borrows, key[0], share, head.seq, 0, head.request.gang_id, tenant, key))
         heapq.heapify(order)
         if self.inventory.topology != self._topology_seen:
             self._topology_seen = self.inventory.topology
@@ -345,12 +377,14 @@ class Policy:
             if version != changed.get(tenant, 0):  # the tenant started a gang in this cycle: rank it again
                 current = [h for h in map(self._head, self._queues[tenant].values()) if h is not None]
                 borrows, share = self.tiers(tenant, current)[key[0]]
-                heapq.heappush(order, (key[0], borrows, share, seq, changed[tenant], gang_id, tenant, key))
+                heapq.heappush(order, (borrows, key[0], share, seq, changed[tenant], gang_id, tenant, key))
                 continue
             queued = self.pending[gang_id]
             request = queued.request
             heap = self._queues[tenant][key]
             fit = self._fit(request, queued.shape)
+            if fit != "now":  # it waits for nodes, not for what its tenant lent: no longer a lender waiting
+                self.lenders.forget(self.tenancy.root(tenant), request.gang_id)
             if fit == "drained":
                 node_waits.wait_for_drain(self, queued, decisions)
                 continue
@@ -382,10 +416,20 @@ class Policy:
                 and any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refused.get(tenant, ()))
             ):
                 continue
-            blocked = self.tenancy.blocked(tenant, vec)
+            blocked = self.tenancy.blocked(tenant, vec, not queued.preemptible)
+            root = self.tenancy.root(tenant)
+            self.lenders.update(root, request.gang_id, blocked)
+            if blocked is None and self.lenders.waiting(root) and self.tenancy.would_borrow(tenant, vec):
+                refused.setdefault(tenant, []).append(vec)  # a bigger gang would borrow too
+                text = self._text(("lender", tenant, queued.shape, root), lender_waiting_reason, request, root)
+                self._say(queued, text, decisions)
+                continue
             if blocked is not None:
-                refused.setdefault(tenant, []).append(vec)
-                if queued.victims or preemption.preempt_for(self, queued, decisions, timed=timed):
+                if blocked.kind != "protected":  # a preemptible gang bigger than this one may still borrow
+                    refused.setdefault(tenant, []).append(vec)
+                if queued.victims or (
+                    blocked.kind != "protected" and preemption.preempt_for(self, queued, decisions, timed=timed)
+                ):
                     self._say(queued, nominated_reason(request, sorted(queued.victims), queued.cause), decisions)
                 else:
                     reclaim = blocked.within_nominal and preemption.reclaimable(self, queued)
@@ -420,7 +464,7 @@ class Policy:
             changed[tenant] = changed.get(tenant, 0) + 1
             nxt = self._head(heap)
             if nxt is not None:  # ranked again when it comes up, as the tenant's share moved
-                heapq.heappush(order, (key[0], False, 0.0, nxt.seq, -1, nxt.request.gang_id, tenant, key))
+                heapq.heappush(order, (False, key[0], 0.0, nxt.seq, -1, nxt.request.gang_id, tenant, key))
 
     def tiers(self, tenant: str, heads: list[Queued]) -> dict[int, tuple[bool, float]]:
         """Per priority value, how the tenant's heads rank against other tenants': (whether its next gang in
@@ -438,7 +482,11 @@ class Policy:
         if cached is not None and cached[0] == stamp:
             return cached[1]
         share = self.tenancy.share(tenant, self.inventory.capacity)
-        tiers = {-prio: (not self.tenancy.within_nominal(tenant, q.vec), share) for prio, q in first.items()}
+        tiers: dict[int, tuple[bool, float]] = {}
+        borrows = False  # within the tenant priority comes first: a gang ranks as borrowing when one above it does
+        for prio in sorted(first, reverse=True):
+            borrows = borrows or not self.tenancy.within_nominal(tenant, first[prio].vec)
+            tiers[-prio] = (borrows, share)
         self._tier_cache[tenant] = (stamp, tiers)
         return tiers
 
@@ -472,7 +520,7 @@ class Policy:
         )
         borrowing = self.tenancy.borrowing(request.tenant)
         self.inventory.take(request, placement)
-        self.tenancy.add(request.tenant, queued.vec)
+        self.tenancy.add(request.tenant, queued.vec, protected=not queued.preemptible)
         if self.tenancy.borrowing(request.tenant) != borrowing:
             self._pversion += 1  # its older gangs may now be reclaimed
         self.running[gang_id] = running
@@ -490,7 +538,11 @@ class Policy:
 
     def _forget(self, gang_id: str) -> None:
         """A gang leaves the queue (admitted, withdrawn, rejected)."""
-        self.pending.pop(gang_id, None)
+        queued = self.pending.pop(gang_id, None)
+        if queued is not None:
+            tenant = queued.request.tenant
+            self._pending_counts[tenant] -= 1
+            self.lenders.forget(self.tenancy.root(tenant), gang_id)
         self._reserved.pop(gang_id, None)
         self._lost_waiters.discard(gang_id)
         self._retry.pop(gang_id, None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engine.scheduling.config import TenantConfig
 from engine.scheduling.inventory import MILLI, Inventory, millicores
 from engine.scheduling.model import GangRequest
 from engine.scheduling.tenancy import Blocked
@@ -20,12 +21,15 @@ __all__ = [
     "amount",
     "behind_reason",
     "capacity_reason",
+    "class_not_allowed_reason",
     "drained_wait_reason",
     "draining",
     "draining_reason",
+    "lender_waiting_reason",
     "lost_wait_expired_reason",
     "lost_wait_reason",
     "malformed_reason",
+    "max_pending_reason",
     "needs",
     "never_fits_reason",
     "node_wait_expired_reason",
@@ -230,6 +234,19 @@ def quota_reason(tenant: str, blocked: Blocked, cohort: str | None, request: Gan
             f"rejected: needs {needs(request)}, more than tenant {tenant} may ever hold "
             f"({amount(r, blocked.limit or 0)}: its quota of {quota} plus what it may borrow)"
         )
+    if blocked.kind == "never_protected":
+        return (
+            f"rejected: needs {needs(request)}, more than the nominal quota of tenant {tenant} ({quota}), and "
+            "the gang is not preemptible: only preemptible gangs may borrow beyond the nominal quota (make it "
+            "preemptible, or ask for a bigger quota)"
+        )
+    if blocked.kind == "protected":
+        held = amount(r, (blocked.nominal or 0) - blocked.idle)
+        return (
+            f"pending: {tenant}'s gangs that are not preemptible hold {held} of its quota of {quota}, and this "
+            "one is not preemptible either: only preemptible gangs may borrow beyond the nominal quota, so it "
+            f"waits for them to finish{tail}"
+        )
     if blocked.kind == "quota":
         return f"pending: {tenant} is at its quota of {quota} and has no cohort to borrow from{tail}"
     if blocked.kind == "borrowing_limit":
@@ -270,8 +287,8 @@ def capacity_reason(request: GangRequest, backfill: bool, inventory: Inventory |
 def behind_reason(request: GangRequest, blocker: GangRequest, why: str) -> str:
     """Why a gang that might fit waits: a gang ranked before it is waiting (``why`` says for what)."""
     return (
-        f"pending: behind gang {blocker.gang_id!r} of {blocker.tenant}, which goes first (priority, then fair "
-        f"share, then submission order) and {why}; needs {needs(request)}"
+        f"pending: behind gang {blocker.gang_id!r} of {blocker.tenant}, which goes first (within its quota before "
+        f"borrowing, then priority, then fair share, then submission order) and {why}; needs {needs(request)}"
     )
 
 
@@ -279,6 +296,34 @@ def nominated_reason(request: GangRequest, victims: Sequence[str], cause: str) -
     return (
         f"pending: preempting {_count(len(victims), 'gang')} ({cause}) to make room: waiting for "
         f"{_ids(sorted(victims))} to release; needs {needs(request)}"
+    )
+
+
+def lender_waiting_reason(request: GangRequest, cohort: str | None) -> str:
+    """Why a gang that would borrow waits although idle capacity is there: a lender of its cohort waits for
+    what it lent, and gets it first."""
+    return (
+        f"pending: {request.tenant} would borrow from cohort {cohort}, and a gang within its own nominal quota "
+        f"waits there for lent capacity to be given back: it goes first; needs {needs(request)}"
+    )
+
+
+def class_not_allowed_reason(request: GangRequest, tenant: TenantConfig | None) -> str:
+    """A gang naming a priority class its tenant may not use (``tenants[].priority_classes``)."""
+    allowed = ", ".join(tenant.priority_classes or ()) if tenant is not None else ""
+    return (
+        f"rejected: tenant {request.tenant} may not use priority class {request.priority!r} "
+        f"(its priority classes: {allowed or 'none; a gang that names no class gets the default'})"
+    )
+
+
+def max_pending_reason(request: GangRequest, cap: int, tenant: TenantConfig | None) -> str:
+    """A gang beyond its tenant's cap on gangs waiting at once."""
+    own = tenant is not None and tenant.max_pending is not None
+    where = f"the max_pending of tenant {request.tenant}" if own else "policy.max_pending"
+    return (
+        f"rejected: tenant {request.tenant} already has {_count(cap, 'gang')} waiting, its cap ({where}); "
+        "submit it again once some have started, or raise the cap in the queue configuration"
     )
 
 

@@ -2,8 +2,8 @@
 
 The Scheduler workflow carries the snapshot as the argument of its next run, so the format is a wire
 format: recorded histories hold it (tests/histories), and a run in flight carries one across an upgrade.
-It is versioned (``SNAPSHOT_VERSION``) and only ever grows at the end of its rows; a restored policy
-decides exactly as the original would have.
+It is versioned (``SNAPSHOT_VERSION``) and only ever grows (at the end of its rows, or by a key a restore
+reads with a default); a restored policy decides exactly as the original would have.
 
 Compact on purpose (Temporal's payload limit is 2 MB): the rows are positional lists, repeated strings
 (tenants, reasons) are stored once, and the JSON is zlib-compressed and base64-encoded.
@@ -17,6 +17,7 @@ import zlib
 from typing import TYPE_CHECKING, Any
 
 from engine.scheduling.config import dump_queue_config, load_queue_config
+from engine.scheduling.lenders import Lenders
 from engine.scheduling.model import GangRequest, NodeAssignment, NodeSpec, Placement
 from engine.scheduling.state import Notice, Queued, Running, shape_of
 from engine.scheduling.tenancy import demand
@@ -110,6 +111,7 @@ def take(policy: Policy) -> dict[str, Any]:
         "pversion": policy._pversion,
         "retry": policy._retry,
         "evicted_for": {k: sorted(v) for k, v in policy._evicted_for.items()},
+        "lenders": policy.lenders.rows(),
         "strings": list(strings),
     }
     blob = zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 6)
@@ -167,7 +169,7 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
             preempted_for,
         )
         inventory.take(request, placement)
-        policy.tenancy.add(request.tenant, running.vec)
+        policy.tenancy.add(request.tenant, running.vec, protected=not preemptible)
         policy.running[request.gang_id] = running
         policy._by_tenant.setdefault(request.tenant, {})[request.gang_id] = running
         policy._count_prio(running, 1)
@@ -189,6 +191,8 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
     policy._topology_seen = inventory.topology  # the count restarts with the restored nodes
     policy._retry = dict(data["retry"])
     policy._evicted_for = {k: set(v) for k, v in data["evicted_for"].items()}
+    # keys added later are absent from older snapshots: their default is what a policy of then did
+    policy.lenders = Lenders({k: set(v) for k, v in data.get("lenders", {}).items()})
     for gang_id, running in policy.running.items():
         notice = notices[gang_id]
         if notice is not None:

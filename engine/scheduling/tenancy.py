@@ -13,6 +13,10 @@ So a tenant under its nominal quota can still be blocked when others borrowed wh
 exactly when it may *reclaim* (see ``engine.scheduling.preemption``). Nested cohorts (``parent:``) share
 one pool: the root's. A tenant without a cohort neither lends nor borrows.
 
+**Only preemptible gangs borrow.** The gangs that may not be preempted (*protected*) are counted apart
+too, and a protected gang is admissible only when ``protected + d <= N``: whatever a tenant holds above
+its nominal quota is then held by preemptible gangs, so a lender can always reclaim it.
+
 **Fair share** (weighted dominant resource share, Kueue's DRS generalised to tenants without quota):
 ``share(t) = max over r of max(0, used[r] - N[r]) / C[r] / weight(t)``, over the resources the tenant's
 quota limits (all three, with ``N = 0``, for a tenant without any quota), ``C[r]`` the capacity of the
@@ -24,7 +28,7 @@ share (it only gets what nobody else wants).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.scheduling.config import QueueConfig, ResourceAmounts
 from engine.scheduling.inventory import millicores
@@ -46,7 +50,9 @@ def demand(request: GangRequest) -> Vec:
 @dataclass(frozen=True, slots=True)
 class Blocked:
     """Why a tenant cannot take a demand now. ``kind``: "quota" (at nominal, no cohort), "borrowing_limit",
-    "cohort" (the pool has too little idle), "never" (more than the tenant may ever hold)."""
+    "cohort" (the pool has too little idle), "protected" (a gang that is not preemptible and would take its
+    tenant's protected gangs above nominal: it does not borrow), "never" (more than the tenant may ever hold),
+    "never_protected" (a protected gang bigger than the nominal quota)."""
 
     kind: str
     resource: int
@@ -72,6 +78,7 @@ class _Tenant:
     root: str | None
     used: list[int]
     ceilings: tuple[float, float, float] = (_INF, _INF, _INF)  # see ``ceiling``: fixed per configuration
+    protected: list[int] = field(default_factory=lambda: [0, 0, 0])  # what its gangs not preemptible use
 
 
 class Tenancy:
@@ -129,10 +136,13 @@ class Tenancy:
     def _draw(self, t: _Tenant, r: int, used: int) -> int:
         return max(0, used - t.guaranteed[r]) if t.nominal[r] is not None else 0
 
-    def add(self, tenant: str, vec: Vec, sign: int = 1) -> None:
-        """Count (``sign=1``) or uncount (``-1``) a gang's demand."""
+    def add(self, tenant: str, vec: Vec, sign: int = 1, *, protected: bool = False) -> None:
+        """Count (``sign=1``) or uncount (``-1``) a gang's demand; ``protected``: a gang not preemptible."""
         t = self._get(tenant)
         self.changes[tenant] = self.changes.get(tenant, 0) + 1
+        if protected:
+            for r in range(3):
+                t.protected[r] += sign * vec[r]
         pool = self.pool_used.get(t.root) if t.root is not None else None
         for r in range(3):
             before = t.used[r]
@@ -144,13 +154,21 @@ class Tenancy:
         else:
             self.borrowers.discard(tenant)
 
-    def blocked(self, tenant: str, vec: Vec) -> Blocked | None:
-        """None when ``tenant`` may take ``vec`` now, else the first resource that stops it."""
+    def blocked(self, tenant: str, vec: Vec, protected: bool = False) -> Blocked | None:
+        """None when ``tenant`` may take ``vec`` now, else the first resource that stops it. A ``protected``
+        gang (not preemptible) must also keep the tenant's protected gangs within its nominal quota."""
         t = self._get(tenant)
         for r in range(3):  # "never" first: such a gang is rejected, whatever else stops it now
             nominal = t.nominal[r]
             if nominal is not None and vec[r] > t.ceilings[r]:
                 return Blocked("never", r, nominal, int(t.ceilings[r]), 0, t.used[r] + vec[r] <= nominal)
+            if protected and nominal is not None and vec[r] > nominal:
+                return Blocked("never_protected", r, nominal, nominal, 0, False)
+        if protected:  # it would borrow were it admitted: it waits for the tenant's protected gangs instead
+            for r in range(3):
+                nominal = t.nominal[r]
+                if nominal is not None and vec[r] and t.protected[r] + vec[r] > nominal:
+                    return Blocked("protected", r, nominal, None, max(0, nominal - t.protected[r]), False)
         for r in range(3):
             nominal = t.nominal[r]
             if nominal is None or vec[r] == 0:
@@ -185,6 +203,11 @@ class Tenancy:
     def borrowing(self, tenant: str) -> bool:
         """Whether the tenant uses more than its nominal quota of some resource."""
         return tenant in self.borrowers
+
+    def would_borrow(self, tenant: str, vec: Vec) -> bool:
+        """Whether taking ``vec`` would put the tenant above its nominal quota of a resource ``vec`` asks for."""
+        t = self._get(tenant)
+        return any(v and n is not None and u + v > n for n, u, v in zip(t.nominal, t.used, vec, strict=True))
 
     def within_nominal(self, tenant: str, vec: Vec) -> bool:
         t = self._get(tenant)

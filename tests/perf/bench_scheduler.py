@@ -260,7 +260,7 @@ def generate_workload(
 
 def queue_config(workload: Workload, grace_s: float, min_runtime_s: float) -> dict[str, Any]:
     """The queue configuration (the YAML file's shape) the Policy runs with: the workload's tenants and
-    cohorts, priority classes low/high, and the default policy otherwise."""
+    cohorts, priority classes low/high, no cap on pending gangs, and the default policy otherwise."""
     used = sorted({t.cohort for t in workload.tenants if t.cohort is not None})
     return {
         "cohorts": [{"name": ROOT_COHORT}, *({"name": c, "parent": ROOT_COHORT} for c in used)],
@@ -269,7 +269,13 @@ def queue_config(workload: Workload, grace_s: float, min_runtime_s: float) -> di
             for t in workload.tenants
         ],
         "priority_classes": [dict(c) for c in PRIORITY_CLASSES],
-        "policy": {"min_runtime": min_runtime_s, "preemption_grace": grace_s, "default_priority": "low"},
+        # the trace keeps a backlog of thousands of gangs per tenant: no cap on pending gangs refuses any of it
+        "policy": {
+            "min_runtime": min_runtime_s,
+            "preemption_grace": grace_s,
+            "default_priority": "low",
+            "max_pending": len(workload.gangs),
+        },
     }
 
 

@@ -108,6 +108,35 @@ def test_defaults_and_lookups() -> None:
         config.priority("urgent")
 
 
+def test_allowed_classes_and_pending_caps_default_to_everything_and_the_policys_cap() -> None:
+    config = load_queue_config(
+        """
+        tenants:
+          - {name: a}
+          - {name: b, priority_classes: [low], max_pending: 5}
+          - {name: c, priority_classes: []}
+        priority_classes: [{name: low, value: 10}, {name: high, value: 100}]
+        policy: {max_pending: 50}
+        """
+    )
+    assert [config.allows("a", c) for c in ("low", "high", None)] == [True, True, True]  # absent: every class
+    assert [config.allows("b", c) for c in ("low", "high", None)] == [True, False, True]  # None: the default
+    assert [config.allows("c", c) for c in ("low", "high", None)] == [False, False, True]
+    assert [config.max_pending(t) for t in ("a", "b", "c")] == [50, 5, 50]
+    assert load_queue_config("tenants: [{name: a}]").max_pending("a") == 1000  # the documented default
+    assert PolicyConfig().max_pending == 1000 and TenantConfig(name="a").priority_classes is None
+    dumped = dump_queue_config(config)
+    assert dumped["tenants"][1] == {
+        "name": "b",
+        "weight": 1.0,
+        "quota": {},
+        "priority_classes": ["low"],
+        "max_pending": 5,
+    }
+    assert "priority_classes" not in dumped["tenants"][0] and dumped["tenants"][2]["priority_classes"] == []
+    assert load_queue_config(dumped) == config
+
+
 def test_default_queue_config_is_one_unlimited_tenant() -> None:
     assert [t.name for t in DEFAULT_QUEUE_CONFIG.tenants] == ["default"]
     default = DEFAULT_QUEUE_CONFIG.tenant("default")
@@ -468,6 +497,43 @@ BAD_CONFIGS = [
         "nobody to lend to",
         id="lend-no-cohort",
     ),
+    # the priority classes a tenant may name, its cap on pending gangs
+    pytest.param(
+        "tenants: [{name: a, priority_classes: [low]}]\npriority_classes: [{name: high, value: 1}]",
+        "tenants[0].priority_classes[0]: unknown priority class 'low' (priority classes: 'high')",
+        "",
+        id="allowed-unknown",
+    ),
+    pytest.param(
+        "tenants: [{name: a, priority_classes: [low]}]",
+        "tenants[0].priority_classes[0]: unknown priority class 'low' (priority classes: none are defined)",
+        "",
+        id="allowed-none-defined",
+    ),
+    pytest.param(
+        "tenants: [{name: a, priority_classes: [low, low]}]\npriority_classes: [{name: low, value: 1}]",
+        "tenants[0].priority_classes[1]: priority class 'low' is listed twice",
+        "",
+        id="allowed-twice",
+    ),
+    pytest.param(
+        "tenants: [{name: a, priority_classes: low}]",
+        "tenants[0].priority_classes: must be a list",
+        "",
+        id="allowed-str",
+    ),
+    pytest.param(
+        "tenants: [{name: a, max_pending: -1}]", "tenants[0].max_pending: must be >= 0, got -1", "", id="cap-neg"
+    ),
+    pytest.param(
+        "tenants: [{name: a, max_pending: true}]", "tenants[0].max_pending: must be an integer", "", id="cap-bool"
+    ),
+    pytest.param(
+        "tenants: [{name: a, max_pending: 1.5}]", "tenants[0].max_pending: must be an integer", "", id="cap-float"
+    ),
+    pytest.param(
+        "tenants: [{name: a}]\npolicy: {max_pending: -3}", "policy.max_pending: must be >= 0", "", id="cap-policy"
+    ),
     # top level
     pytest.param("- tenants: []", "the queue configuration must be a mapping", "a list", id="top-list"),
     pytest.param("just words", "the queue configuration must be a mapping", "str 'just words'", id="top-str"),
@@ -634,11 +700,17 @@ def configs(draw: st.DrawFn) -> QueueConfig:
             tenant["borrowing_limit"] = {r: draw(st.integers(0, 5)) for r in quota.limited() if r != "cpu"}
         if cohort is not None and draw(st.booleans()):
             tenant["lending_limit"] = {r: getattr(quota, r) for r in quota.limited() if draw(st.booleans())}
+        if draw(st.booleans()):
+            tenant["max_pending"] = draw(st.integers(0, 10**6))
         tenants.append(tenant)
     classes = [
         {"name": name, "value": draw(st.integers(-1000, 1000)), "preemptible": draw(st.booleans())}
         for name in draw(st.lists(names, max_size=3, unique=True))
     ]
+    allowed = st.lists(st.sampled_from([c["name"] for c in classes]), unique=True) if classes else st.just([])
+    for tenant in tenants:
+        if draw(st.booleans()):
+            tenant["priority_classes"] = draw(allowed)
     policy = {
         "reclaim_within_cohort": draw(st.sampled_from(["never", "lower_priority", "any"])),
         "within_tenant": draw(st.sampled_from(["never", "lower_priority"])),
@@ -646,6 +718,7 @@ def configs(draw: st.DrawFn) -> QueueConfig:
         "preemption_grace": draw(st.integers(0, 3600)),
         "backfill": draw(st.booleans()),
         "default_priority": draw(st.sampled_from([None, *(c["name"] for c in classes)])),
+        "max_pending": draw(st.integers(0, 10**6)),
     }
     return QueueConfig.model_validate(
         {"cohorts": cohorts, "tenants": tenants, "priority_classes": classes, "policy": policy}

@@ -103,8 +103,9 @@ def test_without_backfill_a_small_gang_waits_behind_a_big_one() -> None:
     assert admitted(decisions) == []
     assert order(policy) == ["big", "tiny"]
     assert only(decisions, Pending, "tiny") == (
-        "pending: behind gang 'big' of default, which goes first (priority, then fair share, then submission "
-        "order) and waits for capacity; needs 1 GPU on 1 node (1 GPU, 1 CPU per node)"
+        "pending: behind gang 'big' of default, which goes first (within its quota before borrowing, then "
+        "priority, then fair share, then submission order) and waits for capacity; needs 1 GPU on 1 node "
+        "(1 GPU, 1 CPU per node)"
     )
     assert admitted(policy.step(GangReleased(gang_id="one"))) == ["big"]
 

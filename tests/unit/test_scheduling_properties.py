@@ -4,7 +4,8 @@ drains and undrains, ticks with an advancing clock, and configuration changes.
 
 After every step the test checks the decisions against its *own* bookkeeping, recomputed from the
 decisions alone (not from the policy's state): no GPU held twice, every admission within its tenant's
-quota, borrowing limit and cohort pool, every victim a whole running preemptible gang old enough to
+quota, borrowing limit and cohort pool (and every gang that is not preemptible within its nominal quota), every
+victim a whole running preemptible gang old enough to
 preempt and preempted once, no preemption cycle, reasons sent only when they change; a drain preempts
 every preemptible gang on its node and nothing more, nothing is placed on a drained node, and no gang is
 rejected for a drain. It also checks that a
@@ -184,6 +185,21 @@ class World:
             )
 
 
+    def check_protected(self, request: GangRequest) -> None:
+        """A gang that is not preemptible was admitted only within its tenant's nominal quota, counting the
+        tenant's other such gangs: only preemptible gangs borrow."""
+        tenant = self.config.tenant(request.tenant)
+        assert tenant is not None
+        need = demand(request)
+        held = [h for h in self.running.values() if h.request.tenant == request.tenant and not h.preemptible]
+        for r, name in enumerate(RESOURCES):
+            nominal = getattr(tenant.quota, name)
+            protected = sum(demand(h.request)[r] for h in held)
+            assert nominal is None or need[r] == 0 or protected <= nominal, (
+                f"{request.gang_id} of {request.tenant} is not preemptible and borrows {name}: {protected} > {nominal}"
+            )
+
+
 def lends(tenant: TenantConfig, resource: str) -> int:
     """What a tenant puts into its cohort's pool: its nominal quota, up to its lending limit."""
     nominal = getattr(tenant.quota, resource)
@@ -230,6 +246,8 @@ def check_step(world: World, event: Event, decisions: list[Decision]) -> None:
                 cls.preemptible and request.preemptible,
                 cls.value,
             )
+            if not world.running[gang_id].preemptible:
+                world.check_protected(request)
             world.reasons.pop(gang_id, None)
         elif isinstance(d, Preempted):
             victim, by = d.gang_id, d.by

@@ -378,12 +378,15 @@ def test_gangs_of_a_non_preemptible_class_or_marked_not_preemptible_are_never_vi
     assert "h3" in policy.pending
 
 
-def test_a_preemptible_false_request_is_protected_in_every_kind_of_preemption() -> None:
+def test_a_preemptible_false_request_is_protected_so_it_never_borrows() -> None:
     policy = Policy(config(TWO_TEAMS))
-    run([*CLUSTER, *(gang(f"a{i}", "team-a", preemptible=False) for i in range(1, 5))], policy)
-    decisions = policy.step(gang("b1", "team-b"))
-    assert preempted(decisions) == []
-    assert "cohort research lent it out" in only(decisions, Pending, "b1")
+    decisions = run([*CLUSTER, *(gang(f"a{i}", "team-a", preemptible=False) for i in range(1, 5))], policy)
+    assert admitted(decisions) == ["a1", "a2"]  # team-a's nominal quota; team-b's idle GPUs are not lent to them
+    assert "only preemptible gangs may borrow beyond the nominal quota" in policy.pending["a3"].reason
+    decisions = run([gang("b1", "team-b"), gang("b2", "team-b")], policy)
+    assert admitted(decisions) == ["b1", "b2"] and preempted(decisions) == []
+    decisions = policy.step(gang("b3", "team-b", priority=None))
+    assert preempted(decisions) == []  # a1 and a2 are team-a's own quota, and protected
 
 
 # ---------------------------------------------------------------- minimum runtime

@@ -294,6 +294,32 @@ def test_an_unknown_tenant_or_class_is_refused_naming_the_known_ones(queues, run
         assert "gangflow queues show" in str(caught.value)
 
 
+RESTRICTED = {
+    "tenants": {"team-a": {}, "team-b": {}},
+    "config": {
+        "tenants": [{"name": "team-a", "priority_classes": ["low"]}, {"name": "team-b", "priority_classes": []}],
+        "priority_classes": [{"name": "low", "value": 10}, {"name": "high", "value": 100}],
+    },
+}
+
+
+def test_a_class_the_tenant_may_not_use_is_refused_naming_the_ones_it_may():
+    check_tenancy(RESTRICTED, run_of("team-a", "low"), {"train": "low"})
+    check_tenancy(RESTRICTED, run_of("team-b"), {})  # naming no class: the default, always allowed
+    with pytest.raises(TenancyError) as caught:
+        check_tenancy(RESTRICTED, run_of("team-a", "high"), {})
+    assert str(caught.value).startswith(
+        "priority class 'high' (the run) is not allowed for tenant 'team-a': its priority classes are low"
+    )
+    with pytest.raises(TenancyError, match=r"'high' \(task 'train'\) is not allowed for tenant 'team-a'"):
+        check_tenancy(RESTRICTED, run_of("team-a"), {"train": "high"})
+    with pytest.raises(TenancyError, match="not allowed for tenant 'team-b': its priority classes are none"):
+        check_tenancy(RESTRICTED, run_of("team-b", "low"), {})
+    # a class nobody has is still "unknown", whatever the tenant may use
+    with pytest.raises(TenancyError, match="unknown priority class 'urgent'"):
+        check_tenancy(RESTRICTED, run_of("team-a", "urgent"), {})
+
+
 def test_without_the_config_only_the_tenant_names_are_checked():
     names_only = {"tenants": {"team-a": {}}}  # a Scheduler that answers "queues" without "config"
     check_tenancy(names_only, run_of("team-a", "whatever"), {"train": "whatever"})
