@@ -117,7 +117,8 @@ def _claims(payload: Mapping[str, Any]) -> Claims:
 
 class TokenVerifier:
     """Checks bearer tokens against a JWKS, as Temporal's key provider and claim mapper do, and their ``exp``
-    (required), ``aud`` and ``iss`` (``audience`` / ``issuer``, default :func:`expected_audience` / :func:`expected_issuer`)."""
+    (required), ``aud`` and ``iss`` (``audience`` / ``issuer``, by default :func:`expected_audience` and
+    :func:`expected_issuer`)."""
 
     def __init__(self, jwks: Mapping[str, Any], *, audience: str | None = None, issuer: str | None = None) -> None:
         self.keys = {key.key_id: key for key in jwt.PyJWKSet.from_dict(dict(jwks)).keys if key.key_id}

@@ -58,7 +58,7 @@ def test_audience_and_issuer_are_configurable(tmp_path, monkeypatch):
     monkeypatch.setenv(ISSUER_ENV, "https://idp.example.com")
     token = keys.tenant_token("team-a")
     assert TokenVerifier.from_file(keys.jwks_file).claims(f"Bearer {token}").subject == "team-a"
-    with pytest.raises(TokenError, match="(?i)audience"):
+    with pytest.raises(TokenError, match=r"(?i)audience"):
         TokenVerifier.from_file(keys.jwks_file, audience=DEFAULT_AUDIENCE).claims(f"Bearer {token}")
-    with pytest.raises(TokenError, match="(?i)issuer"):
+    with pytest.raises(TokenError, match=r"(?i)issuer"):
         TokenVerifier.from_file(keys.jwks_file, issuer=DEFAULT_ISSUER).claims(f"Bearer {token}")
