@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import stat
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.core.protocol import PLATFORM_NAMESPACE, tenant_namespace
+from engine.core.protocol import PLATFORM_NAMESPACE, tenant_namespace, tenant_user
 from engine.executor.process import spawn
+from engine.runtime.connection import CREDENTIAL_ENV
+from engine.runtime.secrets import SECRET_ENV_PREFIX, SECRETS_DIR_ENV
 from engine.scheduling.config import QueueConfig
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError
@@ -26,10 +31,68 @@ if TYPE_CHECKING:
     from engine.runtime.gateway import Gateway
     from engine.runtime.tokens import DevKeys
 
-__all__ = ["DevAuth", "add_auth_parser", "cmd_auth", "dev_auth"]
+__all__ = ["DevAuth", "add_auth_parser", "auth_state", "cmd_auth", "dev_auth", "isolated", "tenant_owner"]
 
 _INSTALL = "pip install 'gangflow[auth]'"
 _MAX_TTL_S = 366 * 86400
+
+
+def auth_state(state_dir: str | os.PathLike[str]) -> Path | None:
+    """The JWKS of a ``dev --auth`` state dir, None for a stack without --auth."""
+    jwks = Path(state_dir).resolve() / "auth" / "jwks.json"
+    return jwks if jwks.is_file() else None
+
+
+def isolated(state_dir: str | os.PathLike[str]) -> bool:
+    """Whether this stack keeps tenants apart by OS user: ``dev --auth`` run as root."""
+    return os.geteuid() == 0 and auth_state(state_dir) is not None
+
+
+def tenant_owner(state_dir: str | os.PathLike[str], tenant: str) -> int | None:
+    """The uid (and gid) that owns ``tenant``'s folders on an isolated stack, None elsewhere."""
+    return tenant_user(tenant).uid if isolated(state_dir) else None
+
+
+# POSIX ACLs as Linux stores them (the system.posix_acl_* attributes): a version, then (tag, perm, id) entries
+_ACL_VERSION, _USER_OBJ, _USER, _GROUP_OBJ, _MASK, _OTHER, _NO_ID = 2, 0x01, 0x02, 0x04, 0x10, 0x20, 0xFFFFFFFF
+
+
+def _acl(uid: int) -> bytes:
+    """Owner and ``uid`` rwx, nobody else anything."""
+    entries = [
+        (_USER_OBJ, 7, _NO_ID),
+        (_USER, 7, uid),
+        (_GROUP_OBJ, 0, _NO_ID),
+        (_MASK, 7, _NO_ID),
+        (_OTHER, 0, _NO_ID),
+    ]
+    return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *entry) for entry in entries)
+
+
+def _own_folder(path: Path, uid: int, *, inherited: bool = False) -> None:
+    """``path`` (made if missing) ``uid``'s, 0700; ``inherited``: also what anyone (a root client) creates in it
+    later stays ``uid``'s to read and write, through a default ACL (a tenant's artifact root, which its clients,
+    the platform and its own worker all write)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for folder, _, files in os.walk(path):
+        for name in (folder, *(os.path.join(folder, f) for f in files)):
+            os.lchown(name, uid, uid)
+    os.chmod(path, 0o700)
+    if inherited:
+        os.setxattr(path, "system.posix_acl_access", _acl(uid))
+        os.setxattr(path, "system.posix_acl_default", _acl(uid))
+
+
+def _traversable(state: Path) -> list[Path]:
+    """Let the tenants' users reach their folders under ``state``: search (not read) permission on the folders
+    above it that lack it (a 0700 temporary folder, say). Returns the folders changed, for the banner."""
+    changed = []
+    for folder in state.parents:
+        mode = folder.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            os.chmod(folder, stat.S_IMODE(mode) | stat.S_IXOTH)
+            changed.append(folder)
+    return changed
 
 
 def _need_extra(what: str) -> None:
@@ -86,15 +149,69 @@ class DevAuth:
             "the node agents)"
         )
 
+    def lock_down(self, state: Path) -> list[Path]:
+        """As root: the state dir is the platform's (0711, its files 0600 and folders 0700: the signing key, the
+        tokens, Temporal's database, the logs), but for each tenant's artifact root, secrets and home, which
+        are the tenant's own user's (engine.core.protocol.tenant_user). Returns the folders above ``state``
+        made traversable. Not as root: nothing changes (one user runs everything; docs/security.md)."""
+        if os.geteuid() != 0:
+            return []
+        state.mkdir(parents=True, exist_ok=True)
+        os.chmod(state, 0o711)
+        shared = {"artifacts", "secrets", "home"}
+        for entry in state.iterdir():
+            if entry.name not in shared and not entry.is_symlink():
+                os.chmod(entry, 0o700 if entry.is_dir() else 0o600)
+        for name in shared:
+            (state / name).mkdir(mode=0o711, exist_ok=True)
+            os.chmod(state / name, 0o711)
+        for tenant in self.tenants:
+            uid = tenant_user(tenant).uid
+            _own_folder(state / "artifacts" / tenant, uid, inherited=True)
+            _own_folder(state / "secrets" / tenant, uid)
+            _own_folder(state / "home" / tenant, uid)
+        return _traversable(state)
+
     def spawn_workers(self, gateway: str, state: Path) -> list[subprocess.Popen[bytes]]:
         """One worker per tenant, in its namespace, through the gateway with the tenant's own token (in the
-        environment, not on a command line ``ps`` shows), its artifact root pinned under the state dir."""
+        environment, not on a command line ``ps`` shows), its artifact root pinned under the state dir, its own
+        secrets folder, and no other credential or secrets directory. As root, each runs as its tenant's user
+        (no capabilities, no new privileges), so its tasks reach only what that user may."""
         workers = []
         for tenant in self.tenants:
-            env = {**os.environ, "GANGFLOW_API_KEY": (self.tokens / f"{tenant}.jwt").read_text().strip()}
+            home = state / "home" / tenant
+            env = {
+                k: v
+                for k, v in os.environ.items()
+                if k not in (*CREDENTIAL_ENV, SECRETS_DIR_ENV) and not k.startswith(SECRET_ENV_PREFIX)
+            }
+            env |= {
+                "GANGFLOW_API_KEY": (self.tokens / f"{tenant}.jwt").read_text().strip(),
+                "HOME": str(home),
+                "TMPDIR": str(home),
+                "GANGFLOW_CACHE": str(home / "cache"),
+            }
             command = [sys.executable, "-m", "engine.cli", "worker", "--tenant", tenant, "--address", gateway]
             command += ["--namespace", _namespace(tenant), "--artifacts", str(state / "artifacts" / tenant)]
-            workers.append(spawn(command, log=state / f"worker-{tenant}.log", env=env))
+            command += ["--tenant-secrets", str(state / "secrets" / tenant)]
+            if os.geteuid() == 0:
+                user = tenant_user(tenant)
+                env |= {"USER": user.name, "LOGNAME": user.name}
+                setpriv = shutil.which("setpriv") or "setpriv"
+                command = [
+                    setpriv,
+                    f"--reuid={user.uid}",
+                    f"--regid={user.uid}",
+                    "--clear-groups",
+                    "--inh-caps=-all",
+                    "--no-new-privs",
+                    "--pdeathsig=TERM",  # a change of uid clears the parent-death signal: set it again
+                    "--",
+                    *command,
+                ]
+            log = state / f"worker-{tenant}.log"
+            os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))  # the platform's to read
+            workers.append(spawn(command, log=log, env=env))
         return workers
 
 

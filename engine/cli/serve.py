@@ -262,14 +262,18 @@ def _spawn_nodes(
     address: str, count: int, gpus: int, state: Path, namespace: str = "default"
 ) -> list[subprocess.Popen[bytes]]:
     """Node agents beside the dev worker, each a real ``gangflow node`` process standing in for a server. They
-    stop at once (no drain): the whole stack is stopping, its worker first, so no Scheduler would answer."""
-    node = [sys.executable, "-m", "engine.cli", "node", "--gpus", str(gpus), "--address", address]
-    node += ["--namespace", namespace]
+    stop at once (no drain): the whole stack is stopping, its worker first, so no Scheduler would answer. The
+    server's address goes in their environment (readable by their own user only), not on their command line
+    (``/proc/<pid>/cmdline`` is anyone's to read); their logs are 0600."""
+    node = [sys.executable, "-m", "engine.cli", "node", "--gpus", str(gpus), "--namespace", namespace]
     node += ["--drain-timeout", "0"]
-    return [
-        spawn([*node, "--node-id", f"node-{i}", "--advertise-addr", "127.0.0.1"], log=state / f"node-{i}.log")
-        for i in range(count)
-    ]
+    env = {**os.environ, "GANGFLOW_ADDRESS": address}
+    nodes = []
+    for i in range(count):
+        log = state / f"node-{i}.log"
+        os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        nodes.append(spawn([*node, "--node-id", f"node-{i}", "--advertise-addr", "127.0.0.1"], log=log, env=env))
+    return nodes
 
 
 async def _apply_queues(temporal: TemporalClient, file: str, config: QueueConfig) -> None:
@@ -298,20 +302,25 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     # checked before anything starts: a bad file is bad input (exit 2), not a stack that half came up
     queues = read_queue_file(args.queues) if args.queues else None
     auth = dev_auth(args, queues)
-    codec = CodecServer().start()
     server = DevServer(
         state,
         # --auth: clients reach Temporal through the gateway on --port, the platform directly on another
         port=None if auth else args.port,
         ui_port=args.ui_port,
-        ui=not args.headless,
-        codec_endpoint=codec.url,
+        # --auth: no Web UI, which would show every namespace to anyone without a token (docs/security.md)
+        ui=not args.headless and auth is None,
         namespaces=auth.namespaces if auth else (),
     )
+    # the codec endpoint answers the stack's own Web UI only, not any page served from this machine
+    ui_origins = (server.ui_url, server.ui_url.replace("127.0.0.1", "localhost"))
+    codec = CodecServer(origins=ui_origins if server.ui else ()).start()
+    server.codec_endpoint = codec.url
     try:
         server.start()
+        opened = auth.lock_down(state) if auth else []
     except (OSError, RuntimeError, TimeoutError) as exc:
         codec.stop()
+        server.stop()
         raise CliError(str(exc)) from None
     # --auth is the isolated layout: the platform (this process's worker, the node agents) in gangflow-system,
     # one worker per tenant in its own namespace, reaching Temporal through the gateway with its own token
@@ -321,9 +330,12 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     gateway: Gateway | None = None
     try:
         console.print(
-            f"[bold]gangflow dev[/]: Temporal on {server.address}"
-            + ("" if args.headless else f", Web UI {server.ui_url}")
+            f"[bold]gangflow dev[/]: Temporal on {server.address}" + (f", Web UI {server.ui_url}" if server.ui else "")
         )
+        if auth and not args.headless:
+            print_unwrapped("  no Web UI with --auth: it would show every tenant's namespace without a token")
+        for folder in opened:
+            print_unwrapped(f"  made {folder} traversable (o+x) for the tenants' users to reach their folders")
         print_unwrapped(f"state in {state}; in another shell:")
         if auth:
             auth.show(f"127.0.0.1:{gateway_port}", server.address, state)
