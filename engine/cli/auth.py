@@ -14,6 +14,7 @@ import stat
 import struct
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 from engine.core.protocol import PLATFORM_NAMESPACE, tenant_namespace, tenant_user
 from engine.executor.process import spawn
 from engine.runtime.connection import CREDENTIAL_ENV
+from engine.runtime.relay import GATEWAY_SOCKET_ENV
 from engine.runtime.secrets import SECRET_ENV_PREFIX, SECRETS_DIR_ENV
 from engine.scheduling.config import QueueConfig
 
@@ -95,6 +97,17 @@ def _traversable(state: Path) -> list[Path]:
     return changed
 
 
+def _socket_path(state: Path) -> Path:
+    """Where the gateway's Unix socket goes: in the state dir, unless that path is too long for a socket
+    (108 bytes on Linux), then in a folder of its own under the temporary directory."""
+    path = state / "gateway.sock"
+    if len(str(path)) < 100:
+        return path
+    folder = Path(tempfile.mkdtemp(prefix="gangflow-gateway-"))
+    os.chmod(folder, 0o711)
+    return folder / "gateway.sock"
+
+
 def _need_extra(what: str) -> None:
     try:
         import cryptography  # noqa: F401
@@ -118,6 +131,8 @@ class DevAuth:
     keys: DevKeys
     tenants: tuple[str, ...]
     tokens: Path
+    #: the gateway's Unix socket, the only way out of the tenants' workers' network namespaces (as root)
+    socket: Path | None = None
 
     @property
     def namespaces(self) -> tuple[str, ...]:
@@ -128,7 +143,9 @@ class DevAuth:
         from engine.runtime.tokens import TokenVerifier
 
         try:
-            return await Gateway(upstream, TokenVerifier.from_file(self.keys.jwks_file), port=port).start()
+            verifier = TokenVerifier.from_file(self.keys.jwks_file)
+            socket = str(self.socket) if self.socket is not None else None
+            return await Gateway(upstream, verifier, port=port, socket=socket).start()
         except RuntimeError as exc:  # grpc: the port is taken
             raise CliError(f"the auth gateway cannot listen on port {port}: {exc}") from None
 
@@ -196,10 +213,19 @@ class DevAuth:
             command += ["--tenant-secrets", str(state / "secrets" / tenant)]
             if os.geteuid() == 0:
                 user = tenant_user(tenant)
-                env |= {"USER": user.name, "LOGNAME": user.name}
-                setpriv = shutil.which("setpriv") or "setpriv"
+                self.socket = self.socket or _socket_path(state)
+                env |= {"USER": user.name, "LOGNAME": user.name, GATEWAY_SOCKET_ENV: str(self.socket)}
+                # a network namespace of its own (loopback only), then the tenant's user: its tasks reach no
+                # port of this machine (not Temporal's own, not a node agent's), only the gateway's socket
                 command = [
-                    setpriv,
+                    shutil.which("unshare") or "unshare",
+                    "--net",
+                    "--",
+                    "sh",
+                    "-c",
+                    'ip link set lo up && exec "$@"',
+                    "sh",
+                    shutil.which("setpriv") or "setpriv",
                     f"--reuid={user.uid}",
                     f"--regid={user.uid}",
                     "--clear-groups",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import socket
@@ -38,6 +39,7 @@ from engine.runtime.codec_server import CodecServer
 from engine.runtime.encryption import keys_from_env
 from engine.runtime.node import DRAIN_TIMEOUT_S, NodeConfig, run_node
 from engine.runtime.platform import artifacts_for, build_gang_workers, ensure_endpoints
+from engine.runtime.relay import GATEWAY_SOCKET_ENV, start_relay
 from engine.runtime.secrets import SECRETS_DIR_ENV
 from engine.scheduling.config import QueueConfig, QueueConfigError
 
@@ -171,13 +173,22 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     if args.namespace is None:  # a role names its namespace (GANGFLOW_NAMESPACE is a client's, maybe a template)
         args.namespace = tenant_namespace(route.tenant) if route else PLATFORM_NAMESPACE if platform else None
     endpoint = endpoint_for(args)
+    relay = None
+    if route is not None and os.environ.get(GATEWAY_SOCKET_ENV):
+        # in a network namespace of its own (dev --auth as root): the gateway's socket is the only way out
+        relay, address = await start_relay(os.environ[GATEWAY_SOCKET_ENV])
+        endpoint = dataclasses.replace(endpoint, address=address)
     temporal = await _connect(endpoint)
     role = f", tenant {route.tenant}, artifacts {route.artifacts}" if route else ""
     role += f", platform for {', '.join(platform.tenants)}" if platform else ""
     console.print(
         f"gangflow worker on {endpoint.address} (namespace {endpoint.namespace}, queue {args.task_queue}{role})"
     )
-    await _serve(temporal, args.load, args.task_queue, route=route, platform=platform)
+    try:
+        await _serve(temporal, args.load, args.task_queue, route=route, platform=platform)
+    finally:
+        if relay is not None:
+            relay.close()
     return EXIT_OK
 
 
