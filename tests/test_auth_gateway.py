@@ -1,7 +1,8 @@
 """Permissions on the dev stack: `gangflow dev --auth` as a user runs it, tenants' temporalio clients with
 tokens against its gateway. A team-a token acts in gf-team-a and is refused everything in gf-team-b; a read
-token reads only; no token, an expired one or one signed by another key is refused (one without exp or for
-another audience or issuer: tests/security/test_credentials.py); the JWKS the stack publishes verifies its tokens (what a real server's default claim mapper would be given)."""
+token reads only; no token, an expired one or one signed by another key is refused (one without exp, or for
+another audience or issuer: tests/security/test_credentials.py); the JWKS the stack publishes verifies its
+tokens (what a real server's default claim mapper would be given)."""
 
 from __future__ import annotations
 
