@@ -76,13 +76,13 @@ def _own_folder(path: Path, uid: int, *, inherited: bool = False) -> None:
     later stays ``uid``'s to read and write, through a default ACL (a tenant's artifact root, which its clients,
     the platform and its own worker all write)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for folder, _, files in os.walk(path):
+    os.chmod(path, 0o700)
+    for folder, _, files in os.walk(path):  # what an earlier run left there too
         for name in (folder, *(os.path.join(folder, f) for f in files)):
             os.lchown(name, uid, uid)
-    os.chmod(path, 0o700)
-    if inherited:
-        os.setxattr(path, "system.posix_acl_access", _acl(uid))
-        os.setxattr(path, "system.posix_acl_default", _acl(uid))
+        if inherited:
+            os.setxattr(folder, "system.posix_acl_access", _acl(uid))
+            os.setxattr(folder, "system.posix_acl_default", _acl(uid))
 
 
 def _traversable(state: Path) -> list[Path]:
