@@ -3,6 +3,8 @@ service, by another issuer, or valid forever is refused like a forged one."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 
 import jwt
@@ -62,3 +64,68 @@ def test_audience_and_issuer_are_configurable(tmp_path, monkeypatch):
         TokenVerifier.from_file(keys.jwks_file, audience=DEFAULT_AUDIENCE).claims(f"Bearer {token}")
     with pytest.raises(TokenError, match=r"(?i)issuer"):
         TokenVerifier.from_file(keys.jwks_file, issuer=DEFAULT_ISSUER).claims(f"Bearer {token}")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="tenants' folders are given to their own users as root only")
+def test_as_root_the_state_is_the_platforms_and_each_tenants_folders_its_users(tmp_path):
+    """``dev --auth``'s layout as root: the key, the tokens, the database and logs are root's (0700 / 0600); a
+    tenant's secrets and artifact root are its user's, and what root writes in that root later stays readable
+    and writable by that user (a default ACL) and by no other tenant's user."""
+    from engine.cli.auth import DevAuth
+    from engine.core.protocol import tenant_user
+
+    state = tmp_path / "deep" / "state"
+    keys = DevKeys.load_or_create(state)
+    (state / "temporal.sqlite").write_bytes(b"")
+    os.chmod(tmp_path / "deep", 0o700)  # a private folder above the state (pytest's own are)
+    opened = DevAuth(keys, ("team-a", "team-b"), keys.directory / "tokens").lock_down(state)
+    assert tmp_path / "deep" in opened and (tmp_path / "deep").stat().st_mode & 0o777 == 0o701
+    mode = {p: p.stat().st_mode & 0o777 for p in (state, state / "auth", state / "auth" / "dev-key.pem")}
+    assert mode == {state: 0o711, state / "auth": 0o700, state / "auth" / "dev-key.pem": 0o600}
+    assert (state / "temporal.sqlite").stat().st_mode & 0o777 == 0o600
+    a, b = tenant_user("team-a"), tenant_user("team-b")
+    for kind in ("artifacts", "secrets", "home"):
+        folder = state / kind / "team-a"
+        assert folder.stat().st_uid == a.uid and folder.stat().st_mode & 0o700 == 0o700, folder
+    written = state / "artifacts" / "team-a" / "cas" / "ab"
+    written.mkdir(parents=True)  # as a client run as root would
+    (written / "object").write_text("team-a's")
+
+    def as_user(uid: int, script: str) -> int:
+        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sh", "-c", script]
+        return subprocess.run(command, capture_output=True, timeout=30).returncode
+
+    assert as_user(a.uid, f"cat {written}/object && echo more >> {written}/object && touch {written}/new") == 0
+    assert as_user(b.uid, f"cat {written}/object") != 0
+    assert as_user(b.uid, f"cat {state}/auth/dev-key.pem") != 0
+    assert as_user(a.uid, f"cat {state}/auth/dev-key.pem") != 0
+    assert as_user(a.uid, f"ls {state}/secrets/team-b") != 0
+
+
+def test_a_tenants_worker_is_started_with_its_own_tenant_only(tmp_path, monkeypatch):
+    """What ``dev --auth`` hands each tenant's worker: its token, its own secrets folder, no directory of every
+    tenant's secrets and no other credential; as root, its own user and network namespace."""
+    import engine.cli.auth as auth
+    from engine.core.protocol import tenant_user
+
+    keys = DevKeys.load_or_create(tmp_path)
+    tokens = keys.directory / "tokens"
+    tokens.mkdir()
+    for tenant in ("team-a", "team-b"):
+        (tokens / f"{tenant}.jwt").write_text(keys.tenant_token(tenant) + "\n")
+    monkeypatch.setenv("GANGFLOW_SECRETS_DIR", str(tmp_path / "secrets"))
+    monkeypatch.setenv("GANGFLOW_API_KEY", "the-platforms")
+    monkeypatch.setenv("GANGFLOW_SECRET_HF_TOKEN", "someone-elses")
+    started: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(auth, "spawn", lambda command, log, env: started.append((list(command), dict(env))))
+    auth.DevAuth(keys, ("team-a", "team-b"), tokens).spawn_workers("127.0.0.1:7233", tmp_path)
+    (a_command, a_env), (_, b_env) = started
+    assert a_env["GANGFLOW_API_KEY"] == (tokens / "team-a.jwt").read_text().strip() != b_env["GANGFLOW_API_KEY"]
+    assert "GANGFLOW_SECRETS_DIR" not in a_env and "GANGFLOW_SECRET_HF_TOKEN" not in a_env
+    assert a_command[a_command.index("--tenant-secrets") + 1] == str(tmp_path / "secrets" / "team-a")
+    assert a_env["HOME"] == str(tmp_path / "home" / "team-a")
+    if os.geteuid() == 0:
+        uid = tenant_user("team-a").uid
+        assert a_command[:3] == [a_command[0], "--net", "--"] and a_command[0].endswith("unshare")
+        assert f"--reuid={uid}" in a_command and "--no-new-privs" in a_command and "--inh-caps=-all" in a_command
+        assert a_env["GANGFLOW_GATEWAY_SOCKET"].endswith("gateway.sock")
