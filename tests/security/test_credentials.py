@@ -76,16 +76,17 @@ async def pipeline(files: list[str], pids: list[int], ports: list[int]) -> dict:
 """
 
 
-def _pids(*needles: str) -> list[int]:
-    """The processes whose command line holds every one of ``needles``."""
+def _pids(stack: AuthStack, *needles: str) -> list[int]:
+    """The stack's processes (children of its dev process) whose command line holds every one of ``needles``."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
-            if all(n in cmdline for n in needles) and "pytest" not in cmdline:
+            if parent == stack.proc.pid and all(n in cmdline for n in needles):
                 found.append(int(entry.name))
     return found
 
@@ -140,9 +141,9 @@ def test_a_plain_task_reaches_nothing_of_another_tenant_or_the_platform(auth_sta
     assert _secret_set(auth_stack, "team-b", "b-secret-4c1d", auth_stack.token("team-b")).returncode == 0
     planted = state / "artifacts" / "team-b" / "planted.txt"  # what team-b's client wrote into its root
     planted.write_text("team-b's data")
-    (team_b_worker,) = _pids("worker", "--tenant team-b")
-    (team_a_worker,) = _pids("worker", "--tenant team-a")
-    nodes = _pids("engine.cli node", "--node-id")
+    (team_b_worker,) = _pids(auth_stack, "worker", "--tenant team-b")
+    (team_a_worker,) = _pids(auth_stack, "worker", "--tenant team-a")
+    nodes = _pids(auth_stack, "engine.cli node", "--node-id")
     assert len(nodes) == 2, nodes
     files = [
         state / "auth" / "dev-key.pem",
@@ -181,7 +182,9 @@ def test_a_plain_task_reaches_nothing_of_another_tenant_or_the_platform(auth_sta
 def test_the_dev_servers_address_is_not_on_a_command_line(auth_stack: AuthStack) -> None:
     """/proc/<pid>/cmdline is anyone's to read: the node agents get the server's address in their environment."""
     upstream = auth_stack.upstream
-    for pid in _pids("engine.cli node", "--node-id"):
+    nodes = _pids(auth_stack, "engine.cli node", "--node-id")
+    assert len(nodes) == 2, nodes
+    for pid in nodes:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         assert upstream not in cmdline and "--address" not in cmdline, cmdline
     # and the state holding the key, the tokens and the database is the platform's
