@@ -79,10 +79,10 @@ DEMO_NODES, DEMO_GPUS = 2, 2
 _NODE_STOP_GRACE_S = 15.0
 
 
-async def _connect(endpoint: Endpoint) -> TemporalClient:
+async def _connect(endpoint: Endpoint, wait: float = 30.0) -> TemporalClient:
     """Wait for a server that may still be booting (started beside this process), or fail with one line."""
     try:
-        return await connect(endpoint, wait=30)
+        return await connect(endpoint, wait=wait)
     except RuntimeError as exc:
         raise CliError(f"cannot reach Temporal at {endpoint.address}: {exc}") from None
 
@@ -178,7 +178,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         # in a network namespace of its own (dev --auth as root): the gateway's socket is the only way out
         relay, address = await start_relay(os.environ[GATEWAY_SOCKET_ENV])
         endpoint = dataclasses.replace(endpoint, address=address)
-    temporal = await _connect(endpoint)
+    # relayed: started by dev --auth before its gateway, on a loaded machine it may wait longer for it
+    temporal = await _connect(endpoint, wait=30.0 if relay is None else 120.0)
     role = f", tenant {route.tenant}, artifacts {route.artifacts}" if route else ""
     role += f", platform for {', '.join(platform.tenants)}" if platform else ""
     console.print(
