@@ -14,7 +14,6 @@ import stat
 import struct
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,27 +84,34 @@ def _own_folder(path: Path, uid: int, *, inherited: bool = False) -> None:
             os.setxattr(folder, "system.posix_acl_default", _acl(uid))
 
 
-def _traversable(state: Path) -> list[Path]:
-    """Let the tenants' users reach their folders under ``state``: search (not read) permission on the folders
-    above it that lack it (a 0700 temporary folder, say). Returns the folders changed, for the banner."""
-    changed = []
+def _covered(state: Path) -> Path:
+    """The folder a tenant's worker sees replaced by an empty one (its own folders only bound back in): the
+    highest folder above ``state`` that others may not search (a 0700 temporary folder, say), else ``state``."""
+    top = state
     for folder in state.parents:
-        mode = folder.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            os.chmod(folder, stat.S_IMODE(mode) | stat.S_IXOTH)
-            changed.append(folder)
-    return changed
+        if not folder.stat().st_mode & stat.S_IXOTH:
+            top = folder
+    return top
 
 
-def _socket_path(state: Path) -> Path:
-    """Where the gateway's Unix socket goes: in the state dir, unless that path is too long for a socket
-    (108 bytes on Linux), then in a folder of its own under the temporary directory."""
-    path = state / "gateway.sock"
-    if len(str(path)) < 100:
-        return path
-    folder = Path(tempfile.mkdtemp(prefix="gangflow-gateway-"))
-    os.chmod(folder, 0o711)
-    return folder / "gateway.sock"
+#: run as root in the worker's new network and mount namespaces, before it becomes the tenant's user: the
+#: loopback up; ``$1`` covered by an empty tmpfs, then each of ``$2 ...`` (paths inside it) bound back in
+_ISOLATE = """set -e
+ip link set lo up
+top=$1; shift
+stage=$(mktemp -d)
+mount --bind "$top" "$stage"
+mount -t tmpfs -o mode=0711,size=1m gangflow "$top"
+while [ "$1" != -- ]; do
+  mkdir -p "$top/$1"
+  mount --bind "$stage/$1" "$top/$1"
+  shift
+done
+shift
+umount -l "$stage"
+rmdir "$stage"
+exec "$@"
+"""
 
 
 def _need_extra(what: str) -> None:
@@ -166,28 +172,35 @@ class DevAuth:
             "the node agents)"
         )
 
-    def lock_down(self, state: Path) -> list[Path]:
+    def lock_down(self, state: Path) -> None:
         """As root: the state dir is the platform's (0711, its files 0600 and folders 0700: the signing key, the
         tokens, Temporal's database, the logs), but for each tenant's artifact root, secrets and home, which
-        are the tenant's own user's (engine.core.protocol.tenant_user). Returns the folders above ``state``
-        made traversable. Not as root: nothing changes (one user runs everything; docs/security.md)."""
+        are the tenant's own user's (engine.core.protocol.tenant_user). Not as root: nothing changes (one
+        user runs everything; docs/security.md)."""
         if os.geteuid() != 0:
-            return []
+            return
         state.mkdir(parents=True, exist_ok=True)
         os.chmod(state, 0o711)
-        shared = {"artifacts", "secrets", "home"}
+        shared = {"artifacts", "secrets", "home", "gateway"}
         for entry in state.iterdir():
             if entry.name not in shared and not entry.is_symlink():
                 os.chmod(entry, 0o700 if entry.is_dir() else 0o600)
         for name in shared:
             (state / name).mkdir(mode=0o711, exist_ok=True)
             os.chmod(state / name, 0o711)
+        (state / "gateway").mkdir(mode=0o711, exist_ok=True)
+        os.chmod(state / "gateway", 0o711)
         for tenant in self.tenants:
             uid = tenant_user(tenant).uid
-            _own_folder(state / "artifacts" / tenant, uid, inherited=True)
-            _own_folder(state / "secrets" / tenant, uid)
-            _own_folder(state / "home" / tenant, uid)
-        return _traversable(state)
+            artifacts, secrets, home = self._folders(state, tenant)
+            _own_folder(artifacts, uid, inherited=True)
+            _own_folder(secrets, uid)
+            _own_folder(home, uid)
+
+    @staticmethod
+    def _folders(state: Path, tenant: str) -> tuple[Path, ...]:
+        """A tenant's own folders in the state dir: its artifact root, its secrets, its home."""
+        return tuple(state / kind / tenant for kind in ("artifacts", "secrets", "home"))
 
     def spawn_workers(self, gateway: str, state: Path) -> list[subprocess.Popen[bytes]]:
         """One worker per tenant, in its namespace, through the gateway with the tenant's own token (in the
@@ -213,18 +226,25 @@ class DevAuth:
             command += ["--tenant-secrets", str(state / "secrets" / tenant)]
             if os.geteuid() == 0:
                 user = tenant_user(tenant)
-                self.socket = self.socket or _socket_path(state)
+                self.socket = self.socket or state / "gateway" / "gateway.sock"
                 env |= {"USER": user.name, "LOGNAME": user.name, GATEWAY_SOCKET_ENV: str(self.socket)}
-                # a network namespace of its own (loopback only), then the tenant's user: its tasks reach no
-                # port of this machine (not Temporal's own, not a node agent's), only the gateway's socket
+                # network and mount namespaces of its own, then the tenant's user: its tasks reach no port of
+                # this machine (not Temporal's own, not a node agent's), only the gateway's socket, and see of
+                # the state dir their tenant's folders only (the rest is under an empty tmpfs)
+                top = _covered(state)
+                own = [str(p.relative_to(top)) for p in (self.socket.parent, *self._folders(state, tenant))]
                 command = [
                     shutil.which("unshare") or "unshare",
                     "--net",
+                    "--mount",
                     "--",
                     "sh",
                     "-c",
-                    'ip link set lo up && exec "$@"',
+                    _ISOLATE,
                     "sh",
+                    str(top),
+                    *own,
+                    "--",
                     shutil.which("setpriv") or "setpriv",
                     f"--reuid={user.uid}",
                     f"--regid={user.uid}",

@@ -329,7 +329,8 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     server.codec_endpoint = codec.url
     try:
         server.start()
-        opened = auth.lock_down(state) if auth else []
+        if auth:
+            auth.lock_down(state)
     except (OSError, RuntimeError, TimeoutError) as exc:
         codec.stop()
         server.stop()
@@ -346,8 +347,6 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         )
         if auth and not args.headless:
             print_unwrapped("  no Web UI with --auth: it would show every tenant's namespace without a token")
-        for folder in opened:
-            print_unwrapped(f"  made {folder} traversable (o+x) for the tenants' users to reach their folders")
         print_unwrapped(f"state in {state}; in another shell:")
         if auth:
             auth.show(f"127.0.0.1:{gateway_port}", server.address, state)

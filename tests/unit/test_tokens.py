@@ -4,8 +4,11 @@ service, by another issuer, or valid forever is refused like a forged one."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import jwt
 import pytest
@@ -67,19 +70,21 @@ def test_audience_and_issuer_are_configurable(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="tenants' folders are given to their own users as root only")
-def test_as_root_the_state_is_the_platforms_and_each_tenants_folders_its_users(tmp_path):
+def test_as_root_the_state_is_the_platforms_and_each_tenants_folders_its_users(request):
     """``dev --auth``'s layout as root: the key, the tokens, the database and logs are root's (0700 / 0600); a
     tenant's secrets and artifact root are its user's, and what root writes in that root later stays readable
     and writable by that user (a default ACL) and by no other tenant's user."""
     from engine.cli.auth import DevAuth
     from engine.core.protocol import tenant_user
 
-    state = tmp_path / "deep" / "state"
+    # a folder the tenants' users may search (pytest's own are 0700: a worker's mount namespace covers those)
+    top = Path(tempfile.mkdtemp(prefix="gf-layout-"))
+    request.addfinalizer(lambda: shutil.rmtree(top, ignore_errors=True))
+    os.chmod(top, 0o711)
+    state = top / "state"
     keys = DevKeys.load_or_create(state)
     (state / "temporal.sqlite").write_bytes(b"")
-    os.chmod(tmp_path / "deep", 0o700)  # a private folder above the state (pytest's own are)
-    opened = DevAuth(keys, ("team-a", "team-b"), keys.directory / "tokens").lock_down(state)
-    assert tmp_path / "deep" in opened and (tmp_path / "deep").stat().st_mode & 0o777 == 0o701
+    DevAuth(keys, ("team-a", "team-b"), keys.directory / "tokens").lock_down(state)
     mode = {p: p.stat().st_mode & 0o777 for p in (state, state / "auth", state / "auth" / "dev-key.pem")}
     assert mode == {state: 0o711, state / "auth": 0o700, state / "auth" / "dev-key.pem": 0o600}
     assert (state / "temporal.sqlite").stat().st_mode & 0o777 == 0o600
@@ -126,6 +131,6 @@ def test_a_tenants_worker_is_started_with_its_own_tenant_only(tmp_path, monkeypa
     assert a_env["HOME"] == str(tmp_path / "home" / "team-a")
     if os.geteuid() == 0:
         uid = tenant_user("team-a").uid
-        assert a_command[:3] == [a_command[0], "--net", "--"] and a_command[0].endswith("unshare")
+        assert a_command[1:4] == ["--net", "--mount", "--"] and a_command[0].endswith("unshare")
         assert f"--reuid={uid}" in a_command and "--no-new-privs" in a_command and "--inh-caps=-all" in a_command
-        assert a_env["GANGFLOW_GATEWAY_SOCKET"].endswith("gateway.sock")
+        assert a_env["GANGFLOW_GATEWAY_SOCKET"] == str(tmp_path / "gateway" / "gateway.sock")
