@@ -95,11 +95,11 @@ def _covered(state: Path) -> Path:
 
 
 #: run as root in the worker's new network and mount namespaces, before it becomes the tenant's user: the
-#: loopback up; ``$1`` covered by an empty tmpfs, then each of ``$2 ...`` (paths inside it) bound back in
+#: loopback up; ``$1`` covered by an empty tmpfs (seen meanwhile through a folder made in ``$2``, outside it),
+#: then each of ``$3 ...`` up to ``--`` (paths inside ``$1``) bound back in
 _ISOLATE = """set -e
 ip link set lo up
-top=$1; shift
-stage=$(mktemp -d)
+top=$1; stage=$(mktemp -d "$2/gangflow-stage.XXXXXX"); shift 2
 mount --bind "$top" "$stage"
 mount -t tmpfs -o mode=0711,size=1m gangflow "$top"
 while [ "$1" != -- ]; do
@@ -243,6 +243,7 @@ class DevAuth:
                     _ISOLATE,
                     "sh",
                     str(top),
+                    "/tmp" if not Path("/tmp").resolve().is_relative_to(top) else "/var/tmp",
                     *own,
                     "--",
                     shutil.which("setpriv") or "setpriv",
