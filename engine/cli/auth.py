@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import stat
 import struct
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -84,34 +86,47 @@ def _own_folder(path: Path, uid: int, *, inherited: bool = False) -> None:
             os.setxattr(folder, "system.posix_acl_default", _acl(uid))
 
 
-def _covered(state: Path) -> Path:
-    """The folder a tenant's worker sees replaced by an empty one (its own folders only bound back in): the
-    highest folder above ``state`` that others may not search (a 0700 temporary folder, say), else ``state``."""
-    top = state
-    for folder in state.parents:
+def _blocked(path: Path) -> Path | None:
+    """The highest folder above ``path`` that others may not search (a 0700 home or temporary folder): what
+    a tenant's user cannot pass on the way to ``path``. None when nothing blocks it."""
+    top = None
+    for folder in path.parents:
         if not folder.stat().st_mode & stat.S_IXOTH:
             top = folder
     return top
 
 
 #: run as root in the worker's new network and mount namespaces, before it becomes the tenant's user: the
-#: loopback up; ``$1`` covered by an empty tmpfs (seen meanwhile through a folder made in ``$2``, outside it),
-#: then each of ``$3 ...`` up to ``--`` (paths inside ``$1``) bound back in
+#: loopback up, then ``cover TOP REL...``: TOP replaced by an empty tmpfs, each REL (a path inside it) bound
+#: back in from the real TOP (seen meanwhile through a staging folder made in STAGE, outside every TOP)
 _ISOLATE = """set -e
 ip link set lo up
-top=$1; stage=$(mktemp -d "$2/gangflow-stage.XXXXXX"); shift 2
-mount --bind "$top" "$stage"
-mount -t tmpfs -o mode=0711,size=1m gangflow "$top"
-while [ "$1" != -- ]; do
-  mkdir -p "$top/$1"
-  mount --bind "$stage/$1" "$top/$1"
-  shift
-done
-shift
-umount -l "$stage"
-rmdir "$stage"
-exec "$@"
+cover() {
+  top=$1; shift
+  stage=$(mktemp -d "$STAGE/gangflow-stage.XXXXXX")
+  mount --bind "$top" "$stage"
+  mount -t tmpfs -o mode=0711,size=1m gangflow "$top"
+  for rel; do mkdir -p "$top/$rel"; mount --bind "$stage/$rel" "$top/$rel"; done
+  umount -l "$stage"
+  rmdir "$stage"
+}
 """
+
+
+def _isolation_script(state: Path, own: Sequence[Path]) -> str:
+    """The script that leaves a tenant's worker only ``own`` of ``state`` (the rest under an empty tmpfs), and
+    lets it reach the interpreter and its standard library where a private folder (root's home) holds them."""
+    covers: dict[Path, list[Path]] = {_blocked(state) or state: list(own)}
+    for needed in {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}:
+        top = _blocked(needed)
+        if top is not None and not any(needed.is_relative_to(t) for t in covers):
+            covers.setdefault(top, []).append(needed)
+    stage = next(p for p in (Path("/tmp"), Path("/var/tmp")) if not any(p.resolve().is_relative_to(t) for t in covers))
+    lines = [_ISOLATE, f"STAGE={shlex.quote(str(stage))}"]
+    for top, paths in covers.items():
+        lines.append(" ".join(["cover", shlex.quote(str(top)), *(shlex.quote(str(p.relative_to(top))) for p in paths)]))
+    lines.append('exec "$@"')
+    return "\n".join(lines)
 
 
 def _need_extra(what: str) -> None:
@@ -231,8 +246,7 @@ class DevAuth:
                 # network and mount namespaces of its own, then the tenant's user: its tasks reach no port of
                 # this machine (not Temporal's own, not a node agent's), only the gateway's socket, and see of
                 # the state dir their tenant's folders only (the rest is under an empty tmpfs)
-                top = _covered(state)
-                own = [str(p.relative_to(top)) for p in (self.socket.parent, *self._folders(state, tenant))]
+                script = _isolation_script(state, (self.socket.parent, *self._folders(state, tenant)))
                 command = [
                     shutil.which("unshare") or "unshare",
                     "--net",
@@ -240,12 +254,8 @@ class DevAuth:
                     "--",
                     "sh",
                     "-c",
-                    _ISOLATE,
+                    script,
                     "sh",
-                    str(top),
-                    "/tmp" if not Path("/tmp").resolve().is_relative_to(top) else "/var/tmp",
-                    *own,
-                    "--",
                     shutil.which("setpriv") or "setpriv",
                     f"--reuid={user.uid}",
                     f"--regid={user.uid}",
