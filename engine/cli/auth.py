@@ -38,6 +38,8 @@ __all__ = ["DevAuth", "add_auth_parser", "auth_state", "cmd_auth", "dev_auth", "
 
 _INSTALL = "pip install 'gangflow[auth]'"
 _MAX_TTL_S = 366 * 86400
+#: Linux's limit on a Unix socket's path (108 bytes with its terminating NUL)
+_MAX_SOCKET_PATH = 107
 
 
 def auth_state(state_dir: str | os.PathLike[str]) -> Path | None:
@@ -194,6 +196,8 @@ class DevAuth:
         user runs everything; docs/security.md)."""
         if os.geteuid() != 0:
             return
+        if len(str(state / "gateway" / "gateway.sock")) > _MAX_SOCKET_PATH:
+            raise OSError(f"{state}: too long a path for the gateway's Unix socket; use a shorter --state-dir")
         state.mkdir(parents=True, exist_ok=True)
         os.chmod(state, 0o711)
         shared = {"artifacts", "secrets", "home", "gateway"}
