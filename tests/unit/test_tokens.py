@@ -134,3 +134,13 @@ def test_a_tenants_worker_is_started_with_its_own_tenant_only(tmp_path, monkeypa
         assert a_command[1:4] == ["--net", "--mount", "--"] and a_command[0].endswith("unshare")
         assert f"--reuid={uid}" in a_command and "--no-new-privs" in a_command and "--inh-caps=-all" in a_command
         assert a_env["GANGFLOW_GATEWAY_SOCKET"] == str(tmp_path / "gateway" / "gateway.sock")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the gateway's socket is made as root only")
+def test_a_state_dir_too_long_for_the_gateways_socket_is_refused(tmp_path):
+    from engine.cli.auth import DevAuth
+
+    state = tmp_path / ("s" * 100)
+    keys = DevKeys.load_or_create(state)
+    with pytest.raises(OSError, match="too long a path for the gateway's Unix socket"):
+        DevAuth(keys, ("team-a",), keys.directory / "tokens").lock_down(state)
