@@ -1,7 +1,8 @@
 """Permissions on the dev stack: `gangflow dev --auth` as a user runs it, tenants' temporalio clients with
 tokens against its gateway. A team-a token acts in gf-team-a and is refused everything in gf-team-b; a read
-token reads only; no token, an expired one or one signed by another key is refused; the JWKS the stack
-publishes verifies its tokens (what a real server's default claim mapper would be given)."""
+token reads only; no token, an expired one or one signed by another key is refused (one without exp, or for
+another audience or issuer: tests/security/test_credentials.py); the JWKS the stack publishes verifies its
+tokens (what a real server's default claim mapper would be given)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from engine.runtime.gateway import authorized
-from engine.runtime.tokens import Claims, DevKeys
+from engine.runtime.tokens import DEFAULT_AUDIENCE, DEFAULT_ISSUER, Claims, DevKeys
 
 WORKFLOW = "gangflow.auth.NoWorkerNeeded"  # started by type name: nothing polls its queue
 
@@ -149,8 +150,9 @@ def test_the_jwks_verifies_the_tokens(stack: AuthStack) -> None:
     assert "d" not in jwks["keys"][0], "the JWKS must hold the public key only"
     token = stack.token("team-b")
     key = jwt.PyJWKSet.from_dict(jwks)[jwt.get_unverified_header(token)["kid"]]
-    claims = jwt.decode(token, key.key, algorithms=["RS256"])
-    assert claims["sub"] == "team-b"
+    # what a real server's claim mapper would check, with the audience it is configured with
+    claims = jwt.decode(token, key.key, algorithms=["RS256"], audience=DEFAULT_AUDIENCE, issuer=DEFAULT_ISSUER)
+    assert claims["sub"] == "team-b" and claims["aud"] == DEFAULT_AUDIENCE and claims["iss"] == DEFAULT_ISSUER
     assert claims["permissions"] == ["gf-team-b:write"]
     assert 86000 < claims["exp"] - claims["iat"] <= 86400
     assert oct((stack.state / "auth" / "dev-key.pem").stat().st_mode & 0o777) == "0o600"

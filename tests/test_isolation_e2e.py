@@ -44,8 +44,11 @@ def stack(auth_stack: AuthStack) -> AuthStack:
     own token for its data (examples/two_teams/README.md), once every GPU is free."""
     for tenant in ("team-a", "team-b"):
         command = [sys.executable, "-m", "engine.cli", "secret", "set", tenant, "data-token"]
-        secret = subprocess.run(
-            [*command, "--state-dir", str(auth_stack.state)], input=TOKENS[tenant], text=True, capture_output=True
+        secret = subprocess.run(  # with the team's own token, as an --auth stack asks
+            [*command, "--state-dir", str(auth_stack.state), "--api-key", auth_stack.token(tenant)],
+            input=TOKENS[tenant],
+            text=True,
+            capture_output=True,
         )
         assert secret.returncode == 0, secret.stderr
     run(_platform_idle(auth_stack, timeout=90))

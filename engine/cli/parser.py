@@ -129,7 +129,7 @@ def _codec_server(command: Command) -> None:
         action="append",
         default=[],
         metavar="URL",
-        help="a browser origin to answer, e.g. the Web UI's https://temporal.example.com (default: this machine's)",
+        help="a browser origin to answer: the Web UI's, e.g. https://temporal.example.com (default: none, no browser)",
     )
     p.add_argument(
         "--jwks",

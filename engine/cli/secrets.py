@@ -33,17 +33,31 @@ def add_secrets_dir_option(parser: argparse.ArgumentParser) -> None:
         help="resolve tasks' secrets from DIR/<tenant>/<name> (default $GANGFLOW_SECRETS_DIR; the dev stack's is "
         "<state>/secrets)",
     )
+    parser.add_argument(
+        "--tenant-secrets",
+        metavar="DIR",
+        help="with worker --tenant: the tenant's own secrets, DIR/<name> (a folder of that tenant's only, as the "
+        "isolated layout gives each tenant's worker)",
+    )
+
+
+def _check_folder(option: str, folder: str | None) -> str | None:
+    if folder is not None and (not folder or (os.path.exists(folder) and not os.path.isdir(folder))):
+        raise CliError(f"{option} {folder!r} is not a directory", EXIT_BAD_INPUT)
+    return os.path.abspath(folder) if folder else None
 
 
 def configure_secrets_dir(args: argparse.Namespace, tenant: str | None = None) -> None:
-    """``--secrets-dir`` for this process (a worker or node agent), checked before anything starts;
-    ``tenant``: the one tenant a tenant's worker serves (its environment holds that tenant's secrets)."""
+    """``--secrets-dir`` / ``--tenant-secrets`` for this process (a worker or node agent), checked before
+    anything starts; ``tenant``: the one tenant a tenant's worker serves (its environment holds that tenant's
+    secrets, and ``--tenant-secrets`` its folder)."""
     from engine.runtime.secrets import configure
 
-    folder = getattr(args, "secrets_dir", None)
-    if folder is not None and (not folder or (os.path.exists(folder) and not os.path.isdir(folder))):
-        raise CliError(f"--secrets-dir {folder!r} is not a directory", EXIT_BAD_INPUT)
-    configure(os.path.abspath(folder) if folder else None, tenant)
+    folder = _check_folder("--secrets-dir", getattr(args, "secrets_dir", None))
+    own = _check_folder("--tenant-secrets", getattr(args, "tenant_secrets", None))
+    if own is not None and tenant is None:
+        raise CliError("--tenant-secrets goes with worker --tenant (a folder of that tenant's)", EXIT_BAD_INPUT)
+    configure(folder, tenant, own)
 
 
 def add_secret_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,15 +72,51 @@ def add_secret_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("tenant", metavar="TENANT", help="whose secret (a tenant of the queue configuration)")
     p.add_argument("name", nargs="?", metavar="NAME", help="with set: the secret's name")
     p.add_argument("--state-dir", default=".gangflow", help="the dev stack's state dir (default .gangflow)")
+    p.add_argument(
+        "--api-key",
+        metavar="TOKEN",
+        help="on a dev --auth stack: the tenant's token (default $GANGFLOW_API_KEY; gangflow auth token TENANT)",
+    )
 
 
 def _tenant_folder(args: argparse.Namespace) -> Path:
     tenant = str(args.tenant)
     try:
-        tenant_namespace(tenant)
+        namespace = tenant_namespace(tenant)
     except ValueError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    _check_token(args, namespace)
     return Path(args.state_dir) / "secrets" / tenant
+
+
+def _check_token(args: argparse.Namespace, namespace: str) -> None:
+    """On a ``dev --auth`` stack (its state dir has a JWKS) a tenant's secrets take the tenant's token: write
+    to set, read to list. A stack without --auth keeps no boundary between tenants to check."""
+    from .auth import auth_state
+
+    jwks = auth_state(args.state_dir)
+    if jwks is None:
+        return
+    token = args.api_key or os.environ.get("GANGFLOW_API_KEY")
+    if not token:
+        raise CliError(
+            f"secret {args.action} on a dev --auth stack needs {args.tenant}'s token: --api-key or "
+            f"$GANGFLOW_API_KEY (gangflow auth token {args.tenant} --state-dir {args.state_dir})",
+            EXIT_BAD_INPUT,
+        )
+    from engine.runtime.tokens import ROLES, TokenError, TokenVerifier
+
+    need = ROLES["write"] if args.action == "set" else ROLES["read"]
+    try:
+        roles = TokenVerifier.from_file(jwks).claims(f"Bearer {token}").role_in(namespace)
+    except TokenError as exc:
+        raise CliError(f"secret {args.action}: the token was refused ({exc})", EXIT_BAD_INPUT) from None
+    if roles < need:
+        raise CliError(
+            f"secret {args.action}: the token gives no {'write' if need == ROLES['write'] else 'read'} role on "
+            f"{namespace} (tenant {args.tenant}'s namespace)",
+            EXIT_BAD_INPUT,
+        )
 
 
 async def cmd_secret(args: argparse.Namespace) -> int:
@@ -94,15 +144,23 @@ async def cmd_secret(args: argparse.Namespace) -> int:
         raise CliError(f"the value of secret {name!r} is not UTF-8 text", EXIT_BAD_INPUT) from None
     if not value:
         raise CliError(f"the value of secret {name!r} is empty (it is read from stdin)", EXIT_BAD_INPUT)
+    from .auth import tenant_owner
+
+    # as root on a dev --auth stack, the tenant's folder and files are its own user's (its worker runs as that
+    # user), the folder of all tenants only traversable: no tenant lists or reads another's
+    owner = tenant_owner(args.state_dir, args.tenant)
     folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     folder.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(folder.parent, 0o700)
+    os.chmod(folder.parent, 0o700 if owner is None else 0o711)
     os.chmod(folder, 0o700)
     # a new file, then a rename: a reader never sees half a value, and the mode is 0600 from the start
     tmp = folder / f".{name}.tmp{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(value + "\n")
+    if owner is not None:
+        os.chown(tmp, owner, owner)
+        os.chown(folder, owner, owner)
     os.replace(tmp, folder / name)
     console.print(f"secret {name} set for tenant {args.tenant} ({folder / name})", markup=False, highlight=False)
     return EXIT_OK

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import socket
@@ -39,6 +40,7 @@ from engine.runtime.encryption import keys_from_env
 from engine.runtime.keeper import keep_scheduler, start_scheduler
 from engine.runtime.node import DRAIN_TIMEOUT_S, NodeConfig, run_node
 from engine.runtime.platform import artifacts_for, build_gang_workers, ensure_endpoints
+from engine.runtime.relay import GATEWAY_SOCKET_ENV, start_relay
 from engine.runtime.secrets import SECRETS_DIR_ENV
 from engine.scheduling.config import QueueConfig, QueueConfigError
 
@@ -78,10 +80,10 @@ DEMO_NODES, DEMO_GPUS = 2, 2
 _NODE_STOP_GRACE_S = 15.0
 
 
-async def _connect(endpoint: Endpoint) -> TemporalClient:
+async def _connect(endpoint: Endpoint, wait: float = 30.0) -> TemporalClient:
     """Wait for a server that may still be booting (started beside this process), or fail with one line."""
     try:
-        return await connect(endpoint, wait=30)
+        return await connect(endpoint, wait=wait)
     except RuntimeError as exc:
         raise CliError(f"cannot reach Temporal at {endpoint.address}: {exc}") from None
 
@@ -181,13 +183,23 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     if args.namespace is None:  # a role names its namespace (GANGFLOW_NAMESPACE is a client's, maybe a template)
         args.namespace = tenant_namespace(route.tenant) if route else PLATFORM_NAMESPACE if platform else None
     endpoint = endpoint_for(args)
-    temporal = await _connect(endpoint)
+    relay = None
+    if route is not None and os.environ.get(GATEWAY_SOCKET_ENV):
+        # in a network namespace of its own (dev --auth as root): the gateway's socket is the only way out
+        relay, address = await start_relay(os.environ[GATEWAY_SOCKET_ENV])
+        endpoint = dataclasses.replace(endpoint, address=address)
+    # relayed: started by dev --auth before its gateway, on a loaded machine it may wait longer for it
+    temporal = await _connect(endpoint, wait=30.0 if relay is None else 120.0)
     role = f", tenant {route.tenant}, artifacts {route.artifacts}" if route else ""
     role += f", platform for {', '.join(platform.tenants)}" if platform else ""
     console.print(
         f"gangflow worker on {endpoint.address} (namespace {endpoint.namespace}, queue {args.task_queue}{role})"
     )
-    await _serve(temporal, args.load, args.task_queue, route=route, platform=platform)
+    try:
+        await _serve(temporal, args.load, args.task_queue, route=route, platform=platform)
+    finally:
+        if relay is not None:
+            relay.close()
     return EXIT_OK
 
 
@@ -272,14 +284,18 @@ def _spawn_nodes(
     address: str, count: int, gpus: int, state: Path, namespace: str = "default"
 ) -> list[subprocess.Popen[bytes]]:
     """Node agents beside the dev worker, each a real ``gangflow node`` process standing in for a server. They
-    stop at once (no drain): the whole stack is stopping, its worker first, so no Scheduler would answer."""
-    node = [sys.executable, "-m", "engine.cli", "node", "--gpus", str(gpus), "--address", address]
-    node += ["--namespace", namespace]
+    stop at once (no drain): the whole stack is stopping, its worker first, so no Scheduler would answer. The
+    server's address goes in their environment (readable by their own user only), not on their command line
+    (``/proc/<pid>/cmdline`` is anyone's to read); their logs are 0600."""
+    node = [sys.executable, "-m", "engine.cli", "node", "--gpus", str(gpus), "--namespace", namespace]
     node += ["--drain-timeout", "0"]
-    return [
-        spawn([*node, "--node-id", f"node-{i}", "--advertise-addr", "127.0.0.1"], log=state / f"node-{i}.log")
-        for i in range(count)
-    ]
+    env = {**os.environ, "GANGFLOW_ADDRESS": address}
+    nodes = []
+    for i in range(count):
+        log = state / f"node-{i}.log"
+        os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        nodes.append(spawn([*node, "--node-id", f"node-{i}", "--advertise-addr", "127.0.0.1"], log=log, env=env))
+    return nodes
 
 
 async def _apply_queues(temporal: TemporalClient, file: str, config: QueueConfig) -> None:
@@ -308,20 +324,26 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     # checked before anything starts: a bad file is bad input (exit 2), not a stack that half came up
     queues = read_queue_file(args.queues) if args.queues else None
     auth = dev_auth(args, queues)
-    codec = CodecServer().start()
     server = DevServer(
         state,
         # --auth: clients reach Temporal through the gateway on --port, the platform directly on another
         port=None if auth else args.port,
         ui_port=args.ui_port,
-        ui=not args.headless,
-        codec_endpoint=codec.url,
+        # --auth: no Web UI, which would show every namespace to anyone without a token (docs/security.md)
+        ui=not args.headless and auth is None,
         namespaces=auth.namespaces if auth else (),
     )
+    # the codec endpoint answers the stack's own Web UI only, not any page served from this machine
+    ui_origins = (server.ui_url, server.ui_url.replace("127.0.0.1", "localhost"))
+    codec = CodecServer(origins=ui_origins if server.ui else ()).start()
+    server.codec_endpoint = codec.url
     try:
         server.start()
+        if auth:
+            auth.lock_down(state)
     except (OSError, RuntimeError, TimeoutError) as exc:
         codec.stop()
+        server.stop()
         raise CliError(str(exc)) from None
     # --auth is the isolated layout: the platform (this process's worker, the node agents) in gangflow-system,
     # one worker per tenant in its own namespace, reaching Temporal through the gateway with its own token
@@ -331,9 +353,10 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     gateway: Gateway | None = None
     try:
         console.print(
-            f"[bold]gangflow dev[/]: Temporal on {server.address}"
-            + ("" if args.headless else f", Web UI {server.ui_url}")
+            f"[bold]gangflow dev[/]: Temporal on {server.address}" + (f", Web UI {server.ui_url}" if server.ui else "")
         )
+        if auth and not args.headless:
+            print_unwrapped("  no Web UI with --auth: it would show every tenant's namespace without a token")
         print_unwrapped(f"state in {state}; in another shell:")
         if auth:
             auth.show(f"127.0.0.1:{gateway_port}", server.address, state)

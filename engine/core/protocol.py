@@ -11,10 +11,12 @@ is a protocol break that recorded histories in ``tests/histories`` catch.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "APPLY_QUEUES_UPDATE",
@@ -59,7 +61,10 @@ __all__ = [
     "TASK_QUEUE",
     "TENANT_ATTRIBUTE",
     "TENANT_MAX_LENGTH",
+    "TENANT_UID_BASE",
+    "TENANT_UID_SPAN",
     "TenantRoute",
+    "TenantUser",
     "check_tenant",
     "gang_endpoint",
     "gangs_queue",
@@ -69,6 +74,7 @@ __all__ = [
     "scheduler_input",
     "tenant_namespace",
     "tenant_of_queue",
+    "tenant_user",
 ]
 
 # -- task queues, namespaces, search attributes ---------------------------------------------------
@@ -109,6 +115,30 @@ def check_tenant(tenant: str, what: str = "tenant") -> str:
 def tenant_namespace(tenant: str) -> str:
     """The Temporal namespace of a tenant (its name, as in a queue configuration, checked)."""
     return f"gf-{check_tenant(tenant)}"
+
+
+#: tenants' OS users take uids (and gids, the same number) from [BASE, BASE + SPAN): far above the
+#: distributions' ranges for people (1000-60000) and subordinate ids (100000 + 65536 per user), below 2**31
+TENANT_UID_BASE = 1_000_000_000
+TENANT_UID_SPAN = 1 << 30
+
+
+class TenantUser(NamedTuple):
+    """The unprivileged OS user a tenant's code runs as where the platform runs as root."""
+
+    name: str  # ``gf-`` + 12 hex digits: 15 characters, within Linux's 32 for any tenant name
+    uid: int  # also the gid of the user's own group
+
+
+def tenant_user(tenant: str) -> TenantUser:
+    """The stable OS user of ``tenant``: one rule for the tenant workers (``gangflow dev --auth``, ``gangflow
+    worker --tenant``) and the rank sandbox, so that a tenant's files are its own wherever its code runs.
+
+    Derived from a hash, not a table, so every machine agrees without coordination: the same tenant is the
+    same uid on every node. 48 bits name the user and 30 bits pick the uid; a collision (two tenants, one
+    uid) is about n**2 / 2**31 for n tenants, and ``useradd`` with an existing uid fails loudly."""
+    digest = hashlib.sha256(check_tenant(tenant).encode()).digest()
+    return TenantUser(f"gf-{digest[:6].hex()}", TENANT_UID_BASE + int.from_bytes(digest[6:10], "big") % TENANT_UID_SPAN)
 
 
 # -- the platform's Nexus service (workflows/platform.py holds its operation types) ---------------

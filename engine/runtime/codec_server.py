@@ -11,9 +11,12 @@ re-encoded on the way back to the server.
 
 With encryption at rest (``GANGFLOW_ENCRYPTION_KEYS``, engine.runtime.encryption) the payloads are sealed. This
 server opens them only for a caller whose token (``Authorization: Bearer``, checked against the JWKS it is
-given) covers the namespace the UI names in ``X-Namespace``; without a JWKS it opens nothing sealed. It answers
-only the origins it is told (by default a browser page on this machine), refuses bodies over ``MAX_BODY``
-bytes, and listens on 127.0.0.1 unless told otherwise.
+given) covers the namespace the UI names in ``X-Namespace``, and then only with that namespace's own keys: a
+key belongs to the namespace its id names (``gf-team-a``, or ``gf-team-a.<version>`` for a rotation), so a
+payload sealed with team-b's key stays sealed for team-a's token whatever namespace the caller claims, and a
+key whose id names no namespace opens nothing. Without a JWKS it opens nothing sealed. It answers browsers from
+the origins it is told only (the Web UI's; none by default), refuses bodies over ``MAX_BODY`` bytes, and listens
+on 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -32,16 +34,19 @@ from temporalio.api.common.v1 import Payload
 
 from engine.runtime.encryption import ENCODING, EncryptionCodec
 
-__all__ = ["MAX_BODY", "CodecServer", "decode_payload"]
+__all__ = ["MAX_BODY", "CodecServer", "decode_payload", "key_namespace"]
 
 #: the most a decode request may carry (the UI sends a page of payloads; Temporal's own limit is 2 MB each)
 MAX_BODY = 4 << 20
-#: a browser page served from this machine (the dev stack's Web UI)
-_LOCAL_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$")
 _SEALED = base64.b64encode(ENCODING).decode()
 
 _BINARY = base64.b64encode(b"binary/plain").decode()
 _JSON = base64.b64encode(b"json/plain").decode()
+
+
+def key_namespace(key_id: str) -> str:
+    """The namespace an encryption key belongs to: its id up to the first ``.`` (``gf-team-a.v2``: gf-team-a)."""
+    return key_id.split(".", 1)[0]
 
 
 def _jsonable(value: Any) -> Any:
@@ -90,14 +95,15 @@ class _Handler(BaseHTTPRequestHandler):
         origin = self.headers.get("Origin")
         if origin is None:  # not a browser (curl, the temporal CLI): the listening address is the boundary
             return True
-        allowed = self.server.origins
-        return origin in allowed if allowed else bool(_LOCAL_ORIGIN.match(origin))
+        # a page of any other origin (another site, another local server) gets nothing: only the Web UI's
+        return origin.rstrip("/") in self.server.origins
 
     def _cors(self) -> None:
         origin = self.headers.get("Origin")
-        if origin is not None and self._origin_allowed():
-            self.send_header("Access-Control-Allow-Origin", origin)
-            self.send_header("Vary", "Origin")
+        if origin is None or not self._origin_allowed():
+            return  # no CORS answer at all: a browser keeps the response from the page
+        self.send_header("Access-Control-Allow-Origin", origin)
+        self.send_header("Vary", "Origin")
         self.send_header("Access-Control-Allow-Methods", "POST, OPTIONS")
         self.send_header("Access-Control-Allow-Headers", "Content-Type, X-Namespace, Authorization")
         self.send_header("Access-Control-Allow-Credentials", "true")
@@ -119,17 +125,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._cors()
         self.end_headers()
 
-    def _may_open(self) -> bool:
-        """Whether the caller's token covers the namespace it asks about (sealed payloads stay sealed else)."""
-        verifier, codec = self.server.verifier, self.server.codec
+    def _opener(self) -> EncryptionCodec | None:
+        """The keys of the namespace asked about, if the caller's token covers it (sealed payloads stay sealed
+        else): X-Namespace picks among the namespaces the token covers, never beyond them."""
+        verifier = self.server.verifier
+        namespace = self.headers.get("X-Namespace") or "default"
+        codec = self.server.codecs.get(namespace)
         if codec is None or verifier is None:
-            return False
+            return None
         try:
             claims = verifier.claims(self.headers.get("Authorization"))
         except Exception:
-            return False
+            return None
         # reading a payload is a read: a worker-only role (bit 1) does not cover it (engine.runtime.tokens.ROLES)
-        return bool(claims.role_in(self.headers.get("X-Namespace") or "default") & ~1)
+        return codec if claims.role_in(namespace) & ~1 else None
 
     def do_POST(self) -> None:
         if not self._origin_allowed():
@@ -149,7 +158,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(400, 'expected {"payloads": [...]}')
             return
         if urlsplit(self.path).path.rstrip("/").endswith("/decode"):  # the UI adds a query string
-            codec = self.server.codec if self._may_open() else None
+            codec = self._opener()
             payloads = [
                 _open(p, codec) if codec is not None and _is_sealed(p) else decode_payload(p)
                 for p in payloads
@@ -173,7 +182,7 @@ def _is_sealed(payload: dict[str, Any]) -> bool:
 
 class _Server(ThreadingHTTPServer):
     origins: frozenset[str]
-    codec: EncryptionCodec | None
+    codecs: dict[str, EncryptionCodec]  # by namespace
     verifier: Any  # engine.runtime.tokens.TokenVerifier: imported only when a JWKS is given
 
 
@@ -189,8 +198,9 @@ class CodecServer:
         keys: dict[str, bytes] | None = None,
         jwks: str | None = None,
     ) -> None:
-        """``origins``: the browser origins to answer (default: pages served from this machine); ``keys``: the
-        encryption keys to open sealed payloads with, for callers whose token the ``jwks`` file verifies."""
+        """``origins``: the browser origins to answer (the Web UI's; none by default); ``keys``: the encryption
+        keys to open sealed payloads with, each for its own namespace (:func:`key_namespace`), for callers whose
+        token the ``jwks`` file verifies."""
         verifier = None
         if jwks is not None:
             from engine.runtime.tokens import TokenVerifier
@@ -198,7 +208,10 @@ class CodecServer:
             verifier = TokenVerifier.from_file(jwks)
         self.httpd = _Server((host, port), _Handler)
         self.httpd.origins = frozenset(o.rstrip("/") for o in origins)
-        self.httpd.codec = EncryptionCodec(keys) if keys else None
+        by_namespace: dict[str, dict[str, bytes]] = {}
+        for key_id, key in (keys or {}).items():
+            by_namespace.setdefault(key_namespace(key_id), {})[key_id] = key
+        self.httpd.codecs = {namespace: EncryptionCodec(own) for namespace, own in by_namespace.items()}
         self.httpd.verifier = verifier
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 

@@ -4,9 +4,11 @@ DEV ONLY. ``start-dev`` has no authorizer (any caller, with any token or none, c
 namespace's workflows), and no package reachable here ships the full server, whose ``global.authorization``
 settings (JWKS key provider, default claim mapper, default authorizer) do this in production. So
 ``gangflow dev --auth`` puts this gateway in front of the dev server, and tenants' clients connect to it;
-the tokens it takes are the ones a real server takes. It is not a security boundary on its own: the
-upstream port stays open on 127.0.0.1, and the dev stack's own worker and node agents (the platform,
-inside the dev process) keep using it directly.
+the tokens it takes are the ones a real server takes. It is a boundary only where tenants cannot
+reach the upstream port: the dev stack's own worker and node agents (the platform) use that port directly,
+and as root ``dev --auth`` runs each tenant's worker in a network namespace of its own, whose only way out
+is this gateway's Unix socket (engine.runtime.relay); run as a normal user, the upstream port stays open on
+127.0.0.1 to every local process.
 
 Every unary RPC of the WorkflowService and the OperatorService (and the gRPC health check) is forwarded as
 raw bytes after the check Temporal's authorization interceptor makes (common/authorization in the server):
@@ -26,7 +28,9 @@ Caller metadata is forwarded except ``authorization``; upstream errors come back
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -144,8 +148,18 @@ async def _abort(
 class Gateway:
     """The gateway on ``host:port`` (0: a free port), forwarding to the dev server at ``upstream``."""
 
-    def __init__(self, upstream: str, verifier: TokenVerifier, *, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.upstream, self.verifier, self.host, self.port = upstream, verifier, host, port
+    def __init__(
+        self,
+        upstream: str,
+        verifier: TokenVerifier,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        socket: str | None = None,
+    ) -> None:
+        """``socket``: a Unix socket to listen on as well (anyone may connect: the gateway is the tenants' way
+        in), for tenants' workers in a network namespace of their own (engine.runtime.relay)."""
+        self.upstream, self.verifier, self.host, self.port, self.socket = upstream, verifier, host, port, socket
         self._server: grpc.aio.Server | None = None
         self._channel: grpc.aio.Channel | None = None
 
@@ -158,7 +172,13 @@ class Gateway:
         self._server = grpc.aio.server(options=_OPTIONS)
         self._server.add_generic_rpc_handlers([_Handler(self)])
         self.port = self._server.add_insecure_port(f"{self.host}:{self.port}")
+        if self.socket is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket)  # a stale one of an earlier run
+            self._server.add_insecure_port(f"unix:{self.socket}")
         await self._server.start()
+        if self.socket is not None:
+            os.chmod(self.socket, 0o666)  # connecting takes write permission: every tenant's user
         return self
 
     async def stop(self, grace: float = 1.0) -> None:

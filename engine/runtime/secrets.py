@@ -43,14 +43,17 @@ SECRET_ENV_PREFIX = "GANGFLOW_SECRET_"
 
 _configured: str | None = None
 _own_tenant: str | None = None
+_own_folder: str | None = None
 
 
-def configure(directory: str | None, tenant: str | None = None) -> None:
+def configure(directory: str | None, tenant: str | None = None, own_folder: str | None = None) -> None:
     """This process's secrets directory (``--secrets-dir``), which wins over ``$GANGFLOW_SECRETS_DIR``, and
     the one tenant it serves, if it serves one (``gangflow worker --tenant``): only such a process reads
-    secrets from its environment, where nothing says whose they are otherwise."""
-    global _configured, _own_tenant
-    _configured, _own_tenant = directory, tenant
+    secrets from its environment, where nothing says whose they are otherwise. ``own_folder`` (``worker
+    --tenant --tenant-secrets DIR``): that tenant's folder alone (``DIR/<name>``), what the isolated layout
+    hands a tenant's worker instead of a directory of every tenant's."""
+    global _configured, _own_tenant, _own_folder
+    _configured, _own_tenant, _own_folder = directory, tenant, own_folder
 
 
 def env_name(name: str) -> str:
@@ -83,11 +86,14 @@ def resolve(secrets: Sequence[Secret], tenant: str, root: Path | None = None) ->
         if from_env:
             values[item.name] = from_env
             continue
-        if root is None:
+        if _own_folder is not None and tenant == _own_tenant:
+            folder = Path(_own_folder)
+        elif root is not None:
+            folder = root / tenant
+        else:
             raise SecretNotFoundError(
                 f"{where}: this worker or node agent has no secrets directory (--secrets-dir or ${SECRETS_DIR_ENV})"
             )
-        folder = root / tenant
         path = folder / item.name
         try:
             # a Kubernetes Secret volume links each key to a versioned folder inside the mount: follow links,

@@ -6,6 +6,12 @@ cluster). The dev stack makes one RSA key in ``<state>/auth/`` and publishes its
 beside it: what a production server's ``global.authorization.jwtKeyProvider.keySourceURIs`` points to, so the
 same tokens work unchanged against a server with Temporal's default claim mapper and authorizer.
 
+Every token carries ``exp``, ``aud`` and ``iss``, and a verifier refuses one without ``exp`` or whose ``aud`` /
+``iss`` is not the expected one: a token minted for another service (another audience) or by another issuer is
+not a token here, and none is valid forever. The expected values are ``$GANGFLOW_TOKEN_AUDIENCE`` (default
+``gangflow``) and ``$GANGFLOW_TOKEN_ISSUER`` (default ``gangflow-dev``), read where a token is made or checked;
+a production server's claim mapper is configured with the same audience.
+
 Needs PyJWT and cryptography (``pip install 'gangflow[auth]'``); nothing else imports this module.
 """
 
@@ -31,7 +37,11 @@ from engine.core.protocol import PLATFORM_NAMESPACE, tenant_namespace
 from engine.errors import GangflowError
 
 __all__ = [
+    "AUDIENCE_ENV",
+    "DEFAULT_AUDIENCE",
+    "DEFAULT_ISSUER",
     "DEFAULT_TTL_S",
+    "ISSUER_ENV",
     "PLATFORM_NAMESPACE",
     "ROLES",
     "SYSTEM_NAMESPACE",
@@ -39,6 +49,8 @@ __all__ = [
     "DevKeys",
     "TokenError",
     "TokenVerifier",
+    "expected_audience",
+    "expected_issuer",
     "tenant_namespace",
 ]
 
@@ -48,6 +60,20 @@ ROLES = {"worker": 1, "read": 2, "write": 4, "admin": 8}
 #: permissions on this "namespace" are the caller's roles on the whole cluster (the claim mapper's rule)
 SYSTEM_NAMESPACE = "temporal-system"
 DEFAULT_TTL_S = 86400
+AUDIENCE_ENV, DEFAULT_AUDIENCE = "GANGFLOW_TOKEN_AUDIENCE", "gangflow"
+ISSUER_ENV, DEFAULT_ISSUER = "GANGFLOW_TOKEN_ISSUER", "gangflow-dev"
+
+
+def expected_audience() -> str:
+    """The ``aud`` a token must name (``$GANGFLOW_TOKEN_AUDIENCE``, default ``gangflow``)."""
+    return os.environ.get(AUDIENCE_ENV) or DEFAULT_AUDIENCE
+
+
+def expected_issuer() -> str:
+    """The ``iss`` a token must name (``$GANGFLOW_TOKEN_ISSUER``, default ``gangflow-dev``)."""
+    return os.environ.get(ISSUER_ENV) or DEFAULT_ISSUER
+
+
 _KEY_FILE, _JWKS_FILE = "dev-key.pem", "jwks.json"
 
 
@@ -90,14 +116,20 @@ def _claims(payload: Mapping[str, Any]) -> Claims:
 
 
 class TokenVerifier:
-    """Checks bearer tokens against a JWKS, as Temporal's key provider and claim mapper do."""
+    """Checks bearer tokens against a JWKS, as Temporal's key provider and claim mapper do, and their ``exp``
+    (required), ``aud`` and ``iss`` (``audience`` / ``issuer``, by default :func:`expected_audience` and
+    :func:`expected_issuer`)."""
 
-    def __init__(self, jwks: Mapping[str, Any]) -> None:
+    def __init__(self, jwks: Mapping[str, Any], *, audience: str | None = None, issuer: str | None = None) -> None:
         self.keys = {key.key_id: key for key in jwt.PyJWKSet.from_dict(dict(jwks)).keys if key.key_id}
+        self.audience = audience or expected_audience()
+        self.issuer = issuer or expected_issuer()
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> TokenVerifier:
-        return cls(json.loads(Path(path).read_text()))
+    def from_file(
+        cls, path: str | os.PathLike[str], *, audience: str | None = None, issuer: str | None = None
+    ) -> TokenVerifier:
+        return cls(json.loads(Path(path).read_text()), audience=audience, issuer=issuer)
 
     def claims(self, authorization: str | None) -> Claims:
         """The claims of an ``authorization`` header's value; no header: no roles at all."""
@@ -110,7 +142,14 @@ class TokenVerifier:
             kid = jwt.get_unverified_header(token).get("kid")
             if not isinstance(kid, str) or kid not in self.keys:
                 raise TokenError(f"unknown key id {kid!r}")
-            payload = jwt.decode(token, self.keys[kid].key, algorithms=["RS256"], options={"verify_aud": False})
+            payload = jwt.decode(
+                token,
+                self.keys[kid].key,
+                algorithms=["RS256"],
+                audience=self.audience,
+                issuer=self.issuer,
+                options={"require": ["exp", "aud", "iss", "sub"]},
+            )
         except jwt.PyJWTError as exc:
             raise TokenError(str(exc)) from None
         return _claims(payload)
@@ -161,8 +200,17 @@ class DevKeys:
         return self.directory / _JWKS_FILE
 
     def issue(self, subject: str, permissions: Sequence[str], ttl_s: float = DEFAULT_TTL_S) -> str:
+        """A token for ``subject`` with ``permissions``, valid ``ttl_s`` seconds, for :func:`expected_audience`
+        from :func:`expected_issuer`."""
         now = int(time.time())
-        payload = {"sub": subject, "permissions": list(permissions), "iat": now, "exp": now + int(ttl_s)}
+        payload = {
+            "sub": subject,
+            "permissions": list(permissions),
+            "iat": now,
+            "exp": now + int(ttl_s),
+            "aud": expected_audience(),
+            "iss": expected_issuer(),
+        }
         return jwt.encode(payload, self.key, algorithm="RS256", headers={"kid": self.kid})
 
     def tenant_token(self, tenant: str, role: str = "write", ttl_s: float = DEFAULT_TTL_S) -> str:

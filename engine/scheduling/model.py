@@ -27,6 +27,7 @@ DEFAULT_NODE_TTL_S = 20.0
 #: how long a gang waits for lost nodes (a cluster restarting after maintenance) before it is rejected
 DEFAULT_LOST_NODE_WAIT_S = 600.0
 
+
 class Frozen(BaseModel):
     """Base of every scheduling model: immutable, no unknown keys, no NaN/inf (they are not JSON)."""
 

@@ -47,17 +47,23 @@ def _post(codec: CodecServer, body: bytes, **headers: str) -> tuple[int, dict]:
 
 
 def test_other_origins_and_oversized_bodies_are_refused():
-    codec = CodecServer().start()  # no origins given: pages served from this machine only
+    codec = CodecServer(origins=("http://127.0.0.1:8233",)).start()  # the Web UI's origin only
+    unset = CodecServer().start()  # no origin given: no browser page at all
     try:
         body = json.dumps({"payloads": []}).encode()
         assert _post(codec, body, Origin="http://127.0.0.1:8233")[0] == 200  # the dev stack's Web UI
-        assert _post(codec, body, Origin="https://evil.example")[0] == 403
+        # another site, and another page on this machine (any local web server a tenant runs)
+        for origin in ("https://evil.example", "http://127.0.0.1:9999", "http://localhost:8233"):
+            assert _post(codec, body, Origin=origin)[0] == 403, origin
+        assert _post(unset, body, Origin="http://127.0.0.1:8233")[0] == 403
+        assert _post(unset, body)[0] == 200  # not a browser: the listening address is the boundary
         # refused from its Content-Length, before a byte of it is read
         status, answer = _post(codec, b"{}", **{"Content-Length": str(MAX_BODY + 1)})
         assert status == 413 and "body over" in answer["error"]
         assert _post(codec, b"{not json")[0] == 400
     finally:
         codec.stop()
+        unset.stop()
 
 
 def test_sealed_payloads_open_only_for_a_token_covering_the_namespace(tmp_path):
@@ -68,13 +74,14 @@ def test_sealed_payloads_open_only_for_a_token_covering_the_namespace(tmp_path):
     from engine.runtime.encryption import EncryptionCodec
     from engine.runtime.tokens import DevKeys
 
-    keys = {"k1": b"\x01" * 32}
+    keys = {"gf-team-a": b"\x01" * 32, "gf-team-b.v2": b"\x02" * 32, "k1": b"\x03" * 32}
     inner = Payload(metadata={"encoding": b"binary/plain"}, data=pack({"secret": "kangaroo"}))
-    (sealed,) = asyncio.run(EncryptionCodec(keys).encode([inner]))
-    wire = {
-        "metadata": {k: _b64(v) for k, v in sealed.metadata.items()},
-        "data": _b64(sealed.data),
-    }
+
+    def sealed_with(key_id: str) -> dict[str, object]:
+        (sealed,) = asyncio.run(EncryptionCodec({key_id: keys[key_id]}).encode([inner]))
+        return {"metadata": {k: _b64(v) for k, v in sealed.metadata.items()}, "data": _b64(sealed.data)}
+
+    wire, team_b_wire, loose_wire = sealed_with("gf-team-a"), sealed_with("gf-team-b.v2"), sealed_with("k1")
     body = json.dumps({"payloads": [wire]}).encode()
     dev = DevKeys.load_or_create(tmp_path)
     team_a, team_b = dev.tenant_token("team-a", "read"), dev.tenant_token("team-b")
@@ -89,6 +96,14 @@ def test_sealed_payloads_open_only_for_a_token_covering_the_namespace(tmp_path):
         status, answer = _post(opener, body, Authorization=f"Bearer {team_a}", **{"X-Namespace": "gf-team-a"})
         (opened,) = answer["payloads"]
         assert json.loads(base64.b64decode(opened["data"])) == {"secret": "kangaroo"}
+        # team-a's token, its own namespace named: team-b's payload (and one of a key of no namespace) stay sealed
+        both = json.dumps({"payloads": [team_b_wire, loose_wire]}).encode()
+        status, answer = _post(opener, both, Authorization=f"Bearer {team_a}", **{"X-Namespace": "gf-team-a"})
+        assert status == 200 and answer["payloads"] == [team_b_wire, loose_wire]
+        # team-b's token opens team-b's payload (a rotated key of its namespace)
+        status, answer = _post(opener, both, Authorization=f"Bearer {team_b}", **{"X-Namespace": "gf-team-b"})
+        assert json.loads(base64.b64decode(answer["payloads"][0]["data"])) == {"secret": "kangaroo"}
+        assert answer["payloads"][1] == loose_wire
     finally:
         locked.stop()
         opener.stop()

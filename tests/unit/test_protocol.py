@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from engine.core import protocol
-from engine.core.protocol import TENANT_MAX_LENGTH, check_tenant, tenant_namespace
+from engine.core.protocol import (
+    TENANT_MAX_LENGTH,
+    TENANT_UID_BASE,
+    TENANT_UID_SPAN,
+    check_tenant,
+    tenant_namespace,
+    tenant_user,
+)
 from engine.scheduling.config import QueueConfigError, load_queue_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,3 +65,17 @@ def test_one_tenant_rule_for_namespaces_and_queue_configurations():
     for bad in ("Team_A", "-a", "a-", ""):
         with pytest.raises(ValueError, match="DNS-1123"):
             tenant_namespace(bad)
+
+
+def test_each_tenant_has_one_stable_unprivileged_user():
+    """The tenant workers and the rank sandbox derive a tenant's OS user by one rule: stable (pinned values,
+    so a change of rule is seen), a valid Linux user name for the longest tenant, in the reserved uid range."""
+    assert tenant_user("team-a") == tenant_user("team-a")
+    assert tenant_user("team-a") != tenant_user("team-b")
+    assert tenant_user("team-a") == ("gf-96c2886c51d1", 1531927069)  # a (name, uid) tuple
+    for tenant in ("a", "team-a", "a" * TENANT_MAX_LENGTH):
+        name, uid = tenant_user(tenant)
+        assert len(name) <= 32 and name.startswith("gf-") and name[3:].isalnum()
+        assert TENANT_UID_BASE <= uid < TENANT_UID_BASE + TENANT_UID_SPAN < 2**31
+    with pytest.raises(ValueError, match="DNS-1123"):
+        tenant_user("Team_A")

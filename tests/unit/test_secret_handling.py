@@ -274,3 +274,67 @@ def test_worker_and_node_refuse_a_secrets_dir_that_is_a_file(tmp_path):
             timeout=60,
         )
         assert done.returncode == 2 and "is not a directory" in done.stderr, done.stderr
+
+
+def test_a_tenants_worker_given_its_own_folder_reads_that_folder_only(tmp_path):
+    """``worker --tenant team-a --tenant-secrets DIR``: team-a's secrets are DIR/<name>; no other tenant's
+    secret resolves, even with a directory of every tenant's in reach."""
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "hf-token").write_text("a-value\n")
+    _store(tmp_path / "all", "team-b", "hf-token", "b-value")
+    try:
+        configure(None, "team-a", str(own))
+        assert resolve([Secret("hf-token")], "team-a") == {"hf-token": "a-value"}
+        with pytest.raises(SecretNotFoundError, match="no secrets directory"):
+            resolve([Secret("hf-token")], "team-b")
+    finally:
+        configure(None)
+
+
+def test_tenant_secrets_goes_with_a_tenants_worker_only(tmp_path):
+    for command in (["worker"], ["node", "--node-id", "n0"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "engine.cli", *command, "--tenant-secrets", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "GANGFLOW_ADDRESS": "127.0.0.1:1"},
+            timeout=60,
+        )
+        assert done.returncode == 2 and "--tenant-secrets goes with worker --tenant" in done.stderr, done.stderr
+
+
+def test_secret_set_on_an_auth_stack_needs_the_tenants_token(tmp_path, monkeypatch):
+    """A state dir of ``dev --auth`` (it has a JWKS): no token, another tenant's, or one of another key is
+    refused with exit 2 before anything is written; the tenant's own token sets it; list needs a read role."""
+    from engine.runtime.tokens import DevKeys
+
+    monkeypatch.delenv("GANGFLOW_API_KEY", raising=False)
+    keys = DevKeys.load_or_create(tmp_path / "st")
+    foreign = DevKeys.load_or_create(tmp_path / "other").tenant_token("team-a")
+    for token, message in (
+        (None, "needs team-a's token"),
+        (keys.tenant_token("team-b"), "no write role on gf-team-a"),
+        (keys.tenant_token("team-a", "read"), "no write role on gf-team-a"),
+        (foreign, "the token was refused"),
+    ):
+        extra = () if token is None else ("--api-key", token)
+        done = _cli("set", "team-a", "hf-token", "--state-dir", "st", *extra, stdin="v4lue", cwd=tmp_path)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not (tmp_path / "st" / "secrets").exists()
+    done = _cli(
+        "set",
+        "team-a",
+        "hf-token",
+        "--state-dir",
+        "st",
+        "--api-key",
+        keys.tenant_token("team-a"),
+        stdin="v4lue",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert _cli("list", "team-a", "--state-dir", "st", cwd=tmp_path).returncode == 2
+    listed = _cli("list", "team-a", "--state-dir", "st", "--api-key", keys.tenant_token("team-a", "read"), cwd=tmp_path)
+    assert listed.returncode == 0 and listed.stdout.split() == ["hf-token"]
