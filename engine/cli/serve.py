@@ -363,7 +363,6 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         else:
             # one line however narrow the terminal: a wrapped second line would be pasted as a separate command
             print_unwrapped(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
-            console.print(_TRY)
         helpers += _spawn_nodes(server.address, args.nodes, args.gpus_per_node, state, namespace)
         if args.nodes:
             console.print(
@@ -377,12 +376,14 @@ async def cmd_dev(args: argparse.Namespace) -> int:
                 await ensure_search_attributes(await _connect(Endpoint.resolve(server.address, tenant_ns)))
             helpers += auth.spawn_workers(f"127.0.0.1:{gateway_port}", state)  # they wait for the gateway
             gateway = await auth.start_gateway(server.address, gateway_port)
-            console.print(_TRY)  # once tenants can connect
             platform = _Platform(auth.tenants, artifacts_for(f"{state / 'artifacts'}/{{tenant}}"))
 
         async def ready() -> None:
             if queues is not None:
                 await _apply_queues(temporal, args.queues, queues)
+            if args.nodes:  # a gang submitted before this line would wait for them: say ready once it need not
+                await _wait_for_nodes(Client(temporal), args.nodes)
+            console.print(_TRY)  # the ready line: the Scheduler runs, the agents registered, tenants can connect
 
         await _serve(temporal, ready=ready, platform=platform)
     finally:
