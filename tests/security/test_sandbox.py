@@ -316,3 +316,41 @@ def test_a_killed_agents_cgroups_are_removed_at_its_next_start(tmp_path: Path, m
     NodeActivities(NodeConfig("sbx-restart", "127.0.0.1", 0, 1.0))
     assert left.wait(10) == -signal.SIGKILL
     assert not (CGROUP / "memory" / name).exists()
+
+
+def test_a_standby_starts_without_credentials_and_takes_the_gangs_sandbox(
+    open_tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.executor.standby import RUNNER
+    from engine.runtime.node import NodeActivities, NodeConfig
+
+    monkeypatch.setenv("GANGFLOW_CACHE", str(tmp_path))
+    monkeypatch.setenv("GANGFLOW_SECRETS_DIR", str(tmp_path / "all-tenants-secrets"))
+    monkeypatch.setenv("GANGFLOW_API_KEY", "the-platforms-token")
+    pool = NodeActivities(NodeConfig("sbx-standby", "127.0.0.1", 0, 1.0, standby=1)).standby
+    assert pool is not None
+    gang = _gang("s", open_tmp / "s")
+    try:
+        pool.fill()
+        waiting = pool.ready[0]
+        time.sleep(0.3)
+        environ = Path(f"/proc/{waiting.pid}/environ").read_bytes()
+        assert b"GANGFLOW_SECRETS_DIR" not in environ and b"the-platforms-token" not in environ
+        spec = open_tmp / "spec"  # a FIFO: the rank blocks reading it, so that we can look at it
+        os.mkfifo(spec, 0o666)
+        os.chmod(spec, 0o666)
+        files = gang.prepare(0, rank=True)
+        proc = pool.take(
+            [*RUNNER, str(spec)], {"PATH": "/usr/bin:/bin"}, None, str(open_tmp / "rank.log"), (files, gang.user)
+        )
+        assert proc is waiting
+        deadline = time.monotonic() + 10
+        while os.stat(f"/proc/{proc.pid}").st_uid != gang.user.uid:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the standby never dropped to the gang's user"
+            time.sleep(0.05)
+        assert gang.driver.pids(gang.name) == {proc.pid}  # in the gang's cgroup
+        proc.kill()
+        proc.wait()
+    finally:
+        pool.close()
+        assert gang.remove()

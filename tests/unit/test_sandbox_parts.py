@@ -197,3 +197,34 @@ def test_a_memory_kill_is_a_user_error_naming_the_limit() -> None:
     assert failure.kind == "user" and failure.priority == 0
     assert failure.describe().startswith("rank 1 (node n0, local rank 1) exceeded its memory request of 2Gi")
     assert RankFailure(1, 1, "n0", -9, None, "").kind == "killed"  # any other SIGKILL stays a kill
+
+
+def test_an_agent_that_is_not_root_keeps_its_ranks_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from engine.runtime.node import _sandbox_driver
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with caplog.at_level("WARNING", logger="gangflow.node"):
+        assert _sandbox_driver("laptop") is None
+    assert "node laptop: ranks are NOT sandboxed (the node agent is not running as root)" in caplog.text
+
+
+def test_gangflow_cluster_shows_which_nodes_sandbox(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engine.cli.render import show_queue
+    from engine.scheduling import NodeRegistered, NodeSpec, Policy, load_queue_config
+
+    monkeypatch.setenv("COLUMNS", "250")
+    assert NodeSpec(node_id="n", address="a", gpus=0, cpus=1).sandboxed is False  # older agents: not sandboxed
+    policy = Policy(load_queue_config("tenants: [{name: default}]\n"), node_ttl_s=1e12)
+    for node_id, sandboxed in (("root-node", True), ("laptop", False)):
+        spec = NodeSpec(node_id=node_id, address="a", gpus=1, cpus=1, sandboxed=sandboxed)
+        policy.step(NodeRegistered(spec=spec), 0.0)
+    view = policy.describe()
+    assert {n["node_id"]: n["sandboxed"] for n in view["nodes"]} == {"root-node": True, "laptop": False}
+    show_queue(view, now=0.0)
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert "sandbox" in lines["node"]
+    assert " yes " in lines["root-node"] and " no " in lines["laptop"]
