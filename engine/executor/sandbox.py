@@ -428,15 +428,19 @@ def _own_tree(top: Path, user: SandboxUser) -> None:
 @dataclass
 class GangSandbox:
     """The sandbox of one gang attempt on this node: its cgroup ``name`` (a child ``p<i>`` per process), its
-    ``user`` (None: the processes stay root, in their cgroups; see ``NodeActivities``), the limits per rank
-    (``mem``, ``cpus``) and the device rules of its GPUs."""
+    ``user`` (None: the processes stay root, in their cgroups; see ``NodeActivities``), each rank's memory
+    request, the CPUs of the gang on this node, how many ranks it runs here and the device rules of its GPUs.
+
+    The gang's cgroup holds the memory of its ranks plus one rank's worth for a coordinator or launcher (MPI's
+    ranks are a launcher's children, in its cgroup: this is their limit), and ``PIDS_PER_PROCESS`` for each
+    rank and two helpers."""
 
     driver: CgroupDriver
     name: str
     user: SandboxUser | None
     mem_per_rank: int | None
     cpus: float
-    processes: int
+    ranks: int
     devices: DeviceRules
     checkpoint_dir: str | None = None
     secret_dirs: tuple[str, ...] = ()
@@ -449,8 +453,8 @@ class GangSandbox:
 
     def create(self) -> None:
         """The gang's cgroup: CPU quota, pids limit, device rules and the sum of its ranks' memory."""
-        total = None if self.mem_per_rank is None else self.mem_per_rank * max(1, self.processes)
-        limits = Limits(total, self.cpus, PIDS_PER_PROCESS * max(1, self.processes), self.devices)
+        total = None if self.mem_per_rank is None else self.mem_per_rank * (self.ranks + 1)
+        limits = Limits(total, self.cpus, PIDS_PER_PROCESS * (self.ranks + 2), self.devices)
         self.driver.create(self.name, limits)
 
     def leaf(self, index: int) -> str:

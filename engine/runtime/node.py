@@ -220,10 +220,8 @@ class NodeActivities:
             plan = NodePlan(
                 launch, defn.plugin, run_id, workdir, spec_path, log_path, base_env, rank_logs=not secret_env
             )
-            if sandbox is not None:
-                sandbox.processes = len(plan.processes) + (1 if plan.launcher_mode and launch.node_rank else 0)
-                if VALUES_ENV in secret_env:
-                    sandbox.secret_dirs = (str(Path(secret_env[VALUES_ENV]).parent),)
+            if sandbox is not None and VALUES_ENV in secret_env:
+                sandbox.secret_dirs = (str(Path(secret_env[VALUES_ENV]).parent),)
             gang = NodeGang(
                 self.config.node_id,
                 plan.processes,

@@ -179,8 +179,9 @@ def test_sandbox_environment_and_leaves(tmp_path: Path) -> None:
     (tmp_path / "cg").mkdir()
     sandbox = GangSandbox(driver, "gangflow/n/g", gang_user("t", "g"), 1 << 30, 2.0, 2, DeviceRules(()))
     sandbox.create()
-    assert _read(tmp_path / "cg" / "gangflow/n/g" / "memory.max") == str(2 << 30)  # the gang: both ranks
-    assert _read(tmp_path / "cg" / "gangflow/n/g" / "pids.max") == str(2 * PIDS_PER_PROCESS)
+    # the gang: both ranks and one rank's worth for a coordinator or launcher
+    assert _read(tmp_path / "cg" / "gangflow/n/g" / "memory.max") == str(3 << 30)
+    assert _read(tmp_path / "cg" / "gangflow/n/g" / "pids.max") == str(4 * PIDS_PER_PROCESS)
     assert sandbox.prepare(0, rank=True) == [str(tmp_path / "cg" / "gangflow/n/g/p0" / "cgroup.procs")]
     assert _read(tmp_path / "cg" / "gangflow/n/g/p0" / "memory.max") == str(1 << 30)  # a rank: its own request
     sandbox.prepare(1, rank=False)
