@@ -92,7 +92,7 @@ def neighbour(seconds: float) -> str:
     return "unharmed"
 
 
-@task(plugin=One(), resources=Resources(mem="1Gi"))
+@task(plugin=One(), resources=Resources(mem="2Gi"))
 def forker(count: int) -> str:
     import os
 
@@ -197,9 +197,6 @@ def test_the_nodes_say_they_sandbox(stack: Stack, project: Path) -> None:
     done = cli(stack, project, "cluster", "--json")
     assert done.returncode == 0, done.stderr
     assert {n["node_id"]: n["sandboxed"] for n in json.loads(done.stdout)["nodes"]} == {"sbx0": True, "sbx1": True}
-    assert "ranks run in their cgroups but as root" in stack.nodes["sbx0"].log.read_text() or os.access(
-        "/root", os.X_OK
-    )
 
 
 def test_a_rank_over_its_memory_is_killed_by_its_cgroup_and_the_neighbour_is_unharmed(
@@ -239,6 +236,10 @@ def test_no_cgroup_outlives_its_gang(stack: Stack) -> None:
     while leftover_cgroups() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert leftover_cgroups() == []
+    logs = "".join(node.log.read_text() for node in stack.nodes.values())
+    assert "ranks are NOT sandboxed" not in logs
+    if "ranks run in their cgroups but as root" in logs:  # said once per reason, not per launch
+        assert logs.count("ranks run in their cgroups but as root") <= 2 * len(stack.nodes), logs
 
 
 # -- without the stack: real processes of two gangs, each dropped to its own user ---------------------------
