@@ -330,6 +330,8 @@ class NodeActivities:
         if blocked is None and store.local and not os.stat(store.root).st_mode & 0o002:
             blocked = f"{store.root} (the run's local store, not writable by other users)"
         user = None if blocked else gang_user(tenant, launch.gang_id)
+        # a distributed task's Resources(mem=) is per node (what the Scheduler reserved): each rank gets its share
+        per_rank = None if mem is None else max(1, mem // launch.nproc_per_node)
         if blocked and blocked not in self.logged:
             self.logged.add(blocked)
             log.warning(
@@ -341,7 +343,7 @@ class NodeActivities:
             self.cgroups,
             f"{self.cgroup_root}/{safe_name(f'{launch.gang_id}.a{launch.attempt}.n{launch.node_rank}')}",
             user,
-            mem,
+            per_rank,
             launch.cpus_per_node,
             launch.nproc_per_node,
             device_rules(gpu_devices(self.config.gpus), launch.gpu_ids),

@@ -73,7 +73,7 @@ class One(GangPlugin):
     nproc_per_node: int = 1
 
 
-@task(plugin=Two(), resources=Resources(gpu=1, mem="256Mi"))
+@task(plugin=Two(), resources=Resources(gpu=2, mem="512Mi"))  # per node: 256Mi for each rank
 def hog() -> int:
     import os, time
 
