@@ -6,8 +6,9 @@ hierarchy (v2), and runs it as the gang's own unprivileged user:
 
 - **memory**: each rank's leaf cgroup is limited to its share of the task's ``Resources(mem=...)`` (per node
   for a distributed task: ``mem / nproc_per_node`` each; the gang's cgroup to the sum), so a rank over its
-  request is killed by *its own* cgroup, never by the node's OOM killer choosing some other tenant's process. The leaf's ``oom_kill`` counter (v1 ``memory.oom_control``, v2 ``memory.events``)
-  tells that kill from any other SIGKILL: the attempt then fails as a user error naming the limit.
+  request is killed by *its own* cgroup, never by the node's OOM killer choosing some other tenant's process.
+  The leaf's ``oom_kill`` counter (v1 ``memory.oom_control``, v2 ``memory.events``) tells that kill from any
+  other SIGKILL: the attempt then fails as a user error naming the limit.
 - **CPU**: a CFS quota (v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``) and a share (``cpu.shares`` / ``cpu.weight``)
   from the gang's CPUs on the node; **pids**: ``pids.max`` per gang (a fork bomb stops there).
 - **devices**: the gang's GPUs only. Every GPU device node of the node that is not the gang's is denied
