@@ -56,6 +56,7 @@ __all__ = [
     "CGROUP_ROOT_ENV",
     "GPU_DEVICES_ENV",
     "PIDS_PER_PROCESS",
+    "SANDBOX_ENV",
     "UID_BASE",
     "UID_SPAN",
     "CgroupDriver",
@@ -77,6 +78,8 @@ __all__ = [
 
 log = logging.getLogger("gangflow.sandbox")
 
+#: "0" turns the sandbox off on a root agent (an operator's choice, and the baseline of the sandbox's cost)
+SANDBOX_ENV = "GANGFLOW_SANDBOX"
 #: where cgroups are mounted (tests point it at a fake root); default /sys/fs/cgroup
 CGROUP_ROOT_ENV = "GANGFLOW_CGROUP_ROOT"
 #: comma-separated device nodes standing for GPU slots 0, 1, ... (default: /dev/nvidia<N> that exist)
@@ -381,8 +384,9 @@ class CgroupV2(CgroupDriver):
 
 def detect(root: str | Path | None = None) -> CgroupDriver | None:
     """The cgroup driver of this machine, or None where ranks cannot be sandboxed: not root, or no memory
-    controller (v1 ``<root>/memory``, or a v2 hierarchy at ``<root>`` whose ``cgroup.controllers`` has memory)."""
-    if os.geteuid() != 0:
+    controller (v1 ``<root>/memory``, or a v2 hierarchy at ``<root>`` whose ``cgroup.controllers`` has memory), or
+    ``GANGFLOW_SANDBOX=0``."""
+    if os.geteuid() != 0 or os.environ.get(SANDBOX_ENV) == "0":
         return None
     base = Path(root or os.environ.get(CGROUP_ROOT_ENV) or "/sys/fs/cgroup")
     if (base / "memory" / "memory.limit_in_bytes").exists():

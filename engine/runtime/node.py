@@ -75,6 +75,7 @@ from engine.executor.launcher import NodeGang, RankFailure
 from engine.executor.plan import DeliveredNotice, LauncherRelay, LaunchRefused, NodePlan, safe_name
 from engine.executor.ports import free_port
 from engine.executor.sandbox import (
+    SANDBOX_ENV,
     CgroupDriver,
     GangSandbox,
     detect,
@@ -355,7 +356,12 @@ def _sandbox_driver(node_id: str) -> CgroupDriver | None:
     """This machine's cgroups when the agent can sandbox its ranks; says once why not otherwise."""
     driver = detect()
     if driver is None:
-        why = "the node agent is not running as root" if os.geteuid() else "no cgroup memory controller was found"
+        if os.environ.get(SANDBOX_ENV) == "0":
+            why = f"{SANDBOX_ENV}=0"
+        elif os.geteuid():
+            why = "the node agent is not running as root"
+        else:
+            why = "no cgroup memory controller was found"
         log.warning(
             "node %s: ranks are NOT sandboxed (%s): they run as this agent's user, with no memory, CPU, process "
             "or device limits",
