@@ -446,13 +446,14 @@ def show_queue(data: dict[str, Any], now: float | None = None) -> None:
     now = time.time() if now is None else now
     nodes = Table(title="nodes", show_edge=False, header_style="bold")
     nodes.add_column("node", no_wrap=True, overflow="fold")  # ids are copied into other commands: never "…"
-    for column in ("address", "state", "GPUs free/total", "free ids", "CPUs free/total", "gangs"):
+    for column in ("address", "state", "sandbox", "GPUs free/total", "free ids", "CPUs free/total", "gangs"):
         nodes.add_column(column, overflow="fold")
     for n in data.get("nodes", []):
         nodes.add_row(
             n["node_id"],
             n["address"],
             _node_state(n),
+            "yes" if n.get("sandboxed") else "no",  # an older Scheduler does not say: its agents did not sandbox
             f"{n['gpus_free']}/{n['gpus_total']}",
             ",".join(map(str, n["free_gpu_ids"])),
             f"{n['cpus_free']:g}/{n['cpus_total']:g}",

@@ -120,7 +120,7 @@ def tenant_namespace(tenant: str) -> str:
 #: tenants' OS users take uids (and gids, the same number) from [BASE, BASE + SPAN): far above the
 #: distributions' ranges for people (1000-60000) and subordinate ids (100000 + 65536 per user), below 2**31
 TENANT_UID_BASE = 1_000_000_000
-TENANT_UID_SPAN = 1 << 30
+TENANT_UID_SPAN = 1 << 28  # below the gangs' range (engine.executor.sandbox.UID_BASE): never a gang's uid
 
 
 class TenantUser(NamedTuple):
@@ -131,12 +131,13 @@ class TenantUser(NamedTuple):
 
 
 def tenant_user(tenant: str) -> TenantUser:
-    """The stable OS user of ``tenant``: one rule for the tenant workers (``gangflow dev --auth``, ``gangflow
-    worker --tenant``) and the rank sandbox, so that a tenant's files are its own wherever its code runs.
+    """The stable OS user of ``tenant``'s workers (``gangflow dev --auth``, ``gangflow worker --tenant``); its
+    ranks run as a user per gang instead (``engine.executor.sandbox.gang_user``), in a range of uids of their
+    own, so that no rank ever shares a uid with a worker holding a tenant's token.
 
     Derived from a hash, not a table, so every machine agrees without coordination: the same tenant is the
-    same uid on every node. 48 bits name the user and 30 bits pick the uid; a collision (two tenants, one
-    uid) is about n**2 / 2**31 for n tenants, and ``useradd`` with an existing uid fails loudly."""
+    same uid on every node. 48 bits name the user and 28 bits pick the uid; a collision (two tenants, one
+    uid) is about n**2 / 2**29 for n tenants."""
     digest = hashlib.sha256(check_tenant(tenant).encode()).digest()
     return TenantUser(f"gf-{digest[:6].hex()}", TENANT_UID_BASE + int.from_bytes(digest[6:10], "big") % TENANT_UID_SPAN)
 

@@ -6,6 +6,10 @@ SIGKILL from Linux if the node agent dies (parent-death signal), so no rank outl
 SIGTERM to every rank's group ("save and exit"), a grace period, then SIGKILL. A gang whose task has
 secrets gets a ``redact`` function: its processes' output then comes through a pipe, and a thread per
 process writes it redacted to the log (and no warm standby is used, its output already goes to a file).
+
+With a ``sandbox`` (engine.executor.sandbox, a node agent running as root) every process gets a cgroup of its
+own inside the gang's, joins it and drops to the gang's user before it runs anything, and a rank killed by its
+cgroup's memory limit is reported as having exceeded its memory request (a user error), not as killed.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 from engine.core.gang import RankContext
 from engine.errors import SYSTEM_ERROR_TYPES
 from engine.executor.process import signal_group, spawn, stop_processes
+from engine.executor.sandbox import GangSandbox, enter, memory_text
 from engine.executor.standby import RUNNER, StandbyPool
 
 __all__ = ["NodeGang", "ProcessLaunch", "RankFailure", "runner_command"]
@@ -63,6 +68,8 @@ class RankFailure:
     log_tail: str
     hung_for: float | None = None
     role: str | None = None
+    #: the memory request its own cgroup enforced, when that is what killed it (a user error, not a kill)
+    memory_limit: int | None = None
 
     @property
     def kind(self) -> str:
@@ -72,6 +79,8 @@ class RankFailure:
         process crashed by itself: SIGABRT / SIGSEGV, which is also how frameworks abort after a peer died)."""
         if self.hung_for is not None:
             return "hung"
+        if self.memory_limit is not None:
+            return "user"
         if self.returncode is not None and -self.returncode in _EXTERNAL_SIGNALS:
             return "killed"
         if self.error_type in SYSTEM_ERROR_TYPES:
@@ -90,6 +99,8 @@ class RankFailure:
     def priority(self) -> int:
         """Which of several failures is the root cause: outside kills and hangs first, then an exception
         in the body (a rank that wrote its traceback), then crashes and bare exit codes."""
+        if self.memory_limit is not None:  # the others lost a peer that went over its memory
+            return 0
         if self.role:  # a coordinator or launcher usually fails because a rank did
             return 4
         return {"killed": 0, "hung": 1, "system": 1}.get(self.kind, 2 if self.error else 3)
@@ -98,6 +109,10 @@ class RankFailure:
     def how(self) -> str:
         if self.hung_for is not None:
             return f"made no progress for {self.hung_for:.0f} s (hung)"
+        if self.memory_limit is not None:
+            per = " per rank" if self.role else ""
+            limit = memory_text(self.memory_limit)
+            return f"exceeded its memory request of {limit}{per} (killed by its own cgroup's memory limit)"
         assert self.returncode is not None
         if self.returncode < 0:
             try:
@@ -138,8 +153,10 @@ class NodeGang:
         hang_timeout: float | None = None,
         standby: StandbyPool | None = None,
         redact: Callable[[str], str] | None = None,
+        sandbox: GangSandbox | None = None,
     ) -> None:
         self.node_id = node_id
+        self.sandbox = sandbox  # None: the processes run as the agent's user, with no cgroup of their own
         self.redact = redact
         #: the threads that copy a process's output, redacted, to its log (by process index)
         self.pumps: dict[int, threading.Thread] = {}
@@ -158,6 +175,8 @@ class NodeGang:
     def start(self) -> None:
         self.done_dir.mkdir(parents=True, exist_ok=True)
         self.error_dir.mkdir(parents=True, exist_ok=True)
+        if self.sandbox is not None:
+            self.sandbox.setup(self.workdir)
         self.started = time.time()
         launches, self.ranks = self.ranks, []
         for launch in launches:
@@ -167,18 +186,25 @@ class NodeGang:
         """Start one more process of this gang: a warm standby rank runner when one waits, else a new one."""
         proc = None
         pumped = self.redact is not None and not launch.pipe_output
+        env, preexec, joining = launch.env, None, None
+        if (sandbox := self.sandbox) is not None:
+            files = sandbox.prepare(len(self.procs), rank=launch.role is None)
+            env = {**launch.env, **sandbox.environment(self.workdir)}
+            joining = (files, sandbox.user)
+            preexec = lambda: enter(files, sandbox.user, None)  # noqa: E731 - the parent-death signal follows
         if self.standby is not None and not launch.pipe_output and not pumped:
             Path(launch.log_path).parent.mkdir(parents=True, exist_ok=True)
-            proc = self.standby.take(launch.command, launch.env, self.cwd, launch.log_path)
+            proc = self.standby.take(launch.command, env, self.cwd, launch.log_path, joining)
         if proc is None:
             proc = spawn(
                 launch.command,
                 log=launch.log_path,
-                env=launch.env,
+                env=env,
                 cwd=self.cwd,
                 new_session=True,
                 parent_death=signal.SIGKILL,
                 pipe_output=launch.pipe_output or pumped,
+                preexec=preexec,
             )
         if pumped:
             pump = threading.Thread(target=self._pump, args=(proc, launch.log_path), daemon=True)
@@ -277,12 +303,30 @@ class NodeGang:
             _tail(launch.log_path),
             hung_for,
             launch.role,
+            self._memory_kill(launch) if code is not None else None,
         )
+
+    def _memory_kill(self, launch: ProcessLaunch) -> int | None:
+        """The memory request that killed this process, when its own cgroup did (its oom_kill counter; a rank's
+        cgroup holds its request, a launcher's holds the ranks it started within the gang's)."""
+        sandbox = self.sandbox
+        if sandbox is None or sandbox.mem_per_rank is None:
+            return None
+        index = next(i for i, other in enumerate(self.ranks) if other is launch)
+        if sandbox.oom_killed(index) or (launch.role is not None and sandbox.gang_oom_killed()):
+            return sandbox.mem_per_rank
+        return None
 
     def terminate(self, grace: float = 5.0) -> None:
         """SIGTERM every rank's process group, wait up to ``grace`` seconds, then SIGKILL what is left."""
         stop_processes(self.procs, grace, group=True)
         self._join_pumps(list(self.pumps))
+
+    def close(self) -> None:
+        """Remove the gang's cgroup (killing what is left in it: a process its rank forked into a new session
+        escapes the process group, not its cgroup). Safe to call more than once, and without a sandbox."""
+        if self.sandbox is not None:
+            self.sandbox.remove()
 
     def notify(self, sig: int) -> None:
         """Send ``sig`` (a preemption notice) to the process group of every process still running; nothing

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -57,6 +57,7 @@ def spawn(
     parent_death: int | None = signal.SIGTERM,
     pipe_output: bool = False,
     pipe_input: bool = False,
+    preexec: Callable[[], None] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``command`` with stdin closed and stdout and stderr appended to ``log``.
 
@@ -65,9 +66,17 @@ def spawn(
     ``new_session`` gives the process its own process group, so that :func:`stop_processes` with
     ``group=True`` also reaches what it forks. ``parent_death`` is the signal it gets when the spawning
     thread's process dies (see :func:`set_parent_death_signal`); None for none. ``pipe_input`` gives it a
-    stdin the caller writes to (``proc.stdin``) instead of a closed one.
+    stdin the caller writes to (``proc.stdin``) instead of a closed one. ``preexec`` runs in the child before
+    exec and before the parent-death signal is set (a sandbox joining its cgroup and changing its uid, which
+    clears that signal: engine.executor.sandbox).
     """
-    preexec = None if parent_death is None else lambda: set_parent_death_signal(parent_death)
+
+    def child() -> None:
+        if preexec is not None:
+            preexec()
+        if parent_death is not None:
+            set_parent_death_signal(parent_death)
+
     handle = None
     if log is not None:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
@@ -81,7 +90,7 @@ def spawn(
             stdout=subprocess.PIPE if pipe_output else handle,
             stderr=subprocess.STDOUT,
             start_new_session=new_session,
-            preexec_fn=preexec,
+            preexec_fn=child if preexec is not None or parent_death is not None else None,
         )
     finally:
         if handle is not None:

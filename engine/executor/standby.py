@@ -14,6 +14,12 @@ module read from the environment while it was imported, i.e. in the agent's envi
 is the OpenMP thread count, which the standby sets from ``OMP_NUM_THREADS`` with
 ``torch.set_num_threads``; ``CUDA_VISIBLE_DEVICES`` and the NCCL settings are read when CUDA and NCCL
 initialise, which importing torch does not do.
+
+A standby starts with the environment its agent gives it (``env``: the agent's less its credentials and any
+secrets directory, the same base a rank gets before its task's own secrets), never the agent's own. On a
+sandboxing agent (engine.executor.sandbox) it waits as root, in no gang's cgroup; the launch that adopts it
+names the gang's cgroup files and user, and the standby joins that cgroup and drops to that user before it
+reads the rank's spec or runs any of its code: it is then confined exactly as a freshly spawned rank.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from engine.executor.process import spawn, stop_processes
+from engine.executor.process import set_parent_death_signal, spawn, stop_processes
+from engine.executor.sandbox import SandboxUser, enter
 
 __all__ = ["RUNNER", "StandbyPool", "become_rank", "default_warm_modules"]
 
@@ -48,8 +55,11 @@ class StandbyPool:
     the thread that spawned it, and that thread lives as long as the agent.
     """
 
-    def __init__(self, size: int, warm: Sequence[str]) -> None:
+    def __init__(self, size: int, warm: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         self.size, self.warm = size, tuple(warm)
+        #: what a standby starts with (None: this process's own environment; the node agent passes its own less
+        #: credentials and secrets directories)
+        self.env = None if env is None else dict(env)
         self.ready: list[subprocess.Popen[bytes]] = []
 
     def fill(self) -> None:
@@ -58,16 +68,33 @@ class StandbyPool:
         while len(self.ready) < self.size:
             # its own process group and SIGKILL on the agent's death, as every rank (see NodeGang.add)
             command = [*RUNNER, "--standby", ",".join(self.warm)]
-            self.ready.append(spawn(command, new_session=True, parent_death=signal.SIGKILL, pipe_input=True))
+            proc = spawn(command, env=self.env, new_session=True, parent_death=signal.SIGKILL, pipe_input=True)
+            self.ready.append(proc)
 
     def take(
-        self, command: Sequence[str], env: dict[str, str], cwd: str | None, log_path: str
+        self,
+        command: Sequence[str],
+        env: dict[str, str],
+        cwd: str | None,
+        log_path: str,
+        sandbox: tuple[Sequence[str], SandboxUser | None] | None = None,
     ) -> subprocess.Popen[bytes] | None:
         """A standby turned into the rank ``command`` runs, or None: not a rank runner command line, or
-        no standby left (the caller then spawns the rank as usual)."""
+        no standby left (the caller then spawns the rank as usual). ``sandbox``: the ``cgroup.procs`` files
+        it joins and the user it becomes (engine.executor.sandbox)."""
         if tuple(command[: len(RUNNER)]) != RUNNER:
             return None
-        order = json.dumps({"argv": list(command[len(RUNNER) :]), "env": env, "cwd": cwd, "log": log_path})
+        files, user = sandbox if sandbox is not None else ((), None)
+        order = json.dumps(
+            {
+                "argv": list(command[len(RUNNER) :]),
+                "env": env,
+                "cwd": cwd,
+                "log": log_path,
+                "cgroups": list(files),
+                "user": None if user is None else [user.name, user.uid],
+            }
+        )
         while self.ready:
             proc = self.ready.pop(0)
             if proc.poll() is not None or proc.stdin is None:
@@ -100,11 +127,17 @@ def become_rank(warm: str) -> list[str]:
     if not line:
         os._exit(0)
     order = json.loads(line)
+    # the log is opened while still the agent's user (a log in the store may not be the gang user's to open),
+    # then the standby takes the gang's sandbox before anything of the rank is read
+    log = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    user = SandboxUser(order["user"][0], int(order["user"][1])) if order.get("user") else None
+    if order.get("cgroups") or user is not None:
+        enter(order.get("cgroups") or (), user, None)
+        set_parent_death_signal(signal.SIGKILL)  # a change of uid cleared the one spawn set
     os.environ.clear()
     os.environ.update(order["env"])
     if order["cwd"]:
         os.chdir(order["cwd"])
-    log = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     for fd, target in ((log, 1), (log, 2), (null, 0)):
         os.dup2(fd, target)

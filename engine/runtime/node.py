@@ -20,6 +20,13 @@ A node agent asked to stop (SIGTERM: systemd, Kubernetes deleting its pod, a Slu
 *drains its own node* in the Scheduler: its gangs get that notice, checkpoint and are placed elsewhere. It
 keeps serving (notices, re-registrations) until they have left or ``drain_timeout_s`` has passed, then
 stops. Starting again, it lifts a drain it set itself; an operator's ``gangflow node drain`` stays.
+
+An agent running as root *sandboxes* its gangs (engine.executor.sandbox): each attempt's processes in a cgroup of
+their own (the task's memory per rank, its CPUs, a pids limit, its GPUs' device nodes only), as the gang's own
+user where the attempt's files can be reached by one (else as root, in the cgroup, said once in the log). The
+cgroup is removed when the attempt ends, however it ends; one left by an agent that was killed is removed at
+the agent's next start. An agent that is not root keeps its ranks as its own user and says so once at start.
+It registers ``sandboxed`` with the Scheduler (``gangflow cluster`` shows it).
 """
 
 from __future__ import annotations
@@ -29,9 +36,11 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from temporalio import activity
@@ -58,13 +67,23 @@ from engine.core.protocol import (
     TASK_QUEUE,
     node_queue,
 )
-from engine.core.secrets import SecretError
+from engine.core.secrets import VALUES_ENV, SecretError
 from engine.core.wire import Envelope
 from engine.errors import InputUnavailableError
 from engine.executor.body import deliver_code
 from engine.executor.launcher import NodeGang, RankFailure
 from engine.executor.plan import DeliveredNotice, LauncherRelay, LaunchRefused, NodePlan, safe_name
 from engine.executor.ports import free_port
+from engine.executor.sandbox import (
+    SANDBOX_ENV,
+    CgroupDriver,
+    GangSandbox,
+    detect,
+    device_rules,
+    gang_user,
+    gpu_devices,
+    unreachable,
+)
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
 from engine.runtime.connection import CREDENTIAL_ENV
@@ -116,7 +135,15 @@ class NodeActivities:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.workdir = cache_dir() / "nodes" / safe_name(config.node_id)
-        self.standby = StandbyPool(config.standby, config.warm) if config.standby else None
+        self.cgroups = _sandbox_driver(config.node_id)
+        self.cgroup_root = f"gangflow/{safe_name(config.node_id)}"
+        if self.cgroups is not None:  # a killed agent's gangs' cgroups (and what still runs in them)
+            self.cgroups.remove(self.cgroup_root)
+        self.logged: set[str] = set()  # what was said once already (why a gang is not dropped to its user)
+        # standbys start as ranks do: without the agent's credentials or any secrets directory
+        self.standby = (
+            StandbyPool(config.standby, config.warm, task_environment(_own_env(), {})) if config.standby else None
+        )
         #: preemption notices by (gang id, attempt), with when they came (None: one that could not be read); a
         #: notice can arrive before the attempt's ranks start here (it is then never started)
         self.notices: dict[tuple[str, int], tuple[Preempted | None, float]] = {}
@@ -182,7 +209,10 @@ class NodeActivities:
         spec_path.write_bytes(pack(spec))
         if "://" not in launch.checkpoint_dir:  # a shared filesystem path: make sure it exists
             os.makedirs(launch.checkpoint_dir, exist_ok=True)
-        local_logs = not store.local
+        folder = await asyncio.to_thread(LOADER.folder_for, envelope.code, store)
+        sandbox = self._sandbox(launch, envelope.run.tenant, workdir, defn.resources.mem_bytes, folder, store)
+        # a gang's own user cannot open logs in the store: they are written here and copied there at the end
+        local_logs = not store.local or (sandbox is not None and sandbox.user is not None)
 
         def log_path(what: str) -> str:
             name = f"{launch.log_name}.{what}.attempt{launch.attempt}.log"
@@ -197,7 +227,8 @@ class NodeActivities:
             plan = NodePlan(
                 launch, defn.plugin, run_id, workdir, spec_path, log_path, base_env, rank_logs=not secret_env
             )
-            folder = await asyncio.to_thread(LOADER.folder_for, envelope.code, store)
+            if sandbox is not None and VALUES_ENV in secret_env:
+                sandbox.secret_dirs = (str(Path(secret_env[VALUES_ENV]).parent),)
             gang = NodeGang(
                 self.config.node_id,
                 plan.processes,
@@ -206,6 +237,7 @@ class NodeActivities:
                 hang_timeout=launch.hang_timeout_s,
                 standby=self.standby,
                 redact=redact if redact else None,
+                sandbox=sandbox,
             )
         except SecretError as exc:
             secrets.close()
@@ -262,6 +294,7 @@ class NodeActivities:
                         "returncode": state.returncode,
                         "kind": state.kind,
                         "error_type": state.error_type,
+                        "memory_limit": state.memory_limit,
                     },
                     type=FAILURE_TYPES[state.kind],
                     non_retryable=True,
@@ -281,12 +314,73 @@ class NodeActivities:
             self.notices.pop(key, None)
             if relay is not None:
                 relay.close()
+            gang.close()  # the cgroup, and anything a rank left running in it
             secrets.close()
             if local_logs:
                 for path in workdir.glob("*.log"):
                     store.fs.put_file(str(path), store.log_path(run_id, path.name))
             saver.save(rank_details(self.config.node_id, gang))  # the last reports, for a finished gang
             shutil.rmtree(workdir, ignore_errors=True)
+
+    def _sandbox(
+        self, launch: NodeLaunch, tenant: str, workdir: Path, mem: int | None, folder: Path | None, store: Any
+    ) -> GangSandbox | None:
+        """This attempt's sandbox (None: the agent is not root). The gang's own user only where it can reach
+        what it needs: its working folder, its code, this Python, and a local store to write its outputs to."""
+        if self.cgroups is None:
+            return None
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p]
+        needed: list[str | Path] = [workdir.parent, sys.executable, *paths]
+        if folder is not None:
+            needed.append(folder)
+        blocked = unreachable(needed)
+        if blocked is None and store.local and not os.stat(store.root).st_mode & 0o002:
+            blocked = f"{store.root} (the run's local store, not writable by other users)"
+        user = None if blocked else gang_user(tenant, launch.gang_id)
+        # a distributed task's Resources(mem=) is per node (what the Scheduler reserved): each rank gets its share
+        per_rank = None if mem is None else max(1, mem // launch.nproc_per_node)
+        if blocked and blocked not in self.logged:
+            self.logged.add(blocked)
+            log.warning(
+                "node %s: ranks run in their cgroups but as root: another user cannot reach %s",
+                self.config.node_id,
+                blocked,
+            )
+        return GangSandbox(
+            self.cgroups,
+            f"{self.cgroup_root}/{safe_name(f'{launch.gang_id}.a{launch.attempt}.n{launch.node_rank}')}",
+            user,
+            per_rank,
+            launch.cpus_per_node,
+            launch.nproc_per_node,
+            device_rules(gpu_devices(self.config.gpus), launch.gpu_ids),
+            checkpoint_dir=launch.checkpoint_dir,
+        )
+
+
+def _sandbox_driver(node_id: str) -> CgroupDriver | None:
+    """This machine's cgroups when the agent can sandbox its ranks; says once why not otherwise."""
+    driver = detect()
+    if driver is None:
+        if os.environ.get(SANDBOX_ENV) == "0":
+            why = f"{SANDBOX_ENV}=0"
+        elif os.geteuid():
+            why = "the node agent is not running as root"
+        else:
+            why = "no cgroup memory controller was found"
+        log.warning(
+            "node %s: ranks are NOT sandboxed (%s): they run as this agent's user, with no memory, CPU, process "
+            "or device limits",
+            node_id,
+            why,
+        )
+    elif driver.version == 2:
+        log.warning(
+            "node %s: cgroup v2: GPU device rules are not attached (no eBPF device program here); ranks see "
+            "every GPU device node their user may open",
+            node_id,
+        )
+    return driver
 
 
 def _own_env() -> dict[str, str]:
@@ -315,15 +409,17 @@ def _relay(plan: NodePlan, gang: NodeGang) -> LauncherRelay:
     return LauncherRelay(plan, gang, send, fetch)
 
 
-async def register(client: Client, config: NodeConfig) -> None:
+async def register(client: Client, config: NodeConfig, *, sandboxed: bool = False) -> None:
     """Tell the Scheduler this node exists (starting the Scheduler if it is not running yet)."""
-    spec = {
+    spec: dict[str, Any] = {
         "node_id": config.node_id,
         "address": config.address,
         "gpus": config.gpus,
         "cpus": config.cpus,
         "mem": config.mem,
     }
+    if sandboxed:  # only then: a Scheduler of an older version refuses an unknown key
+        spec["sandboxed"] = True
     await start_scheduler(client, config.scheduler_queue, signal=REGISTER_NODE_SIGNAL, signal_args=[spec])
 
 
@@ -343,7 +439,8 @@ async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> N
     )
     try:
         async with worker:
-            await register(client, config)
+            sandboxed = activities.cgroups is not None
+            await register(client, config, sandboxed=sandboxed)
             await _lift_own_drain(client, config)
             while not stop.is_set():
                 if activities.standby is not None:  # on this (the event loop's) thread: see StandbyPool
@@ -351,7 +448,7 @@ async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> N
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), REGISTER_EVERY.total_seconds())
                 if not stop.is_set():
-                    await register(client, config)
+                    await register(client, config, sandboxed=sandboxed)
             if config.drain_timeout_s > 0:  # also when idle: no gang is placed here while it is gone
                 await _drain_and_wait(client, config, activities)
     finally:
@@ -408,6 +505,6 @@ async def _drain_and_wait(client: Client, config: NodeConfig, activities: NodeAc
     next_registration = time.monotonic() + REGISTER_EVERY.total_seconds()
     while activities.running and time.monotonic() < deadline:
         if time.monotonic() >= next_registration:
-            await register(client, config)
+            await register(client, config, sandboxed=activities.cgroups is not None)
             next_registration = time.monotonic() + REGISTER_EVERY.total_seconds()
         await asyncio.sleep(0.2)

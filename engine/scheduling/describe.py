@@ -70,6 +70,7 @@ def describe(policy: Policy) -> dict[str, Any]:
             {
                 "node_id": node_id,
                 "address": spec.address,
+                "sandboxed": spec.sandboxed,
                 "alive": node.alive,
                 "drained": node.drained,
                 "drain_reason": node.drain_reason,

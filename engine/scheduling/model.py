@@ -40,6 +40,8 @@ class NodeSpec(Frozen):
     Validated on construction: the agent builds it from its own machine, so a bad value is the
     operator's mistake and should fail there, before it reaches the scheduler.
     ``mem`` is bytes; ``None`` means the agent does not report memory and memory is not checked on it.
+    ``sandboxed``: the agent confines its gangs' ranks (their own user and cgroup: engine.executor.sandbox);
+    agents that do not say so (older ones, or not running as root) do not.
     """
 
     node_id: str = Field(min_length=1)
@@ -47,6 +49,7 @@ class NodeSpec(Frozen):
     gpus: int = Field(ge=0)
     cpus: float = Field(ge=0)
     mem: int | None = Field(default=None, ge=0)
+    sandboxed: bool = False
 
 
 class GangRequest(Frozen):

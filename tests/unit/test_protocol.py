@@ -72,10 +72,14 @@ def test_each_tenant_has_one_stable_unprivileged_user():
     so a change of rule is seen), a valid Linux user name for the longest tenant, in the reserved uid range."""
     assert tenant_user("team-a") == tenant_user("team-a")
     assert tenant_user("team-a") != tenant_user("team-b")
-    assert tenant_user("team-a") == ("gf-96c2886c51d1", 1531927069)  # a (name, uid) tuple
+    assert tenant_user("team-a") == ("gf-96c2886c51d1", 1263491613)  # a (name, uid) tuple
     for tenant in ("a", "team-a", "a" * TENANT_MAX_LENGTH):
         name, uid = tenant_user(tenant)
         assert len(name) <= 32 and name.startswith("gf-") and name[3:].isalnum()
         assert TENANT_UID_BASE <= uid < TENANT_UID_BASE + TENANT_UID_SPAN < 2**31
+    # a tenant worker's uid is never a gang's (engine.executor.sandbox): a rank could read that worker's token
+    from engine.executor import sandbox
+
+    assert TENANT_UID_BASE + TENANT_UID_SPAN <= sandbox.UID_BASE
     with pytest.raises(ValueError, match="DNS-1123"):
         tenant_user("Team_A")
