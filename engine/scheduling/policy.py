@@ -460,7 +460,10 @@ class Policy:
                 if waiting_first:
                     blocker, blocker_why = queued, why
                 continue
+            held_back = request.gang_id in self._reserved
             self._admit(queued, placement, backfill=backfill, decisions=decisions)
+            if held_back:  # the nodes it kept free are free for the gangs after it in this cycle too
+                reserved = frozenset().union(*self._reserved.values()) if self._reserved else frozenset()
             changed[tenant] = changed.get(tenant, 0) + 1
             nxt = self._head(heap)
             if nxt is not None:  # ranked again when it comes up, as the tenant's share moved

@@ -17,7 +17,9 @@ from engine.scheduling.tenancy import Vec
 __all__ = ["Cause", "Fit", "Notice", "QueueKey", "Queued", "Running", "Shape", "shape_of"]
 
 Shape = tuple[int, int, int, int | None]  # nnodes, GPUs, millicores and bytes per node
-QueueKey = tuple[int, Shape]  # (-priority value, shape)
+#: (-priority value, shape, preemptible): one FIFO queue per key, and only its head is looked at, so a gang that
+#: may backfill never waits behind one of its shape that may not (it would never get past it)
+QueueKey = tuple[int, Shape, bool]
 Cause = Literal["reclaim", "priority", "backfill", "defrag"]
 #: whether a shape fits the offered nodes when idle ("now"), else what it waits for: lost nodes to come back
 #: ("lost", up to the gang's ``lost_node_wait_s``) or drained nodes to be undrained ("drained": an operator's
@@ -42,7 +44,7 @@ class Queued:
 
     @property
     def key(self) -> QueueKey:
-        return (-self.prio, self.shape)
+        return (-self.prio, self.shape, self.preemptible)
 
 
 @dataclass(frozen=True, slots=True)

@@ -702,3 +702,24 @@ def test_random_event_sequences_keep_the_invariants(data: st.DataObject) -> None
                 assert policy.running[gang_id].placement == placement
     restored = Policy.restore(json.loads(json.dumps(policy.snapshot())))
     assert restored.describe() == policy.describe()
+
+
+def test_a_preemptible_gang_never_waits_behind_a_protected_one_of_its_shape() -> None:
+    """Found by the random streams: one FIFO queue per shape held both, and only its head is looked at, so a
+    gang that may backfill waited behind one that may not, forever."""
+    cpu_only = [node("n0", gpus=0, cpus=1), node("n1", gpus=0, cpus=1)]
+    policy, _ = run_last([*cpu_only, gang("g0", gpus=0, cpus=1), gang("wide", nnodes=2, gpus=0, cpus=0.25)])
+    run_last([gang("protected", gpus=0, cpus=0.5, preemptible=False), gang("filler", gpus=0, cpus=0.5)], policy)
+    assert "filler" in policy.running and "protected" in policy.pending  # filler backfills; protected waits
+
+
+def test_nodes_kept_free_for_a_gang_are_free_as_soon_as_it_starts() -> None:
+    """Found by the random streams (this is their example): the nodes reserved for a waiting gang stayed
+    excluded for the rest of the cycle in which it started, so a small gang behind it that fit was not admitted."""
+    events: list[Event] = [node("n0", gpus=0, cpus=1), NodeLost(node_id="n0"), node("n2", gpus=1, cpus=1)]
+    events += [gang("g0", gpus=0, cpus=0.25), *[node("n0", gpus=0, cpus=1)] * 5, node("n0", gpus=2, cpus=1)]
+    events += [gang("pair", nnodes=2, gpus=1), gang("big", gpus=2, cpus=0), gang("small", gpus=0, cpus=0.25)]
+    policy, _ = run_last(events, now=0.0)
+    assert policy._reserved.get("pair") and "small" in policy.pending  # nodes kept free for the pair
+    policy.step(node("n1", gpus=1, cpus=1), 0.0)
+    assert {"pair", "small"} <= set(policy.running)
