@@ -239,15 +239,15 @@ class Stack:
         env: dict[str, str] | None = None,
     ) -> None:
         self.root = root
+        env = dict(env or {})  # for the worker and the node agents alike
+        if scheduler_events is not None:  # the worker starts the Scheduler (engine.runtime.keeper): it needs it
+            env["GANGFLOW_SCHEDULER_EVENTS_PER_RUN"] = str(scheduler_events)
         self.server = DevServer(root / "server", ui=False).start()
         try:
             self.worker = WorkerProcess(self.server.address, "gangflow", root / "worker", env).start()
         except BaseException:  # leave no server behind
             self.server.stop()
             raise
-        env = dict(env or {})  # for the worker and the node agents alike
-        if scheduler_events is not None:
-            env["GANGFLOW_SCHEDULER_EVENTS_PER_RUN"] = str(scheduler_events)
         self.nodes = {
             f"{prefix}{i}": NodeAgent(self.server.address, f"{prefix}{i}", gpus, root / "nodes", env)
             for i in range(count)
