@@ -199,6 +199,11 @@ def _run(command: Command) -> None:
     p.add_argument("--run-id", help="choose the run id (default <workflow>-<random>)")
     p.add_argument("--json", action="store_true", help="print one JSON object: run_id, status, result")
     p.add_argument("--detach", action="store_true", help="start the run and exit")
+    _verbose_option(p)
+
+
+def _verbose_option(p: argparse.ArgumentParser) -> None:
+    """``--verbose`` of the commands that show a failure (run, status)."""
     p.add_argument(
         "--verbose",
         action="store_true",
@@ -211,11 +216,7 @@ def _status(command: Command) -> None:
     p.add_argument("run_id", metavar="RUN", help="the run id (gangflow list shows them)")
     connection_args(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.add_argument(
-        "--verbose",
-        action="store_true",
-        help="a failure's every frame (Temporal's and gangflow's too), not only your code's",
-    )
+    _verbose_option(p)
 
 
 def _list(command: Command) -> None:
