@@ -439,7 +439,8 @@ async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> N
         # heartbeats carry cancellation: keep them frequent so a cancel kills the ranks within ~1 s
         max_heartbeat_throttle_interval=timedelta(seconds=1),
         default_heartbeat_throttle_interval=timedelta(seconds=1),
-        graceful_shutdown_timeout=timedelta(seconds=STOP_GRACE_S + 2),
+        # drain_timeout_s 0 stops at once (gangflow dev stopping whole): the ranks are stopped now, not after this
+        graceful_shutdown_timeout=timedelta(seconds=STOP_GRACE_S + 2 if config.drain_timeout_s > 0 else 0),
     )
     try:
         async with worker:
