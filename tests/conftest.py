@@ -334,7 +334,7 @@ def cluster(server: DevServer, worker: WorkerProcess, state_root: Path) -> Itera
         except Exception:
             return 0
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # minutes on a loaded machine
     while asyncio.run(registered()) < 2:
         assert time.monotonic() < deadline, "node agents did not register"
         time.sleep(0.3)
@@ -365,7 +365,7 @@ class AuthStack:
         cmd += ["--headless", "--port", str(port), "--ui-port", str(free_port()), "--state-dir", str(state)]
         with open(log, "w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # the ready line waits for the node agents: minutes on a loaded machine
         while "gangflow run" not in log.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,10 @@ async def _listed(client: Client, workflow_id: str) -> None:
 def test_banner_names_the_gateway_tokens_and_jwks(stack: AuthStack) -> None:
     text = stack.log.read_text()
     assert f"the gateway on {stack.address} checks" in text
+    # the port clients use comes first, before Temporal's own (the platform's)
+    first = next(line for line in text.splitlines() if line.startswith("gangflow dev"))
+    assert first.startswith(f"gangflow dev --auth: clients connect to the gateway on {stack.address}; "), text
+    assert text.index(stack.address) < text.index(stack.upstream), text
     assert str(stack.state / "auth" / "jwks.json") in text
     assert f"GANGFLOW_ADDRESS={stack.address} GANGFLOW_NAMESPACE='gf-{{tenant}}' GANGFLOW_TENANT=team-a" in text
 
@@ -143,6 +148,69 @@ def test_an_expired_or_foreign_token_is_denied(stack: AuthStack, tmp_path: Path)
                 await stack.client("gf-team-a", token)
 
     run(go())
+
+
+def test_the_cli_says_why_a_token_was_refused(
+    stack: AuthStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway (like Temporal) answers a bad token with "Request unauthorized." only: the CLI reads the
+    token's own claims to say what is wrong with it, never "cannot reach Temporal ... start one"."""
+    keys = DevKeys.load(stack.state)
+    expired = keys.tenant_token("team-a", ttl_s=-600)
+    exp = jwt.decode(expired, options={"verify_signature": False})["exp"]
+    monkeypatch.setenv("GANGFLOW_TOKEN_AUDIENCE", "billing")
+    other_audience = keys.tenant_token("team-a")
+    monkeypatch.delenv("GANGFLOW_TOKEN_AUDIENCE")
+    foreign = DevKeys.load_or_create(tmp_path).tenant_token("team-a")
+    refused = f"error: Temporal at {stack.address} refused the credentials: "
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(exp))
+    for token, why in [
+        (expired, f"token expired at {when} (10 min ago)"),
+        (other_audience, "the token is for audience 'billing', not 'gangflow' ($GANGFLOW_TOKEN_AUDIENCE)"),
+        (foreign, "its claims (expiry, audience, issuer) look valid, so the server did not accept its signature"),
+        ("not-a-jwt", "the API key is not a JWT"),
+    ]:
+        for command in (["list"], ["cluster"]):
+            done = gangflow_cli(*command, env={**stack.env("team-a"), "GANGFLOW_API_KEY": token})
+            assert done.returncode == 1, (command, done.stdout, done.stderr)
+            assert refused + why in done.stderr, (command, done.stderr)
+            assert "cannot reach" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_secret_set_and_auth_token_find_the_running_stack_without_state_dir(stack: AuthStack, tmp_path: Path) -> None:
+    """Run from any folder with the banner's environment: they act on that stack's state dir, never on a
+    ./.gangflow of the current folder; when no running stack answers to it they refuse (exit 2)."""
+    env = stack.env("team-a")
+    made = gangflow_cli("auth", "token", "team-a", "--role", "read", env=env, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    claims = jwt.decode(made.stdout.strip(), options={"verify_signature": False})
+    assert claims["permissions"] == ["gf-team-a:read"]
+    key = jwt.PyJWKSet.from_dict(json.loads((stack.state / "auth" / "jwks.json").read_text()))
+    jwt.decode(
+        made.stdout.strip(),
+        key[jwt.get_unverified_header(made.stdout.strip())["kid"]].key,
+        algorithms=["RS256"],
+        audience=DEFAULT_AUDIENCE,
+    )  # signed with this stack's key
+    command = [sys.executable, "-m", "engine.cli", "secret", "set", "team-a", "found-stack"]
+    done = subprocess.run(command, input="v", text=True, capture_output=True, env=env, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (stack.state / "secrets" / "team-a" / "found-stack").read_text() == "v\n"
+    assert not (tmp_path / ".gangflow").exists()
+    listed = gangflow_cli("secret", "list", "team-a", env=env, cwd=tmp_path)
+    assert listed.returncode == 0 and "found-stack" in listed.stdout.split(), listed.stderr
+
+    nowhere = {**env, "GANGFLOW_ADDRESS": "127.0.0.1:1"}
+    for args in (["auth", "token", "team-a"], ["secret", "list", "team-a"]):
+        refused = gangflow_cli(*args, env=nowhere, cwd=tmp_path)
+        assert refused.returncode == 2, refused
+        assert "no running 'gangflow dev' serves $GANGFLOW_ADDRESS=127.0.0.1:1; pass --state-dir DIR" in (
+            refused.stderr
+        ), refused.stderr
+    alone = {k: v for k, v in env.items() if k != "GANGFLOW_ADDRESS"} | {"GANGFLOW_CACHE": str(tmp_path / "c")}
+    refused = gangflow_cli("auth", "token", "team-a", env=alone, cwd=tmp_path)
+    assert refused.returncode == 2 and "no running 'gangflow dev' found" in refused.stderr, refused.stderr
+    assert not (tmp_path / ".gangflow").exists()
 
 
 def test_the_jwks_verifies_the_tokens(stack: AuthStack) -> None:

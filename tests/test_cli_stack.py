@@ -47,7 +47,7 @@ class DevStack:
         )
         self.proc: subprocess.Popen[str] | None = None
 
-    def start(self) -> None:
+    def start(self, *extra: str) -> None:
         cmd = [
             sys.executable,
             "-m",
@@ -60,11 +60,12 @@ class DevStack:
             str(self.ui_port),
             "--state-dir",
             str(self.state),
+            *extra,
         ]
         self.log = open(self.state.parent / f"dev-{self.port}.log", "a")  # noqa: SIM115
         offset = self.log.tell()  # a restart appends: wait for this start's banner, not the last one's
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True, env=self.env, cwd=ROOT)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 180  # with node agents the ready line waits for them: minutes when loaded
         while "gangflow run" not in Path(self.log.name).read_text()[offset:]:
             assert self.proc.poll() is None and time.monotonic() < deadline, Path(self.log.name).read_text()
             time.sleep(0.1)
@@ -166,3 +167,74 @@ def test_unreachable_server_is_a_clear_error():
         [sys.executable, "-m", "engine.cli", "list"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
     )
     assert done.returncode == 1 and "cannot reach Temporal" in done.stderr
+
+
+GANG = """
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine import GangPlugin, Resources, task, workflow
+
+
+@dataclass(frozen=True)
+class Ranks(GangPlugin):
+    nnodes: int = 1
+    nproc_per_node: int = 2
+
+
+@task(plugin=Ranks(), resources=Resources(gpu=2))
+def hold(marker_dir: str) -> int:
+    Path(marker_dir, f"pid.{os.getpid()}").write_text(os.environ["RANK"])
+    time.sleep(600)
+    return 0
+
+
+@task
+def wait(marker_dir: str) -> int:
+    Path(marker_dir, "plain").write_text(str(os.getpid()))
+    time.sleep(600)
+    return 0
+
+
+@workflow
+async def holding(marker_dir: str) -> int:
+    return await hold(marker_dir=marker_dir)
+
+
+@workflow
+async def waiting(marker_dir: str) -> int:
+    return await wait(marker_dir=marker_dir)
+"""
+
+
+def test_sigterm_stops_the_dev_stack_and_every_child_within_seconds(tmp_path: Path) -> None:
+    """What a service manager (or ``kill``) does, not Ctrl-C to the whole terminal's process group: SIGTERM to
+    ``gangflow dev`` alone, while a gang's ranks run on its node agent and a plain task on its worker. It stops
+    them all at once, not one after the other (its worker's shutdown, then each node agent's: over 27 s)."""
+    stack = DevStack(tmp_path / "state", free_port(), free_port())
+    stack.start("--nodes", "1", "--gpus-per-node", "2")
+    (tmp_path / "flow.py").write_text(GANG)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    for flow in ("holding", "waiting"):  # a gang's ranks on the node agent, a plain task on the dev worker
+        started = gangflow_cli(
+            "run", f"flow.py:{flow}", "--marker-dir", str(markers), "--detach", "--json", env=stack.env, cwd=tmp_path
+        )
+        assert started.returncode == 0, started.stderr
+    deadline = time.monotonic() + 120
+    while len(list(markers.glob("pid.*"))) < 2 or not (markers / "plain").exists():
+        assert time.monotonic() < deadline, Path(stack.log.name).read_text()
+        time.sleep(0.2)
+    ranks = [int(p.name.split(".")[1]) for p in markers.glob("pid.*")]
+    assert stack.proc is not None
+    before = _children(stack.proc.pid)
+    assert set(ranks) <= set(before), (ranks, before)  # the ranks are the stack's own descendants
+    signalled = time.monotonic()
+    stack.proc.send_signal(signal.SIGTERM)
+    assert stack.proc.wait(60) == 0
+    took = time.monotonic() - signalled
+    stack.log.close()
+    left = [pid for pid in before if alive(pid)]
+    assert took < 10 and not left, (f"{took:.1f} s", left, Path(stack.log.name).read_text()[-3000:])

@@ -90,6 +90,12 @@ def test_cancel_leaves_no_rank_process_behind(server, worker, cluster, artifacts
             await asyncio.sleep(0.2)
         pids = [int(p.name.split(".")[1]) for p in tmp_path.glob("pid.*")]
         assert all(alive(pid) for pid in pids)
+        # ps tells whose each rank is, adopted from a warm standby (started as "... rank --standby torch") or not
+        for marker in tmp_path.glob("pid.*"):
+            shown = subprocess.run(
+                ["ps", "-o", "args=", "-p", marker.name.split(".")[1]], capture_output=True, text=True
+            )
+            assert shown.stdout.strip() == f"gangflow rank {marker.read_text()}/4 sleepy attempt 0 run {run_id}", shown
         cancelled = time.monotonic()
         await client.cancel(run_id)
         while any(alive(pid) for pid in pids):

@@ -8,11 +8,12 @@ keeps the Scheduler running, and such a gang waits (bounded by its ``lost_node_w
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
 import gangs
-from conftest import NodeAgent, Stack, run
+from conftest import NodeAgent, Stack, gangflow_cli, run
 
 
 def test_a_gang_submitted_before_any_node_agent_runs_when_they_register(tmp_path: Path) -> None:
@@ -52,3 +53,39 @@ def test_a_gang_submitted_before_any_node_agent_runs_when_they_register(tmp_path
         run(main())
     finally:
         stack.close()
+
+
+WROTE = """
+import tempfile
+from pathlib import Path
+
+from engine import File, task, workflow
+
+
+@task
+def write(text: str = "hi") -> File:
+    path = Path(tempfile.mkdtemp()) / "out.txt"
+    path.write_text(text)
+    return File(path)
+
+
+@workflow
+async def wrote() -> File:
+    return await write()
+"""
+
+
+def test_the_demos_closing_lines_name_nothing_it_has_deleted(tmp_path: Path) -> None:
+    """``gangflow demo`` runs on a throwaway stack and deletes it as it exits: its result's files are gone then,
+    so the last lines name them (name, size) but no path in the deleted folder."""
+    (tmp_path / "flow.py").write_text(WROTE)
+    done = gangflow_cli("demo", "--headless", "--nodes", "0", "--file", "flow.py:wrote", cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = re.search(r"state in (\S+)", done.stdout)
+    assert found, done.stdout
+    state = found.group(1)
+    assert not Path(state).exists()
+    closing = done.stdout.split(state, 1)[1]  # what it printed after its banner
+    assert state not in closing and "gangflow-demo-" not in closing, done.stdout
+    assert '"File out.txt (2 bytes)"' in closing, done.stdout
+    assert "the demo's throwaway stack and its files are deleted as it exits" in closing

@@ -134,6 +134,9 @@ def test_drain_an_idle_node_then_a_gang_that_needs_it_waits_until_it_is_undraine
     assert cli_json(stack, "cluster")["drained"] == ["d1"]
     table = cli(stack, "cluster")
     assert table.returncode == 0 and "drained: maintenance" in table.stdout, table.stdout
+    # idle, not busy: its GPUs are not "0/2 free" but drained with both idle
+    (row,) = [line for line in table.stdout.splitlines() if line.split()[:1] == ["d1"]]
+    assert "drained: 2/2 idle" in row and "0/2" not in row, table.stdout
 
     # the agent restarts (and registers again), the Scheduler continues as new: the node stays drained
     before = scheduler_run(stack)

@@ -526,6 +526,10 @@ def test_a_node_agent_stopped_with_sigterm_drains_its_node_first(stack: Stack, f
         assert agent.proc.returncode == 0 and time.monotonic() - started < 60, agent.log.read_text()[-2000:]
         node = next(n for n in (await client.queue())["nodes"] if n["node_id"] == first)
         assert node["drained"] and node["drain_reason"] == SELF_DRAIN_REASON, node
+        # what the operator reads in the agent's log: one line for the drain, no traceback
+        log = agent.log.read_text()
+        assert "Traceback" not in log, log[-4000:]
+        assert log.count("drained; waiting up to") == 1, log[-4000:]
 
         done = await result(client, flows, run_id, "trained")
         info = await client.gang(gang)

@@ -28,6 +28,7 @@ from engine.runtime.secrets import SECRET_ENV_PREFIX, SECRETS_DIR_ENV
 from engine.scheduling.config import QueueConfig
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError
+from .devstacks import state_dir_for
 from .render import print_unwrapped
 
 if TYPE_CHECKING:
@@ -172,7 +173,7 @@ class DevAuth:
         except RuntimeError as exc:  # grpc: the port is taken
             raise CliError(f"the auth gateway cannot listen on port {port}: {exc}") from None
 
-    def show(self, gateway: str, upstream: str, state: Path) -> None:
+    def show(self, gateway: str, state: Path) -> None:
         first = self.tenants[0]
         print_unwrapped(f"--auth (dev only): the gateway on {gateway} checks Temporal's JWT permissions; as a tenant:")
         # one line: the namespace follows --tenant, the root and the token are the first tenant's
@@ -183,10 +184,6 @@ class DevAuth:
         print_unwrapped(
             f"  tokens: {self.tokens}/<tenant>.jwt (another: gangflow auth token TENANT [--role read] --state-dir "
             f"{state}); JWKS: {self.keys.jwks_file}"
-        )
-        print_unwrapped(
-            f"  {upstream} is Temporal itself: the platform's way in (the Scheduler and gangs in gangflow-system, "
-            "the node agents)"
         )
 
     def lock_down(self, state: Path) -> None:
@@ -306,7 +303,11 @@ def add_auth_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("action", choices=("token",), help="token: print a token for TENANT's namespace (gf-TENANT)")
     p.add_argument("tenant", metavar="TENANT", help="a tenant of the queue configuration")
     p.add_argument("--role", default="write", help="write (default) or read")
-    p.add_argument("--state-dir", default=".gangflow", help="the dev stack's state dir (default .gangflow)")
+    p.add_argument(
+        "--state-dir",
+        help="the dev stack's state dir (default: that of the running 'gangflow dev --auth' $GANGFLOW_ADDRESS "
+        "names, or of the only one running)",
+    )
     p.add_argument("--ttl", type=float, default=None, metavar="SECONDS", help="validity (default 86400, a day)")
 
 
@@ -320,6 +321,7 @@ async def cmd_auth(args: argparse.Namespace) -> int:
     if not 0 < ttl <= _MAX_TTL_S:
         raise CliError(f"--ttl must be between 1 and {_MAX_TTL_S} seconds, got {ttl:g}", EXIT_BAD_INPUT)
     _namespace(args.tenant)
+    args.state_dir = state_dir_for(args.state_dir, "gangflow auth token")
     try:
         keys = DevKeys.load(args.state_dir)
     except FileNotFoundError as exc:

@@ -15,6 +15,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from engine.client import Client
 from engine.errors import GangflowError, InputError
 from engine.runtime import Endpoint, connect
+from engine.runtime.connection import CredentialsRefused, token_problem
 from engine.scheduling.config import QueueConfig, QueueConfigError, load_queue_config
 
 from .render import console
@@ -91,9 +92,15 @@ def refused(exc: RPCError, args: argparse.Namespace) -> CliError:
     one line naming the namespace. Any other RPC error is not for this: raised again."""
     if exc.status not in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
         raise exc
-    where = "this namespace"
+    where, endpoint = "this namespace", None
     with contextlib.suppress(CliError):
-        where = f"namespace {endpoint_for(args).namespace}" if hasattr(args, "api_key") else where
+        endpoint = endpoint_for(args) if hasattr(args, "api_key") else None
+    if endpoint is not None:
+        where = f"namespace {endpoint.namespace}"
+        problem = token_problem(endpoint.api_key)
+        if endpoint.api_key and problem is not None:
+            # the token itself is at fault (it expired since the connection, say), not its permissions
+            return CliError(f"Temporal refused the credentials: {problem}")
     return CliError(
         f"Temporal refused: {exc.message} Your credentials (--api-key / GANGFLOW_API_KEY) do not allow this in {where}."
     )
@@ -104,6 +111,8 @@ async def client_for(args: argparse.Namespace, artifacts: str | None = None) -> 
     endpoint = endpoint_for(args)
     try:
         return Client(await connect(endpoint), artifacts)
+    except CredentialsRefused as exc:  # reached, and refused: not a server to start
+        raise CliError(str(exc)) from None
     except RuntimeError as exc:
         raise CliError(
             f"cannot reach Temporal at {endpoint.address} ({exc}); start one with 'gangflow dev' "

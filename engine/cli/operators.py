@@ -16,7 +16,7 @@ from engine.scheduling.config import QueueConfigError
 from engine.scheduling.events import drain_request
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError, client_for, queue_file_error, read_queue_file
-from .render import console, err_console, print_json, show_drain, show_queue, show_queues, show_release
+from .render import console, err_console, print_answer, print_json, show_drain, show_queue, show_queues, show_release
 from .serve import cmd_node
 
 __all__ = ["QUEUE_DEPRECATED", "cmd_cluster", "cmd_drain", "cmd_node_command", "cmd_queue", "cmd_queues", "cmd_release"]
@@ -134,10 +134,7 @@ async def cmd_drain(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
     except GangflowError as exc:
         raise CliError(str(exc)) from None
-    if args.json:
-        print_json(answer)
-    else:
-        show_drain(answer)
+    print_answer(args.json, answer, show_drain)
     return EXIT_OK
 
 
@@ -147,8 +144,5 @@ async def cmd_release(args: argparse.Namespace) -> int:
         freed = await client.release(args.gang_id, force=args.force)
     except GangflowError as exc:
         raise CliError(str(exc)) from None
-    if args.json:
-        print_json(freed)
-    else:
-        show_release(freed)
+    print_answer(args.json, freed, show_release)
     return EXIT_OK

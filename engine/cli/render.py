@@ -7,9 +7,9 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
@@ -26,6 +26,7 @@ from .tracebacks import readable
 __all__ = [
     "console",
     "err_console",
+    "print_answer",
     "print_json",
     "print_unwrapped",
     "run_json",
@@ -40,7 +41,6 @@ __all__ = [
     "show_status",
     "waiting_lines",
 ]
-
 
 
 def _console(stderr: bool) -> Console:
@@ -79,6 +79,20 @@ def _styled(status: str) -> str:
 
 def print_json(data: Any) -> None:
     print(json.dumps(data, default=str))
+
+
+T = TypeVar("T")
+
+
+def print_answer(
+    as_json: bool, data: T, show: Callable[[T], object], json_form: Callable[[T], Any] | None = None
+) -> None:
+    """What a command answers, as ``--json`` asks: ``data`` as one line of JSON (``json_form(data)`` where the
+    JSON form is not ``data`` itself), else ``show(data)`` for a person."""
+    if as_json:
+        print_json(data if json_form is None else json_form(data))
+    else:
+        show(data)
 
 
 def print_unwrapped(text: str) -> None:
@@ -423,6 +437,21 @@ def _node_state(n: Mapping[str, Any]) -> str:
     return state
 
 
+def _capacity(n: Mapping[str, Any]) -> tuple[str, str, str]:
+    """GPUs free/total, the free ids, CPUs free/total. A drained or lost node offers nothing, so the Scheduler
+    counts none of it free: say why rather than "0/2", which reads as a busy node (its idle GPUs are those no
+    gang holds)."""
+    if n.get("drained") or not n.get("alive", True):
+        why = "drained" if n.get("drained") else "lost"
+        idle = n["gpus_total"] - len(n.get("used_gpu_ids") or [])
+        return f"{why}: {idle}/{n['gpus_total']} idle", "", why
+    return (
+        f"{n['gpus_free']}/{n['gpus_total']}",
+        ",".join(map(str, n["free_gpu_ids"])),
+        (f"{n['cpus_free']:g}/{n['cpus_total']:g}"),
+    )
+
+
 def _preempting(g: Mapping[str, Any], now: float) -> str:
     """``preempting: reclaim by <gang> of <tenant>, 12 s of 120 s grace`` (or ``drain of node <id>``)."""
     notice = g.get("preempted")
@@ -454,9 +483,7 @@ def show_queue(data: dict[str, Any], now: float | None = None) -> None:
             n["address"],
             _node_state(n),
             "yes" if n.get("sandboxed") else "no",  # an older Scheduler does not say: its agents did not sandbox
-            f"{n['gpus_free']}/{n['gpus_total']}",
-            ",".join(map(str, n["free_gpu_ids"])),
-            f"{n['cpus_free']:g}/{n['cpus_total']:g}",
+            *_capacity(n),
             ", ".join(n["gangs"]),
         )
     console.print(nodes if data.get("nodes") else "no nodes registered")

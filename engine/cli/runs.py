@@ -11,7 +11,7 @@ from rich.markup import escape
 from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 
-from engine.client import TenancyError, load_workflow_file, prepare_run, to_jsonable
+from engine.client import RunInfo, TenancyError, load_workflow_file, prepare_run, to_jsonable
 from engine.core.plugins import available_plugins, load_plugin
 from engine.errors import DefinitionError, GangflowError
 
@@ -19,7 +19,7 @@ from .cache import cache_mode
 from .common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError, client_for, follow
 from .params import RunArgv, check_collisions, check_missing, parse_params
 from .ranks import rank_views, with_ranks
-from .render import console, print_json, run_json, show_failure, show_ranks, show_runs, show_status
+from .render import console, print_answer, print_json, run_json, show_failure, show_ranks, show_runs, show_status
 
 __all__ = ["cmd_cancel", "cmd_list", "cmd_plugins", "cmd_run", "cmd_status"]
 
@@ -80,11 +80,12 @@ async def cmd_status(args: argparse.Namespace) -> int:
     except RPCError as exc:
         raise CliError(f"run {args.run_id!r}: {exc.message}") from None
     views = await rank_views(client, info)
-    if args.json:
-        print_json(with_ranks(run_json(info), views))
-    else:
+
+    def show(info: RunInfo) -> None:
         show_status(info, verbose=args.verbose)
         show_ranks(info, views)
+
+    print_answer(args.json, info, show, lambda info: with_ranks(run_json(info), views))
     return EXIT_OK
 
 
@@ -94,10 +95,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
         runs = await client.runs(status=args.status, pipeline=args.pipeline, limit=args.limit)
     except GangflowError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
-    if args.json:
-        print_json([run_json(r) for r in runs])
-    else:
-        show_runs(runs)
+    print_answer(args.json, runs, show_runs, lambda runs: [run_json(r) for r in runs])
     return EXIT_OK
 
 

@@ -32,7 +32,7 @@ from engine.errors import DefinitionError, GangflowError, TypeMismatchError
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError, client_for
 from .params import parse_params, split_run_argv
-from .render import console, print_json
+from .render import console, print_answer, print_json
 
 __all__ = ["ACTIONS", "add_schedule_parser", "cmd_schedule", "split_create_argv"]
 
@@ -178,10 +178,10 @@ async def cmd_schedule(args: argparse.Namespace) -> int:
     try:
         if parsed.action == "list":
             found = await schedules.list()
-            print_json([s.to_json() for s in found]) if parsed.json else _show_list(found)
+            print_answer(parsed.json, found, _show_list, lambda found: [s.to_json() for s in found])
         elif parsed.action == "describe":
             info = await schedules.describe(parsed.name)
-            print_json(info.to_json()) if parsed.json else _show_one(info)
+            print_answer(parsed.json, info, _show_one, lambda info: info.to_json())
         elif parsed.action == "trigger":
             run_id = await schedules.trigger(parsed.name)
             if parsed.json:

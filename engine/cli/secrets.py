@@ -17,6 +17,7 @@ from engine.core.protocol import tenant_namespace
 from engine.core.secrets import SECRET_NAME, check_secret_name
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError
+from .devstacks import state_dir_for
 from .render import console
 
 __all__ = ["add_secret_parser", "add_secrets_dir_option", "cmd_secret", "configure_secrets_dir"]
@@ -71,7 +72,11 @@ def add_secret_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("action", choices=("set", "list"), help="set: NAME's value from stdin; list: the names only")
     p.add_argument("tenant", metavar="TENANT", help="whose secret (a tenant of the queue configuration)")
     p.add_argument("name", nargs="?", metavar="NAME", help="with set: the secret's name")
-    p.add_argument("--state-dir", default=".gangflow", help="the dev stack's state dir (default .gangflow)")
+    p.add_argument(
+        "--state-dir",
+        help="the dev stack's state dir (default: that of the running 'gangflow dev' $GANGFLOW_ADDRESS names, or "
+        "of the only one running)",
+    )
     p.add_argument(
         "--api-key",
         metavar="TOKEN",
@@ -85,6 +90,7 @@ def _tenant_folder(args: argparse.Namespace) -> Path:
         namespace = tenant_namespace(tenant)
     except ValueError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    args.state_dir = state_dir_for(args.state_dir, f"gangflow secret {args.action}")
     _check_token(args, namespace)
     return Path(args.state_dir) / "secrets" / tenant
 

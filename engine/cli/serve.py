@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from temporalio.client import Client as TemporalClient
 from temporalio.client import WorkflowFailureError
@@ -24,7 +24,7 @@ from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError
 
 from engine.artifacts.store import default_artifact_root
-from engine.client import Client, load_workflow_file, prepare_run
+from engine.client import Client, load_workflow_file, prepare_run, to_jsonable
 from engine.core.definitions import WorkflowDefinition
 from engine.core.protocol import DEFAULT_TENANT, PLATFORM_NAMESPACE, TASK_QUEUE, TenantRoute, tenant_namespace
 from engine.core.resources import parse_memory
@@ -36,6 +36,7 @@ from engine.executor.process import spawn, stop_processes
 from engine.executor.standby import default_warm_modules
 from engine.runtime import DevServer, Endpoint, build_worker, connect, ensure_search_attributes, preload
 from engine.runtime.codec_server import CodecServer
+from engine.runtime.connection import CredentialsRefused
 from engine.runtime.encryption import keys_from_env
 from engine.runtime.keeper import keep_scheduler, start_scheduler
 from engine.runtime.node import DRAIN_TIMEOUT_S, NodeConfig, run_node
@@ -60,7 +61,8 @@ from .common import (
     until_signalled,
 )
 from .demo_tenants import TenantsDemo
-from .render import console, err_console, print_unwrapped, show_failure, show_status
+from .devstacks import recorded
+from .render import console, err_console, print_json, print_unwrapped, show_failure, show_status
 from .secrets import configure_secrets_dir
 
 __all__ = [
@@ -84,6 +86,8 @@ async def _connect(endpoint: Endpoint, wait: float = 30.0) -> TemporalClient:
     """Wait for a server that may still be booting (started beside this process), or fail with one line."""
     try:
         return await connect(endpoint, wait=wait)
+    except CredentialsRefused as exc:  # says why (an expired token: when), and is not retried
+        raise CliError(str(exc)) from None
     except RuntimeError as exc:
         raise CliError(f"cannot reach Temporal at {endpoint.address}: {exc}") from None
 
@@ -104,10 +108,12 @@ async def _serve(
     *,
     route: TenantRoute | None = None,
     platform: _Platform | None = None,
+    stopping: Callable[[], object] | None = None,
 ) -> None:
     """Run a worker until SIGINT / SIGTERM; ``ready`` runs once the worker polls (what needs one of its
-    workflows to answer, such as the Scheduler taking a queue configuration). A worker that is not a
-    tenant's starts the Scheduler before it polls and keeps it running (engine.runtime.keeper)."""
+    workflows to answer, such as the Scheduler taking a queue configuration); ``stopping`` as soon as the signal
+    comes, before the worker's own graceful shutdown. A worker that is not a tenant's starts the Scheduler before
+    it polls and keeps it running (engine.runtime.keeper)."""
     await ensure_search_attributes(temporal)
     preload(modules)
     workers = [build_worker(temporal, task_queue=task_queue, route=route)]
@@ -126,6 +132,8 @@ async def _serve(
             if ready is not None:
                 await ready()
             await stopped.wait()
+            if stopping is not None:
+                stopping()
     finally:
         if keeper is not None:
             keeper.cancel()
@@ -350,16 +358,24 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     namespace = PLATFORM_NAMESPACE if auth else "default"
     gateway_port = (args.port or free_port()) if auth else 0
     helpers: list[subprocess.Popen[bytes]] = []
+    stopped: list[asyncio.Future[None]] = []  # the helpers' stop, once the signal came
     gateway: Gateway | None = None
     try:
-        console.print(
-            f"[bold]gangflow dev[/]: Temporal on {server.address}" + (f", Web UI {server.ui_url}" if server.ui else "")
-        )
+        if auth:  # the port clients use first: the gateway's; Temporal's own is the platform's
+            print_unwrapped(
+                f"gangflow dev --auth: clients connect to the gateway on 127.0.0.1:{gateway_port}; Temporal on "
+                f"{server.address}, the platform's way in (the Scheduler and gangs in gangflow-system, the node agents)"
+            )
+        else:
+            console.print(
+                f"[bold]gangflow dev[/]: Temporal on {server.address}"
+                + (f", Web UI {server.ui_url}" if server.ui else "")
+            )
         if auth and not args.headless:
             print_unwrapped("  no Web UI with --auth: it would show every tenant's namespace without a token")
         print_unwrapped(f"state in {state}; in another shell:")
         if auth:
-            auth.show(f"127.0.0.1:{gateway_port}", server.address, state)
+            auth.show(f"127.0.0.1:{gateway_port}", state)
         else:
             # one line however narrow the terminal: a wrapped second line would be pasted as a separate command
             print_unwrapped(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
@@ -385,11 +401,18 @@ async def cmd_dev(args: argparse.Namespace) -> int:
                 await _wait_for_nodes(Client(temporal), args.nodes)
             console.print(_TRY)  # the ready line: the Scheduler runs, the agents registered, tenants can connect
 
-        await _serve(temporal, ready=ready, platform=platform)
+        def stopping() -> None:
+            # SIGTERM reaches this process alone (Ctrl-C reaches the terminal's whole process group): the
+            # helpers stop at once, beside this worker's own shutdown, not one after the other (over 27 s)
+            stopped.append(asyncio.ensure_future(asyncio.to_thread(stop_processes, helpers, _NODE_STOP_GRACE_S)))
+
+        # where `gangflow secret set` / `auth token` without --state-dir find this stack
+        with recorded(f"127.0.0.1:{gateway_port}" if auth else server.address, server.address, state):
+            await _serve(temporal, ready=ready, platform=platform, stopping=stopping)
     finally:
         # in a thread: the tenants' workers shut down through the gateway, which runs on this event loop (a
         # blocking wait here held their last calls until the grace ran out and they were killed)
-        await asyncio.to_thread(stop_processes, helpers, _NODE_STOP_GRACE_S)
+        await (stopped[0] if stopped else asyncio.to_thread(stop_processes, helpers, _NODE_STOP_GRACE_S))
         if gateway is not None:
             await gateway.stop()
         server.stop()
@@ -498,5 +521,23 @@ async def _demo_run(client: Client, ui_url: str | None, defn: WorkflowDefinition
         show_failure(run_id, error)
         return EXIT_FAILED
     show_status(await client.status(run_id), result=False)
-    console.print(defn.interface.output_from_wire(data))
+    # the demo's stack, its artifact store among it, is deleted as the demo exits: its last lines name the
+    # result's files (name, size) but not where they were
+    print_json(_forgotten(to_jsonable(data)))
+    console.print(
+        "the demo's throwaway stack and its files are deleted as it exits; a run on 'gangflow dev' keeps them",
+        soft_wrap=True,
+    )
     return EXIT_OK
+
+
+def _forgotten(wire: Any) -> Any:
+    """Wire data with each File / Directory reference as its kind, name and size only (its store is gone)."""
+    if isinstance(wire, dict):
+        if wire.get("kind") in ("file", "dir") and "uri" in wire and "sha256" in wire:
+            kind = "File" if wire["kind"] == "file" else "Directory"
+            return f"{kind} {wire.get('name')} ({wire.get('size')} bytes)"
+        return {k: _forgotten(v) for k, v in wire.items()}
+    if isinstance(wire, list):
+        return [_forgotten(v) for v in wire]
+    return wire

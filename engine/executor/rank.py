@@ -20,6 +20,7 @@ from engine.core.gang import RankContext, own_rank_env
 from engine.core.wire import Envelope
 from engine.errors import GangflowError
 from engine.executor.body import TaskBody
+from engine.executor.proctitle import set_process_title
 from engine.executor.standby import become_rank
 from engine.rank import progress
 from engine.types.codec import unpack
@@ -28,7 +29,11 @@ __all__ = ["main"]
 
 
 def _run(spec: dict[str, Any], rank: RankContext) -> None:
-    body = TaskBody(Envelope.decode(spec["envelope"]))
+    envelope = Envelope.decode(spec["envelope"])
+    # whose process this is, in ps and top: an adopted standby's arguments say only "--standby torch"
+    title = f"gangflow rank {rank.rank}/{rank.world_size} {envelope.code.qualname} attempt {rank.attempt}"
+    set_process_title(f"{title} run {envelope.run.run_id}")
+    body = TaskBody(envelope)
     plugin = body.defn.plugin
     if plugin is None:
         raise TypeError(f"{body.defn.name} is not a distributed task")

@@ -8,8 +8,13 @@ anything connects, and never printed."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import json
 import os
+import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -20,20 +25,29 @@ from temporalio.converter import DataConverter
 from temporalio.service import TLSConfig
 
 from engine.core.protocol import PIPELINE_ATTRIBUTE, SCHEDULED_BY_ATTRIBUTE, TENANT_ATTRIBUTE, tenant_namespace
-from engine.errors import InputError
+from engine.errors import GangflowError, InputError
 from engine.runtime.encryption import encrypting_converter, keys_from_env
 
 __all__ = [
+    "AUDIENCE_ENV",
     "CREDENTIAL_ENV",
     "DEFAULT_ADDRESS",
+    "DEFAULT_AUDIENCE",
+    "DEFAULT_ISSUER",
     "DEFAULT_NAMESPACE",
+    "ISSUER_ENV",
     "PIPELINE",
     "SCHEDULED_BY",
     "SEARCH_ATTRIBUTES",
     "TENANT",
+    "CredentialsRefused",
     "Endpoint",
     "connect",
+    "credentials_refused",
     "ensure_search_attributes",
+    "expected_audience",
+    "expected_issuer",
+    "token_problem",
 ]
 
 DEFAULT_ADDRESS = "localhost:7233"
@@ -43,6 +57,22 @@ PIPELINE = SearchAttributeKey.for_keyword(PIPELINE_ATTRIBUTE)
 TENANT = SearchAttributeKey.for_keyword(TENANT_ATTRIBUTE)
 SCHEDULED_BY = SearchAttributeKey.for_keyword(SCHEDULED_BY_ATTRIBUTE)  # Temporal's own: not ours to register
 SEARCH_ATTRIBUTES = {PIPELINE.name: "Keyword", TENANT.name: "Keyword"}
+
+
+#: the ``aud`` and ``iss`` a token must name (engine.runtime.tokens): read here too, where a client says why a
+#: server refused its token
+AUDIENCE_ENV, DEFAULT_AUDIENCE = "GANGFLOW_TOKEN_AUDIENCE", "gangflow"
+ISSUER_ENV, DEFAULT_ISSUER = "GANGFLOW_TOKEN_ISSUER", "gangflow-dev"
+
+
+def expected_audience() -> str:
+    """The ``aud`` a token must name (``$GANGFLOW_TOKEN_AUDIENCE``, default ``gangflow``)."""
+    return os.environ.get(AUDIENCE_ENV) or DEFAULT_AUDIENCE
+
+
+def expected_issuer() -> str:
+    """The ``iss`` a token must name (``$GANGFLOW_TOKEN_ISSUER``, default ``gangflow-dev``)."""
+    return os.environ.get(ISSUER_ENV) or DEFAULT_ISSUER
 
 
 #: the environment variables that hold a process's credentials: a node agent keeps them out of its ranks
@@ -130,9 +160,80 @@ def _read(path: str, option: str) -> bytes:
     return data
 
 
+class CredentialsRefused(GangflowError, RuntimeError):
+    """The server (or the dev stack's gateway) refused the credentials: ``PermissionDenied`` or
+    ``Unauthenticated`` on connecting. A RuntimeError as well, what ``connect`` raised before for it."""
+
+    kind = "CredentialsRefused"
+
+
+#: the status codes a refusal of the credentials comes with (gRPC's names, as the SDK's core spells them)
+_REFUSED = ("PermissionDenied", "Unauthenticated", "PERMISSION_DENIED", "UNAUTHENTICATED")
+
+
+def _utc(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ago(seconds: float) -> str:
+    minutes = seconds / 60
+    return f"{seconds:.0f} s" if seconds < 120 else f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.1f} h"
+
+
+def token_problem(api_key: str | None, now: float | None = None) -> str | None:
+    """Why a server would refuse ``api_key``, as far as its claims tell without the server's keys (read, never
+    verified): none given, not a JWT, expired (when), not valid yet, no expiry, another audience or issuer than
+    gangflow's verifiers expect (engine.runtime.tokens). None when the claims look right: only the signature is
+    left, the server's to check."""
+    if not api_key:
+        return "no token was given (--api-key or $GANGFLOW_API_KEY)"
+    parts = api_key.split(".")
+    try:
+        if len(parts) != 3:
+            raise ValueError("not three parts")
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        if not isinstance(claims, dict):
+            raise ValueError("claims that are not an object")
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        return "the API key is not a JWT (a token has three base64url parts separated by dots)"
+    now = time.time() if now is None else now
+    exp, nbf = claims.get("exp"), claims.get("nbf")
+    if not isinstance(exp, int | float):
+        return 'the token has no expiry (an "exp" claim): none is valid forever'
+    if exp <= now:
+        return f"token expired at {_utc(exp)} ({_ago(now - exp)} ago)"
+    if isinstance(nbf, int | float) and nbf > now:
+        return f"token not valid before {_utc(nbf)}"
+    audience, issuer = expected_audience(), expected_issuer()
+    aud = claims.get("aud")
+    if aud is not None and audience not in (aud if isinstance(aud, list) else [aud]):
+        return f"the token is for audience {aud!r}, not {audience!r} (${AUDIENCE_ENV})"
+    if claims.get("iss") not in (None, issuer):
+        return f"the token is from issuer {claims.get('iss')!r}, not {issuer!r} (${ISSUER_ENV})"
+    return None
+
+
+#: what is left when the claims look right
+_SIGNATURE = (
+    "its claims (expiry, audience, issuer) look valid, so the server did not accept its signature: a token "
+    "signed by another key (another stack's?) or altered"
+)
+
+
+def credentials_refused(error: BaseException | str, endpoint: Endpoint) -> CredentialsRefused | None:
+    """``error`` as "Temporal at ADDRESS refused the credentials: <why>" when it is a refusal of them
+    (``PermissionDenied`` / ``Unauthenticated`` on connecting), else None."""
+    text = str(error)
+    if not any(code in text for code in _REFUSED):
+        return None
+    why = token_problem(endpoint.api_key) or _SIGNATURE
+    return CredentialsRefused(f"Temporal at {endpoint.address} refused the credentials: {why}")
+
+
 async def connect(endpoint: Endpoint, *, wait: float = 0.0) -> Client:
     """Connect; with ``wait`` > 0 keep trying that many seconds (a worker started beside a server that
-    is still booting, or restarting, should wait for it rather than exit)."""
+    is still booting, or restarting, should wait for it rather than exit). Refused credentials are not
+    retried: CredentialsRefused saying why (an expired token, when)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while True:
@@ -144,7 +245,10 @@ async def connect(endpoint: Endpoint, *, wait: float = 0.0) -> Client:
                 tls=endpoint.tls or False,
                 data_converter=encrypting_converter(DataConverter.default, dict(endpoint.encryption)),
             )
-        except RuntimeError:
+        except RuntimeError as exc:
+            refused = credentials_refused(exc, endpoint)
+            if refused is not None:
+                raise refused from None
             if loop.time() >= deadline:
                 raise
             await asyncio.sleep(0.25)

@@ -45,7 +45,7 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowUpdateFailedError
-from temporalio.exceptions import ApplicationError, TemporalError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, TemporalError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
@@ -392,7 +392,11 @@ def _own_env() -> dict[str, str]:
 def _preempted(noticed: DeliveredNotice, node_id: str, *, killed: bool) -> ApplicationError:
     """How a preempted attempt ends on this node, whatever the ranks' exit codes: GangTask requeues it."""
     message, details = noticed.report(node_id, killed=killed)
-    return ApplicationError(message, details, type=PREEMPTED_TYPE, non_retryable=True)
+    # benign: the SDK logs it at debug, not as a warning with a traceback (a drain or a reclaim is no fault;
+    # the Scheduler and the gang's attempts say why it ended)
+    return ApplicationError(
+        message, details, type=PREEMPTED_TYPE, non_retryable=True, category=ApplicationErrorCategory.BENIGN
+    )
 
 
 def _relay(plan: NodePlan, gang: NodeGang) -> LauncherRelay:
@@ -435,7 +439,8 @@ async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> N
         # heartbeats carry cancellation: keep them frequent so a cancel kills the ranks within ~1 s
         max_heartbeat_throttle_interval=timedelta(seconds=1),
         default_heartbeat_throttle_interval=timedelta(seconds=1),
-        graceful_shutdown_timeout=timedelta(seconds=STOP_GRACE_S + 2),
+        # drain_timeout_s 0 stops at once (gangflow dev stopping whole): the ranks are stopped now, not after this
+        graceful_shutdown_timeout=timedelta(seconds=STOP_GRACE_S + 2 if config.drain_timeout_s > 0 else 0),
     )
     try:
         async with worker:

@@ -35,6 +35,14 @@ from jwt.algorithms import RSAAlgorithm
 from engine.core.atomic import write_atomic
 from engine.core.protocol import PLATFORM_NAMESPACE, tenant_namespace
 from engine.errors import GangflowError
+from engine.runtime.connection import (  # where a client reads them too, without this module's PyJWT
+    AUDIENCE_ENV,
+    DEFAULT_AUDIENCE,
+    DEFAULT_ISSUER,
+    ISSUER_ENV,
+    expected_audience,
+    expected_issuer,
+)
 
 __all__ = [
     "AUDIENCE_ENV",
@@ -60,19 +68,6 @@ ROLES = {"worker": 1, "read": 2, "write": 4, "admin": 8}
 #: permissions on this "namespace" are the caller's roles on the whole cluster (the claim mapper's rule)
 SYSTEM_NAMESPACE = "temporal-system"
 DEFAULT_TTL_S = 86400
-AUDIENCE_ENV, DEFAULT_AUDIENCE = "GANGFLOW_TOKEN_AUDIENCE", "gangflow"
-ISSUER_ENV, DEFAULT_ISSUER = "GANGFLOW_TOKEN_ISSUER", "gangflow-dev"
-
-
-def expected_audience() -> str:
-    """The ``aud`` a token must name (``$GANGFLOW_TOKEN_AUDIENCE``, default ``gangflow``)."""
-    return os.environ.get(AUDIENCE_ENV) or DEFAULT_AUDIENCE
-
-
-def expected_issuer() -> str:
-    """The ``iss`` a token must name (``$GANGFLOW_TOKEN_ISSUER``, default ``gangflow-dev``)."""
-    return os.environ.get(ISSUER_ENV) or DEFAULT_ISSUER
-
 
 _KEY_FILE, _JWKS_FILE = "dev-key.pem", "jwks.json"
 

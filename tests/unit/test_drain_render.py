@@ -48,6 +48,8 @@ def test_queue_shows_drained_nodes_and_who_is_being_preempted_for_what(
     show_queue(policy.describe(), now=2013.0)
     out = capsys.readouterr().out
     assert "drained: maintenance" in out
+    # node a holds a1 and a2 while they leave: none of its GPUs idle; b is up and full
+    assert "drained: 0/2 idle" in out and "0/2 " in out
     assert out.count("preempting: drain of node a, 12 s of 120 s grace") == 2
     assert "preempting: reclaim by b1 of team-b, 13 s of 120 s grace" in out
     assert "a is drained (maintenance): waiting for an operator to undrain it" in out
