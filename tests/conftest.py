@@ -365,7 +365,7 @@ class AuthStack:
         cmd += ["--headless", "--port", str(port), "--ui-port", str(free_port()), "--state-dir", str(state)]
         with open(log, "w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # a loaded 2-core machine took over 60 s
         while "gangflow run" not in log.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)

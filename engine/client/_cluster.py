@@ -316,6 +316,8 @@ _NO_SCHEDULER = (
     "no Scheduler is running here: the worker of this namespace starts it ('gangflow worker', 'gangflow dev'), "
     "and so do a node agent and gangflow queues apply FILE"
 )
+
+
 def _scheduler_answered(view: Mapping[str, Any]) -> None:
     """NoScheduler when the platform's look found no Scheduler answering (its reason)."""
     if view.get("scheduler"):
