@@ -9,13 +9,14 @@ import argparse
 
 from rich.markup import escape
 from temporalio.exceptions import TemporalError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
+from engine.core.protocol import PLATFORM_NAMESPACE
 from engine.errors import GangflowError, InputError, NodeNotFoundError
 from engine.scheduling.config import QueueConfigError
 from engine.scheduling.events import drain_request
 
-from .common import EXIT_BAD_INPUT, EXIT_OK, CliError, client_for, queue_file_error, read_queue_file
+from .common import EXIT_BAD_INPUT, EXIT_OK, CliError, client_for, queue_file_error, read_queue_file, refused
 from .render import console, err_console, print_answer, print_json, show_drain, show_queue, show_queues, show_release
 from .serve import cmd_node
 
@@ -44,8 +45,20 @@ async def cmd_cluster(args: argparse.Namespace) -> int:
     client = await client_for(args)
     try:
         data = await client.queue()
-    except (RPCError, TemporalError) as exc:
-        raise CliError(f"no scheduler answered ({exc}); are node agents running?") from None
+    except RPCError as exc:
+        if exc.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+            raise refused(exc, args) from None
+        if exc.status == RPCStatusCode.NOT_FOUND:  # not a tenant's namespace: the Scheduler would be here
+            raise CliError(
+                f"no Scheduler is running in namespace {client.temporal.namespace}: the platform's worker starts it "
+                f"('gangflow worker', 'gangflow dev'); in the isolated layout it runs in {PLATFORM_NAMESPACE}, "
+                "which a tenant reaches with GANGFLOW_NAMESPACE='gf-{tenant}' and its own token"
+            ) from None
+        raise CliError(f"the Scheduler did not answer: {exc.message}") from None
+    except GangflowError as exc:  # a tenant's look through its endpoint: the truth of why it got no answer
+        raise CliError(str(exc)) from None
+    except TemporalError as exc:
+        raise CliError(f"the Scheduler did not answer: {exc}") from None
     if args.json:
         print_json(data)
     else:
@@ -81,10 +94,13 @@ async def cmd_queues(args: argparse.Namespace) -> int:
         client = await client_for(args)
         try:
             data = await client.queues()
+        except RPCError as exc:
+            raise refused(exc, args) from None
         except GangflowError as exc:
             raise CliError(str(exc)) from None
     if args.json:
-        print_json({"tenants": data.get("tenants") or {}})
+        view = {"tenant_view": data["tenant_view"]} if data.get("tenant_view") else {}
+        print_json({"tenants": data.get("tenants") or {}, **view})
     else:
         show_queues(data)
     return EXIT_OK

@@ -61,6 +61,7 @@ _STYLE = {
     "RUNNING": "cyan",
     "running": "cyan",
     "scheduled": "cyan",
+    "waiting": "magenta",
     "FAILED": "red",
     "failed": "red",
     "TIMED_OUT": "red",
@@ -355,6 +356,12 @@ def show_queues(data: Mapping[str, Any]) -> None:
         console.print("no tenants")
         return
     configured = _configured(data)
+    if data.get("tenant_view"):
+        console.print(
+            f"{escape(str(data['tenant_view']))}'s queue, through its Nexus endpoint (other tenants' rows are the "
+            "platform's)",
+            soft_wrap=True,
+        )
     table = Table(title="tenants", show_edge=False, header_style="bold")
     table.add_column("tenant", no_wrap=True)
     for column in ("nominal", "used", "borrowed", "lent"):
@@ -471,22 +478,13 @@ def _preempting(g: Mapping[str, Any], now: float) -> str:
 
 def show_queue(data: dict[str, Any], now: float | None = None) -> None:
     """``gangflow cluster``: nodes (drained ones with their reason), tenants, running gangs (those being
-    preempted with why and how much of their grace is gone; ``now``: epoch seconds), the pending queue."""
+    preempted with why and how much of their grace is gone; ``now``: epoch seconds), the pending queue. A
+    tenant's view (the isolated layout: ``"tenant_view"``) has no nodes and says so."""
     now = time.time() if now is None else now
-    nodes = Table(title="nodes", show_edge=False, header_style="bold")
-    nodes.add_column("node", no_wrap=True, overflow="fold")  # ids are copied into other commands: never "…"
-    for column in ("address", "state", "sandbox", "GPUs free/total", "free ids", "CPUs free/total", "gangs"):
-        nodes.add_column(column, overflow="fold")
-    for n in data.get("nodes", []):
-        nodes.add_row(
-            n["node_id"],
-            n["address"],
-            _node_state(n),
-            "yes" if n.get("sandboxed") else "no",  # an older Scheduler does not say: its agents did not sandbox
-            *_capacity(n),
-            ", ".join(n["gangs"]),
-        )
-    console.print(nodes if data.get("nodes") else "no nodes registered")
+    if data.get("tenant_view"):
+        _tenant_view_header(data)
+    else:
+        _nodes_table(data)
     # Older Schedulers have no tenants, priorities or preemption: every such key is optional.
     if isinstance(data.get("tenants"), Mapping) and data["tenants"]:
         console.print(_tenant_summary(data["tenants"]))
@@ -517,3 +515,33 @@ def show_queue(data: dict[str, Any], now: float | None = None) -> None:
                 escape(q.get("reason") or ""),
             )
         console.print(pending)
+
+
+def _nodes_table(data: Mapping[str, Any]) -> None:
+    nodes = Table(title="nodes", show_edge=False, header_style="bold")
+    nodes.add_column("node", no_wrap=True, overflow="fold")  # ids are copied into other commands: never "…"
+    for column in ("address", "state", "sandbox", "GPUs free/total", "free ids", "CPUs free/total", "gangs"):
+        nodes.add_column(column, overflow="fold")
+    for n in data.get("nodes", []):
+        nodes.add_row(
+            n["node_id"],
+            n["address"],
+            _node_state(n),
+            "yes" if n.get("sandboxed") else "no",  # an older Scheduler does not say: its agents did not sandbox
+            *_capacity(n),
+            ", ".join(n["gangs"]),
+        )
+    console.print(nodes if data.get("nodes") else "no nodes registered")
+
+
+def _tenant_view_header(data: Mapping[str, Any]) -> None:
+    """What a tenant's ``gangflow cluster`` says first: whose view it is and what it leaves out."""
+    tenant, totals = data["tenant_view"], data.get("totals") or {}
+    console.print(
+        f"{escape(str(tenant))}'s view, through its Nexus endpoint: its own gangs and quota only (the nodes and "
+        "other tenants' gangs are the platform's: ask the platform operator); the cluster has "
+        f"{totals.get('alive_nodes', '?')} alive node(s), {totals.get('gpus_total', '?')} GPU(s) in all",
+        soft_wrap=True,
+    )
+    if not data.get("running") and not data.get("pending"):
+        console.print(f"no gang of {escape(str(tenant))} is running or pending")

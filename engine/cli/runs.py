@@ -9,14 +9,14 @@ import contextlib
 
 from rich.markup import escape
 from temporalio.client import WorkflowFailureError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from engine.client import RunInfo, TenancyError, load_workflow_file, prepare_run, to_jsonable
 from engine.core.plugins import available_plugins, load_plugin
 from engine.errors import DefinitionError, GangflowError
 
 from .cache import cache_mode
-from .common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError, client_for, follow
+from .common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError, client_for, follow, refused
 from .params import RunArgv, check_collisions, check_missing, parse_params
 from .ranks import rank_views, with_ranks
 from .render import console, print_answer, print_json, run_json, show_failure, show_ranks, show_runs, show_status
@@ -78,6 +78,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
     try:
         info = await client.status(args.run_id)
     except RPCError as exc:
+        if exc.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+            raise refused(exc, args) from None
         raise CliError(f"run {args.run_id!r}: {exc.message}") from None
     views = await rank_views(client, info)
 

@@ -220,33 +220,58 @@ class Client(ClusterClient):
         if with_tasks:
             info.tasks, info.error = await read_tasks(handle, self.temporal.data_converter.payload_codec)
             store = ArtifactStore(info.artifacts or self.artifacts)
+            looked = await self._platform_gangs(run_id, info.tasks) if status == "RUNNING" else {}
             for record in info.tasks:
                 if record.kind == "gang" and record.status != "cached":  # a cache hit launched no gang
-                    await self._gang_attempts(record, run_id, store)
+                    await self._gang_attempts(record, run_id, store, looked.get(record.call or ""))
         if desc.status == WorkflowExecutionStatus.COMPLETED:
             info.result = unpack(await handle.result())
         elif desc.status == WorkflowExecutionStatus.RUNNING:
             info.progress = await self.progress(run_id)
         return info
 
-    async def _gang_attempts(self, record: TaskRecord, run_id: str, store: ArtifactStore) -> None:
+    async def _platform_gangs(self, run_id: str, tasks: list[TaskRecord]) -> dict[str, dict[str, Any]]:
+        """The open gangs of a run in a tenant's namespace, which live in the platform's (behind the tenant's
+        Nexus endpoint, so no child id here): their GangTasks' status by call, read through ``tenant_view``.
+        A look that gets no answer says why in each such record's detail, and leaves its status as it is."""
+        calls = [
+            r.call
+            for r in tasks
+            if r.kind == "gang" and r.child_id is None and r.call and r.status in ("scheduled", "running")
+        ]
+        if not calls or self.tenant() is None:
+            return {}
+        try:
+            view = await self.tenant_view(run_id=run_id, calls=calls)
+        except GangflowError as exc:
+            for record in tasks:
+                if record.call in calls:
+                    record.detail = f"its state is unknown: {exc}"
+            return {}
+        gangs: dict[str, dict[str, Any]] = view.get("gangs") or {}
+        return gangs
+
+    async def _gang_attempts(
+        self, record: TaskRecord, run_id: str, store: ArtifactStore, looked: dict[str, Any] | None = None
+    ) -> None:
         """A distributed task call's attempts (``record.attempts``, its last one ``record.attempt``) and, while
-        it runs, its gang's phase (``record.detail``).
+        it runs, its gang's phase (``record.detail``) and whether it holds a placement (status "waiting" until
+        it does). ``looked``: its status as the platform answered the tenant's look (``_platform_gangs``).
 
         How each attempt ended is the GangTask's judgement: a running gang answers its status query; a finished
         one keeps the list in its memo, read by ``describe`` with no worker to replay it (a gang from before the
         memo: the query, if a worker answers). A tenant's gang in the isolated layout lives in the platform's
-        namespace, out of the tenant's reach: its failure, in the run's own history, names its failed attempts.
+        namespace: while it runs, the tenant's look through its endpoint answers for it; once it has finished,
+        its failure, in the run's own history, names its failed attempts.
         Steps, and times where nothing else says, come from what the node agents saved in the run's store
         (``engine.runtime.ranks``), which every layout can read."""
         recorded: list[dict[str, Any]] | None = None
+        live: dict[str, Any] | None = looked
         if record.child_id:
             gang = self.temporal.get_workflow_handle(record.child_id)
             if record.status in ("scheduled", "running"):
                 with contextlib.suppress(RPCError, TemporalError):
-                    answer = await gang.query(STATUS_QUERY)
-                    record.detail = answer.get("phase")
-                    recorded = answer.get("attempts")
+                    live = await gang.query(STATUS_QUERY)
             else:
                 with contextlib.suppress(RPCError, TemporalError):
                     recorded = await (await gang.describe()).memo_value(ATTEMPTS_MEMO, None)
@@ -254,6 +279,11 @@ class Client(ClusterClient):
                     with contextlib.suppress(RPCError, TemporalError):
                         answer = await gang.query(STATUS_QUERY, rpc_timeout=_REPLAY_QUERY_TIMEOUT)
                         recorded = answer.get("attempts")
+        if isinstance(live, dict) and record.status in ("scheduled", "running"):
+            record.detail = live.get("phase")
+            recorded = live.get("attempts")
+            if record.status == "running" and not live.get("placement"):
+                record.status = "waiting"  # its GangTask runs, its ranks do not: it waits for the Scheduler
         if not isinstance(recorded, list):
             recorded = failure_attempts(record.error)
         saved: dict[int, list[dict[str, Any]]] = {}

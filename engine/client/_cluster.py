@@ -1,11 +1,16 @@
 """The cluster half of the client: the Scheduler's view (nodes, gangs, queue configuration) and the operators'
 commands on it (apply a queue configuration, drain a node, release a gang). ``Client`` inherits it, so one
-connection answers both halves."""
+connection answers both halves.
+
+In the isolated layout a tenant's namespace (``gf-<tenant>``) holds no Scheduler, and the tenant's
+credentials cannot read the platform namespace that does: ``queue()``, ``queues()`` and ``Client.status``
+then look through the tenant's Nexus endpoint (``tenant_view``), which answers with the tenant's own rows."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -14,22 +19,29 @@ from typing import Any
 from temporalio.client import Client as TemporalClient
 from temporalio.client import (
     WorkflowExecutionStatus,
+    WorkflowFailureError,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
-from temporalio.exceptions import ApplicationError, TemporalError
+from temporalio.exceptions import ApplicationError, NexusOperationError, TemporalError
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
 
 from engine.core.protocol import (
     APPLY_QUEUES_UPDATE,
     DESCRIBE_QUERY,
     DRAIN_NODE_UPDATE,
+    PLATFORM_NAMESPACE,
     QUEUES_QUERY,
     RELEASE_SIGNAL,
     RUN_RANKS,
     SCHEDULER_ID,
     STATUS_QUERY,
+    TENANT_VIEW_PREFIX,
+    TENANT_VIEW_TYPE,
+    gang_endpoint,
+    tenant_of_namespace,
 )
 from engine.errors import GangflowError, InputError, NodeNotFoundError
 from engine.runtime.keeper import start_scheduler
@@ -38,6 +50,8 @@ from engine.scheduling.events import drain_request
 
 __all__ = ["ClusterClient", "NoScheduler"]
 
+#: how long a look through the tenant's endpoint may take (a workflow task, a Nexus call, the queries)
+_VIEW_TIMEOUT = timedelta(seconds=15)
 #: how long a query to the Scheduler may take before it counts as not answering (no worker runs it)
 _SCHEDULER_RPC_TIMEOUT = timedelta(seconds=10)
 
@@ -69,14 +83,78 @@ class ClusterClient:
         return info
 
     async def queue(self) -> dict[str, Any]:
-        """The Scheduler's view: nodes, free and used GPUs, running gangs, the pending queue."""
+        """The Scheduler's view: nodes, free and used GPUs, running gangs, the pending queue. In a tenant's
+        namespace of the isolated layout, the tenant's part of it (``tenant_view``: its gangs and its row, no
+        nodes, ``"tenant_view": TENANT``); NoScheduler when the platform runs none, GangflowError when the
+        look gets no answer."""
         handle = self.temporal.get_workflow_handle(SCHEDULER_ID)
-        described: dict[str, Any] = await handle.query(DESCRIBE_QUERY)
+        try:
+            described: dict[str, Any] = await handle.query(DESCRIBE_QUERY)
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND or self.tenant() is None:
+                raise
+            view = await self.tenant_view(cluster=True)
+            _scheduler_answered(view)
+            described = view["cluster"]
         return described
+
+    def tenant(self) -> str | None:
+        """The tenant whose namespace this client is in (``gf-team-a`` → ``team-a``), else None."""
+        return tenant_of_namespace(self.temporal.namespace)
+
+    async def tenant_view(
+        self,
+        *,
+        run_id: str = "",
+        calls: list[str] | None = None,
+        cluster: bool = False,
+        queues: bool = False,
+        timeout: timedelta = _VIEW_TIMEOUT,
+    ) -> dict[str, Any]:
+        """What the platform holds of this namespace's tenant, read through the tenant's Nexus endpoint (the
+        isolated layout): ``{"tenant", "namespace", "scheduler": None or why it did not answer, "cluster"``
+        (with ``cluster``: ``queue()``'s shape, the tenant's rows only)``, "queues"`` (with ``queues``)``,
+        "gangs": {call: status}}``, ``gangs`` for the calls of ``run_id`` the platform holds (each the
+        GangTask's status query answer, with ``state``: "waiting" or "running").
+
+        Only a workflow calls Nexus here, so this starts one (``GangflowTenantView``) in the tenant's
+        namespace, which the tenant's worker runs: it takes the tenant's write role, and some 0.1 to 0.5 s.
+        GangflowError with the truth when the look gets no answer: the credentials may not read the platform
+        namespace, and what stopped the look (no tenant worker, a platform without this operation)."""
+        tenant = self.tenant()
+        if tenant is None:
+            raise GangflowError(
+                f"namespace {self.temporal.namespace!r} is no tenant's (gf-<tenant>): its Scheduler is asked directly"
+            )
+        out_of_reach = (
+            f"{tenant}'s credentials may not read the platform namespace ({PLATFORM_NAMESPACE}), and its look "
+            f"through its Nexus endpoint {gang_endpoint(tenant)} got no answer"
+        )
+        payload = {"run_id": run_id, "calls": list(calls or []), "cluster": cluster, "queues": queues}
+        try:
+            handle = await self.temporal.start_workflow(
+                TENANT_VIEW_TYPE,
+                payload,
+                id=f"{TENANT_VIEW_PREFIX}{uuid.uuid4().hex}",
+                task_queue=self.task_queue,
+                execution_timeout=timeout,
+                result_type=dict,
+            )
+            answer: dict[str, Any] = await handle.result()
+        except WorkflowFailureError as exc:
+            raise GangflowError(f"{out_of_reach}: {_view_failure(exc, tenant, self.task_queue, timeout)}") from None
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.PERMISSION_DENIED:
+                raise GangflowError(
+                    f"{out_of_reach}: Temporal refused to start the look in {self.temporal.namespace} "
+                    f"({exc.message}; it needs the write role there); ask the platform operator"
+                ) from None
+            raise GangflowError(f"{out_of_reach}: {exc.message}") from None
+        return answer
 
     async def _scheduler_query(self, name: str) -> dict[str, Any]:
         """A query to the Scheduler; NoScheduler when none runs here (or it predates the query),
-        GangflowError when it does not answer."""
+        GangflowError when it does not answer, the RPCError when Temporal refuses the credentials."""
         try:
             answer: dict[str, Any] = await self.temporal.get_workflow_handle(SCHEDULER_ID).query(
                 name, rpc_timeout=_SCHEDULER_RPC_TIMEOUT
@@ -84,6 +162,8 @@ class ClusterClient:
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 raise NoScheduler(_NO_SCHEDULER) from None
+            if exc.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+                raise  # the credentials' fault, not the Scheduler's: the caller says so
             raise GangflowError(f"the Scheduler did not answer ({exc.message}); is a worker running?") from None
         except WorkflowQueryFailedError as exc:
             if "expected but not found" in str(exc):  # a Scheduler from before this query existed
@@ -97,9 +177,20 @@ class ClusterClient:
 
     async def queues(self) -> dict[str, Any]:
         """Per tenant: nominal quota, used, borrowed and lent resources, pending gangs and fair share
-        (``{"tenants": {NAME: {...}}, "config": {...}}``, the Scheduler's "queues" query). Raises
-        GangflowError when no Scheduler runs or answers."""
-        return await self._scheduler_query(QUEUES_QUERY)
+        (``{"tenants": {NAME: {...}}, "config": {...}}``, the Scheduler's "queues" query); in a tenant's
+        namespace of the isolated layout, that tenant's row alone (``tenant_view``). Raises GangflowError when
+        no Scheduler runs or answers."""
+        try:
+            return await self._scheduler_query(QUEUES_QUERY)
+        except NoScheduler:
+            if self.tenant() is None:
+                raise
+        view = await self.tenant_view(queues=True)
+        _scheduler_answered(view)
+        queues: dict[str, Any] | None = view.get("queues")
+        if queues is None:
+            raise GangflowError(f"the Scheduler in {PLATFORM_NAMESPACE} did not answer {self.tenant()}'s look")
+        return queues
 
     async def apply_queues(
         self, config: QueueConfig | Mapping[str, Any] | str | Path, *, task_queue: str | None = None
@@ -225,6 +316,31 @@ _NO_SCHEDULER = (
     "no Scheduler is running here: the worker of this namespace starts it ('gangflow worker', 'gangflow dev'), "
     "and so do a node agent and gangflow queues apply FILE"
 )
+
+
+def _scheduler_answered(view: Mapping[str, Any]) -> None:
+    """NoScheduler when the platform's look found no Scheduler answering (its reason)."""
+    if view.get("scheduler"):
+        raise NoScheduler(f"the platform namespace ({PLATFORM_NAMESPACE}) says: {view['scheduler']}")
+
+
+def _view_failure(exc: WorkflowFailureError, tenant: str, task_queue: str, timeout: timedelta) -> str:
+    """Why a look failed, in the user's terms."""
+    cause = exc.cause
+    if isinstance(cause, TemporalTimeoutError):
+        return (
+            f"no worker of {tenant} took it within {timeout.total_seconds():g} s (is 'gangflow worker "
+            f"--tenant {tenant}' running on queue {task_queue!r}, and recent enough to know "
+            f"{TENANT_VIEW_TYPE}?); ask the platform operator"
+        )
+    if isinstance(cause, NexusOperationError):
+        why = str(cause.cause or cause)
+        return f"the platform's endpoint failed it ({why}); ask the platform operator"
+    if isinstance(cause, ApplicationError):
+        return cause.message
+    return str(cause or exc)
+
+
 #: how long ``apply_queues`` waits for the Scheduler to take a configuration (its worker may be starting)
 _APPLY_TIMEOUT = timedelta(seconds=30)
 

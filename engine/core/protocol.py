@@ -63,6 +63,8 @@ __all__ = [
     "TENANT_MAX_LENGTH",
     "TENANT_UID_BASE",
     "TENANT_UID_SPAN",
+    "TENANT_VIEW_PREFIX",
+    "TENANT_VIEW_TYPE",
     "TenantRoute",
     "TenantUser",
     "check_tenant",
@@ -73,6 +75,7 @@ __all__ = [
     "parse_hit_id",
     "scheduler_input",
     "tenant_namespace",
+    "tenant_of_namespace",
     "tenant_of_queue",
     "tenant_user",
 ]
@@ -145,6 +148,24 @@ def tenant_user(tenant: str) -> TenantUser:
 # -- the platform's Nexus service (workflows/platform.py holds its operation types) ---------------
 GANGS_SERVICE = "gangflow.Gangs"
 GANGS_QUEUE_PREFIX = "gangs/"
+
+
+#: the workflow a tenant's client starts in its own namespace to read, through its endpoint, what the platform
+#: holds of that tenant (its gangs' states and its queue rows): ``gangflow status``, ``cluster``, ``queues show``
+TENANT_VIEW_TYPE = "GangflowTenantView"
+#: its workflow ids (one per look, closed within seconds; ``gangflow list`` shows runs only)
+TENANT_VIEW_PREFIX = "gangflow-view-"
+
+
+def tenant_of_namespace(namespace: str) -> str | None:
+    """``gf-team-a`` → ``team-a``: the tenant whose namespace this is, or None (the platform's, ``default``)."""
+    tenant = namespace.removeprefix("gf-")
+    if tenant == namespace:
+        return None
+    try:
+        return check_tenant(tenant)
+    except ValueError:
+        return None
 
 
 def gang_endpoint(tenant: str) -> str:

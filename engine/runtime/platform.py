@@ -6,24 +6,36 @@ The Scheduler's owner check (``engine.runtime.owners``) cancels the gangs whose 
 The handler trusts nothing a tenant sends about who it is: the tenant comes from the task queue its endpoint
 targets (``gangs/<tenant>``, set by the operator), and the run's tenant and artifact root in the task's
 envelope are overwritten with that tenant and the root the platform pins for it before the GangTask starts.
+The same goes for ``view`` (a tenant's look at its gangs and queue rows): the gangs it reads are the endpoint
+tenant's by their ids, and the Scheduler's answers are cut to that tenant's rows
+(``engine.scheduling.tenant_view``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import timedelta
+from typing import Any
 
 import nexusrpc
-from nexusrpc.handler import service_handler
+from nexusrpc.handler import StartOperationContext, service_handler, sync_operation
 from temporalio import nexus
 from temporalio.api.nexus.v1 import EndpointSpec, EndpointTarget
 from temporalio.api.operatorservice.v1 import CreateNexusEndpointRequest, ListNexusEndpointsRequest
 from temporalio.client import Client
+from temporalio.exceptions import TemporalError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from engine.core.protocol import (
+    DESCRIBE_QUERY,
     GANG_TYPE,
     PLATFORM_NAMESPACE,
+    QUEUES_QUERY,
+    SCHEDULER_ID,
+    STATUS_QUERY,
     TASK_QUEUE,
     gang_endpoint,
     gangs_queue,
@@ -33,14 +45,19 @@ from engine.core.protocol import (
 from engine.core.wire import Envelope
 from engine.errors import GangflowError
 from engine.runtime.owners import CALLER_MEMO
-from workflows.platform import GangCall, GangService
+from engine.scheduling.tenant_view import own_cluster, own_gang, own_queues
+from workflows.platform import GangCall, GangService, ViewRequest
 
 __all__ = [
     "GangServiceHandler",
     "artifacts_for",
     "build_gang_workers",
     "ensure_endpoints",
+    "tenant_view",
 ]
+
+#: each query of one look: the whole look answers within Nexus's 10 s for a sync operation
+_LOOK_TIMEOUT = timedelta(seconds=4)
 
 
 def artifacts_for(template: str) -> Callable[[str], str]:
@@ -90,6 +107,50 @@ class GangServiceHandler:
             },
             static_summary=f"{tenant}: {spec.task}: {spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)",
         )
+
+    @sync_operation
+    async def view(self, ctx: StartOperationContext, request: ViewRequest) -> dict[str, Any]:
+        tenant = tenant_of_queue(nexus.info().task_queue)
+        if tenant is None:
+            raise _refuse(f"task queue {nexus.info().task_queue!r} belongs to no tenant")
+        return await tenant_view(nexus.client(), tenant, request)
+
+
+async def _query(client: Client, workflow_id: str, name: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(answer, None), or (None, why not): ``"absent"`` for no such workflow, else the error."""
+    try:
+        answer = await client.get_workflow_handle(workflow_id).query(name, rpc_timeout=_LOOK_TIMEOUT)
+    except RPCError as exc:
+        return None, "absent" if exc.status == RPCStatusCode.NOT_FOUND else exc.message
+    except TemporalError as exc:
+        return None, str(exc)
+    return (answer, None) if isinstance(answer, dict) else (None, f"an answer of type {type(answer).__name__}")
+
+
+async def tenant_view(client: Client, tenant: str, request: ViewRequest) -> dict[str, Any]:
+    """What the platform holds of ``tenant`` (taken from the endpoint by the caller of this), as
+    ``{"tenant", "namespace", "scheduler": None | why it did not answer, "cluster"?, "queues"?, "gangs":
+    {call: own_gang(...)}}``. A gang of the run that the platform does not hold is left out of ``gangs``."""
+    calls = list(dict.fromkeys(request.calls))
+    looks = [_query(client, SCHEDULER_ID, DESCRIBE_QUERY)]
+    looks += [_query(client, f"{tenant}:{request.run_id}.{call}", STATUS_QUERY) for call in calls]
+    if request.queues:
+        looks.append(_query(client, SCHEDULER_ID, QUEUES_QUERY))
+    answers = await asyncio.gather(*looks)
+    (described, why), gangs = answers[0], answers[1 : 1 + len(calls)]
+    out: dict[str, Any] = {"tenant": tenant, "namespace": PLATFORM_NAMESPACE, "scheduler": None}
+    if described is None:
+        out["scheduler"] = "no Scheduler is running yet" if why == "absent" else f"the Scheduler did not answer: {why}"
+    tenants = set((described or {}).get("tenants") or {})
+    if request.cluster and described is not None:
+        out["cluster"] = own_cluster(described, tenant)
+    if request.queues:
+        queues, _ = answers[-1]
+        out["queues"] = own_queues(queues, tenant) if queues is not None else None
+    out["gangs"] = {
+        call: own_gang(status, tenant, tenants) for call, (status, _) in zip(calls, gangs, strict=True) if status
+    }
+    return out
 
 
 def build_gang_workers(client: Client, tenants: Sequence[str], artifacts: Callable[[str], str]) -> list[Worker]:

@@ -19,13 +19,14 @@ from engine.runtime.owners import closed_owners
 from engine.runtime.prefetch import prefetching_client, prefetching_converter
 from workflows.gang import GangTask, LegacyGangRun
 from workflows.mapping import MapChunk
+from workflows.platform import TenantView
 from workflows.scheduler import Scheduler
 from workflows.shell import UserWorkflow, configure
 
 __all__ = ["WORKFLOWS", "build_replayer", "build_worker", "preload"]
 
 #: the workflows every gangflow worker runs (a replay of their histories needs the same set)
-WORKFLOWS: tuple[type, ...] = (UserWorkflow, GangTask, LegacyGangRun, Scheduler, MapChunk)
+WORKFLOWS: tuple[type, ...] = (UserWorkflow, GangTask, LegacyGangRun, Scheduler, MapChunk, TenantView)
 
 
 def preload(modules: Sequence[str]) -> None:
