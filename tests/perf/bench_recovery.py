@@ -775,9 +775,24 @@ async def bench(stack: Stack, params: dict[str, Any], reps: int, victim_rank: in
         log(f"  warm-up (not counted): {warm['wall_s']:.2f} s")
     unfailed: list[dict[str, Any]] = []
     killed: list[dict[str, Any]] = []
+    failed_runs: list[dict[str, Any]] = []
     for i in range(reps):
-        unfailed.append(await one_run(client, stack, params, kill=False, victim_rank=victim_rank))
-        killed.append(await one_run(client, stack, params, kill=True, victim_rank=victim_rank))
+        try:
+            unfailed.append(await one_run(client, stack, params, kill=False, victim_rank=victim_rank))
+            killed.append(await one_run(client, stack, params, kill=True, victim_rank=victim_rank))
+        except Exception as exc:  # e.g. a run that failed for good on an overloaded machine
+            if not ARGS.busy:
+                raise
+            # under --busy, a rep whose run failed is reported, not the end of the measurement
+            failed_runs.append(
+                {"rep": i + 1, "error": str(exc).splitlines()[0][:300], "cause": repr(exc.__cause__)[:300]}
+            )
+            log(f"  rep {i + 1}/{reps}: a run FAILED: {failed_runs[-1]}")
+            for node_id, node in list(stack.nodes.items()):
+                if node.proc is not None and node.proc.poll() is not None:
+                    stack.restart_node(node_id)
+            await stack.wait_nodes(client)
+            continue
         k = killed[-1]
         stack.restart_node(k["victim_node"])
         back = await stack.wait_nodes(client)
@@ -792,6 +807,8 @@ async def bench(stack: Stack, params: dict[str, Any], reps: int, victim_rank: in
     ckpt_dir = Path(stack.artifacts) / "checkpoints" / killed[-1]["run_id"] / TASK_CALL
     reference = await asyncio.to_thread(reference_costs, str(ckpt_dir))  # still under the busy gangs' load
     busy_summary = await busy.stop(client) if busy is not None else None
+    if busy_summary is not None:
+        busy_summary["failed_runs"] = failed_runs
     return {"unfailed": unfailed, "killed": killed, "reference": reference, "busy": busy_summary}
 
 
