@@ -10,7 +10,12 @@ hierarchy (v2), and runs it as the gang's own unprivileged user:
   The leaf's ``oom_kill`` counter (v1 ``memory.oom_control``, v2 ``memory.events``) tells that kill from any
   other SIGKILL: the attempt then fails as a user error naming the limit.
 - **CPU**: a CFS quota (v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``) and a share (``cpu.shares`` / ``cpu.weight``)
-  from the gang's CPUs on the node; **pids**: ``pids.max`` per gang (a fork bomb stops there).
+  from the gang's CPUs on the node. The levels above weigh what they hold (:func:`weigh_node`, as the kubelet
+  weighs ``kubepods``): ``gangflow/<node>`` the CPUs the agent offers, ``gangflow`` the sum of its nodes'.
+  With the default share (one process's) there, every rank on the machine together would get one busy
+  process's share of the CPU against the processes outside gangflow: on a loaded machine a restarted gang's
+  ranks then start many times slower than the same ranks unsandboxed.
+- **pids**: ``pids.max`` per gang (a fork bomb stops there).
 - **devices**: the gang's GPUs only. Every GPU device node of the node that is not the gang's is denied
   (v1 ``devices.deny``; the rest, ``nvidiactl`` and ``nvidia-uvm`` among them, stays allowed, as Slurm's
   ConstrainDevices does). cgroup v2 has no devices files: access is an eBPF program attached to the cgroup
@@ -74,6 +79,7 @@ __all__ = [
     "gpu_devices",
     "memory_text",
     "unreachable",
+    "weigh_node",
 ]
 
 log = logging.getLogger("gangflow.sandbox")
@@ -94,6 +100,8 @@ UID_SPAN = 1 << 24
 #: the first folder of our cgroups under each hierarchy
 PREFIX = "gangflow"
 _CFS_PERIOD_US = 100_000
+#: the largest cgroup v1 cpu.shares
+_MAX_SHARES = 262_144
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
 
@@ -255,6 +263,15 @@ class CgroupDriver:
     def oom_kills(self, name: str) -> int:
         raise NotImplementedError
 
+    def weigh(self, name: str, cpus: float) -> None:
+        """Give cgroup ``name`` (created if missing) the CPU share of ``cpus`` busy processes among its siblings;
+        no quota."""
+        raise NotImplementedError
+
+    def weighed(self, name: str) -> float:
+        """The CPUs cgroup ``name``'s share stands for (1.0: the default, or no CPU controller)."""
+        raise NotImplementedError
+
     def procs_files(self, name: str) -> list[Path]:
         return [d / "cgroup.procs" for d in self.dirs(name)]
 
@@ -330,6 +347,17 @@ class CgroupV1(CgroupDriver):
                 for rule in limits.devices.denied:
                     _write(path / "devices.deny", rule.line())
 
+    def weigh(self, name: str, cpus: float) -> None:
+        self.create(name, Limits())  # in every hierarchy: children() lists the first
+        if "cpu" in self.present():
+            _write(self.root / "cpu" / name / "cpu.shares", str(min(_MAX_SHARES, max(2, round(cpus * 1024)))))
+
+    def weighed(self, name: str) -> float:
+        try:
+            return int((self.root / "cpu" / name / "cpu.shares").read_text()) / 1024
+        except (OSError, ValueError):
+            return 1.0
+
     def oom_kills(self, name: str) -> int:
         try:
             text = (self.root / "memory" / name / "memory.oom_control").read_text()
@@ -373,6 +401,16 @@ class CgroupV2(CgroupDriver):
         if limits.devices is not None and limits.devices.denied:
             self.pending_devices[name] = limits.devices
 
+    def weigh(self, name: str, cpus: float) -> None:
+        self.create(name, Limits())  # the controllers handed down to it
+        _write(self.root / name / "cpu.weight", str(min(10_000, max(1, round(cpus * 100)))))
+
+    def weighed(self, name: str) -> float:
+        try:
+            return int((self.root / name / "cpu.weight").read_text()) / 100
+        except (OSError, ValueError):
+            return 1.0
+
     def oom_kills(self, name: str) -> int:
         try:
             text = (self.root / name / "memory.events").read_text()
@@ -395,6 +433,17 @@ def detect(root: str | Path | None = None) -> CgroupDriver | None:
         if "memory" in (base / "cgroup.controllers").read_text().split():
             return CgroupV2(base)
     return None
+
+
+def weigh_node(driver: CgroupDriver, node_group: str, cpus: float) -> None:
+    """Weigh a node agent's cgroup (``gangflow/<node>``) as the ``cpus`` it offers and the machine's gangflow
+    cgroup above it as the sum of its node cgroups (the other agents of this machine included: each one adds
+    itself when it starts; a stopped agent's stays counted, which only matters while its ranks would run). A
+    gang's share is its CPUs (:meth:`GangSandbox.create`): its ranks then weigh against the processes outside
+    gangflow about as they would unsandboxed, and each gang's quota still caps it at what it asked for."""
+    driver.weigh(node_group, cpus)
+    parent = str(Path(node_group).parent)
+    driver.weigh(parent, sum(driver.weighed(child) for child in driver.children(parent)))
 
 
 # -- paths ------------------------------------------------------------------------------------------

@@ -83,6 +83,7 @@ from engine.executor.sandbox import (
     gang_user,
     gpu_devices,
     unreachable,
+    weigh_node,
 )
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
@@ -139,6 +140,7 @@ class NodeActivities:
         self.cgroup_root = f"gangflow/{safe_name(config.node_id)}"
         if self.cgroups is not None:  # a killed agent's gangs' cgroups (and what still runs in them)
             self.cgroups.remove(self.cgroup_root)
+            weigh_node(self.cgroups, self.cgroup_root, config.cpus)  # its ranks' CPU share on a busy machine
         self.logged: set[str] = set()  # what was said once already (why a gang is not dropped to its user)
         # standbys start as ranks do: without the agent's credentials or any secrets directory
         self.standby = (

@@ -2,6 +2,7 @@
 
     python tests/perf/bench_recovery.py [--reps N] [--victim rank1|rank0] [--total-steps 200]
                                         [--checkpoint-every 20] [--step-seconds 0.1] [--no-warmup] [--keep]
+                                        [--busy N] [--busy-work K]
 
 A local stack is started here (Temporal dev server, one ``gangflow worker``, three ``gangflow node`` agents
 r0, r1, r2 on 127.0.0.1: two for the gang and a spare) and runs ``examples/resilient_training.py:pipeline``
@@ -26,6 +27,13 @@ Measured, from ``time.time()`` at the kill (all clocks are this machine's):
 
 Prints ONE JSON line to stdout (medians over the reps, the samples, the goals with a boolean each, and where
 the time between kill and resume went) and a table to stderr. Not a test: nothing here asserts on timings.
+
+``--busy N`` measures on a busy machine: N other 2-node checkpointed DDP gangs (``recovery_busy.py`` beside
+this script, ``--busy-work K`` forward/backward passes per step, the measured gang's step pause and
+checkpoint interval) train for the whole measurement on two extra node agents b0, b1 (N logical GPU slots
+and N CPUs each, which only the busy gangs ask for: the measured gang never lands there, and the kill never
+touches them). The JSON line then carries ``busy`` (the gangs, their steps per second during the
+measurement, their restarts) and, always, ``load`` (the 1-minute load average sampled every 5 s).
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from benchenv import log  # beside this script (on sys.path when it runs)
+from benchenv import LoadSampler, log  # beside this script (on sys.path when it runs)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -72,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kill-at", type=float, default=0.5, help="fraction of total steps reported at the kill")
     parser.add_argument("--no-warmup", action="store_true", help="skip the uncounted unfailed warm-up run")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, histories)")
+    parser.add_argument("--busy", type=int, default=0, help="other 2-node DDP gangs training meanwhile (default 0)")
+    parser.add_argument("--busy-work", type=int, default=1, help="forward/backward passes per busy step")
     return parser.parse_args(argv)
 
 
@@ -169,7 +179,8 @@ class Stack:
 
         return Client(await connect(Endpoint.resolve(self.server.address)), self.artifacts)
 
-    async def wait_nodes(self, client: Any, count: int = len(NODE_IDS)) -> float:
+    async def wait_nodes(self, client: Any, count: int | None = None) -> float:
+        count = len(self.nodes) if count is None else count  # the busy gangs' agents included
         t0 = time.monotonic()
         while True:
             with contextlib.suppress(Exception):
@@ -187,6 +198,82 @@ class Stack:
             self.worker.stop()
         with contextlib.suppress(Exception):
             self.server.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --busy N: other gangs training on agents of their own for the whole measurement
+# ---------------------------------------------------------------------------------------------------------
+BUSY_NODE_IDS = ("b0", "b1")
+BUSY_TASK_CALL = "busy_train-1"
+
+
+class Busy:
+    """N runs of ``recovery_busy.busy`` (one 2-node DDP gang each) on the agents b0 and b1, which offer N GPU
+    slots and N CPUs each: the busy gangs fill them, the measured gang (no GPU) fits only on r0, r1, r2."""
+
+    def __init__(self, stack: Stack, count: int, params: dict[str, Any], work: int) -> None:
+        self.stack, self.count, self.work = stack, count, work
+        self.params = {"checkpoint_every": params["checkpoint_every"], "step_seconds": params["step_seconds"]}
+        self.run_ids: list[str] = []
+        self.begin: dict[str, tuple[float, int]] = {}
+
+    def start_agents(self) -> None:
+        for node_id in BUSY_NODE_IDS:
+            argv = ["node", "--node-id", node_id, "--cpus", str(self.count), "--gpus", str(self.count)]
+            argv += ["--standby", "0", "--address", self.stack.server.address, "--advertise-addr", "127.0.0.1"]
+            self.stack.nodes[node_id] = Proc(node_id, argv, self.stack.node_home, self.stack.node_cache).start()
+
+    async def _step(self, client: Any, run_id: str) -> tuple[int, int]:
+        """(the lowest step any rank of the run's gang reported, the gang's restarts); (-1, 0) before then."""
+        from temporalio.service import RPCError
+
+        try:
+            gang = await client.gang(f"{run_id}.{BUSY_TASK_CALL}")
+        except RPCError:
+            return -1, 0
+        steps = [
+            int(record.get("step", -1))
+            for node in gang.get("nodes", [])
+            for record in (node.get("progress") or {}).values()
+            if isinstance(record, dict)
+        ]
+        return (min(steps) if len(steps) >= 2 else -1), int(gang.get("restarts") or 0)
+
+    async def start(self, client: Any) -> float:
+        """Start the busy runs and wait until every one of them trains; seconds that took."""
+        import recovery_busy
+
+        t0 = time.monotonic()
+        for _ in range(self.count):
+            self.run_ids.append(await client.start(recovery_busy.busy, {**self.params, "work": self.work}))
+        while True:
+            steps = {run_id: await self._step(client, run_id) for run_id in self.run_ids}
+            if all(step >= 1 for step, _ in steps.values()):
+                break
+            if time.monotonic() - t0 > 600:  # minutes on a machine loaded by other work
+                raise RuntimeError(f"the busy gangs did not all train within 600 s: {steps}")
+            await asyncio.sleep(0.5)
+        self.begin = {run_id: (time.time(), step) for run_id, (step, _r) in steps.items()}
+        return time.monotonic() - t0
+
+    async def stop(self, client: Any) -> dict[str, Any]:
+        """Cancel the busy runs; how each trained while the measurement ran."""
+        gangs = []
+        for run_id in self.run_ids:
+            step, restarts = await self._step(client, run_id)
+            t0, step0 = self.begin.get(run_id, (time.time(), step))
+            elapsed = time.time() - t0
+            gangs.append(
+                {
+                    "run_id": run_id,
+                    "steps": step - step0,
+                    "steps_per_s": round((step - step0) / elapsed, 2) if elapsed > 0 else None,
+                    "restarts": restarts,
+                }
+            )
+            with contextlib.suppress(Exception):
+                await client.cancel(run_id)
+        return {"gangs": len(gangs), "work": self.work, "nodes": list(BUSY_NODE_IDS), "runs": gangs}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -675,16 +762,37 @@ def med(values: list[Any]) -> Any:
 
 async def bench(stack: Stack, params: dict[str, Any], reps: int, victim_rank: int) -> dict[str, Any]:
     client = await stack.client()
+    busy = Busy(stack, ARGS.busy, params, ARGS.busy_work) if ARGS.busy > 0 else None
+    if busy is not None:
+        busy.start_agents()
     await stack.wait_nodes(client)
-    log(f"stack up on {stack.server.address}: nodes {', '.join(NODE_IDS)}; params {params}")
+    log(f"stack up on {stack.server.address}: nodes {', '.join(stack.nodes)}; params {params}")
+    if busy is not None:
+        took = await busy.start(client)
+        log(f"  {ARGS.busy} busy gang(s) training on {', '.join(BUSY_NODE_IDS)} after {took:.1f} s")
     if not ARGS.no_warmup:
         warm = await one_run(client, stack, params, kill=False, victim_rank=victim_rank)
         log(f"  warm-up (not counted): {warm['wall_s']:.2f} s")
     unfailed: list[dict[str, Any]] = []
     killed: list[dict[str, Any]] = []
+    failed_runs: list[dict[str, Any]] = []
     for i in range(reps):
-        unfailed.append(await one_run(client, stack, params, kill=False, victim_rank=victim_rank))
-        killed.append(await one_run(client, stack, params, kill=True, victim_rank=victim_rank))
+        try:
+            unfailed.append(await one_run(client, stack, params, kill=False, victim_rank=victim_rank))
+            killed.append(await one_run(client, stack, params, kill=True, victim_rank=victim_rank))
+        except Exception as exc:  # e.g. a run that failed for good on an overloaded machine
+            if not ARGS.busy:
+                raise
+            # under --busy, a rep whose run failed is reported, not the end of the measurement
+            failed_runs.append(
+                {"rep": i + 1, "error": str(exc).splitlines()[0][:300], "cause": repr(exc.__cause__)[:300]}
+            )
+            log(f"  rep {i + 1}/{reps}: a run FAILED: {failed_runs[-1]}")
+            for node_id, node in list(stack.nodes.items()):
+                if node.proc is not None and node.proc.poll() is not None:
+                    stack.restart_node(node_id)
+            await stack.wait_nodes(client)
+            continue
         k = killed[-1]
         stack.restart_node(k["victim_node"])
         back = await stack.wait_nodes(client)
@@ -697,8 +805,11 @@ async def bench(stack: Stack, params: dict[str, Any], reps: int, victim_rank: in
             offset = "    ?   " if m["offset_s"] is None else f"{m['offset_s']:+8.3f}"
             log(f"      {offset}  {m['event']:<44} {m['detail']}")
     ckpt_dir = Path(stack.artifacts) / "checkpoints" / killed[-1]["run_id"] / TASK_CALL
-    reference = await asyncio.to_thread(reference_costs, str(ckpt_dir))
-    return {"unfailed": unfailed, "killed": killed, "reference": reference}
+    reference = await asyncio.to_thread(reference_costs, str(ckpt_dir))  # still under the busy gangs' load
+    busy_summary = await busy.stop(client) if busy is not None else None
+    if busy_summary is not None:
+        busy_summary["failed_runs"] = failed_runs
+    return {"unfailed": unfailed, "killed": killed, "reference": reference, "busy": busy_summary}
 
 
 def summarise(data: dict[str, Any], params: dict[str, Any], reps: int) -> dict[str, Any]:
@@ -797,6 +908,8 @@ def summarise(data: dict[str, Any], params: dict[str, Any], reps: int) -> dict[s
             "(1 s to answer); without a survivor it is the heartbeat timeout, within ~1 s (heartbeat throttle)",
         },
         "machine": f"{os.cpu_count()} cores, no GPU",
+        "busy": data.get("busy"),
+        "samples_time_to_resume_s": [r["time_to_resume_s"] for r in killed],
     }
 
 
@@ -839,6 +952,14 @@ def print_table(s: dict[str, Any]) -> None:
     for key, value in s["reference_rank_startup_s"].items():
         log(f"    {key:<40}{fmt(value):>10}")
     log(f"  ({s['machine']})")
+    if s.get("busy"):
+        b = s["busy"]
+        rates = ", ".join(f"{g['steps_per_s']} steps/s ({g['restarts']} restarts)" for g in b["runs"])
+        log(f"  busy: {b['gangs']} other gang(s) on {', '.join(b['nodes'])}, {b['work']} pass(es)/step: {rates}")
+    if s.get("load"):
+        load = s["load"]
+        log(f"  1-minute load average {load['min']:.2f}–{load['max']:.2f} (start {load['start']}, end {load['end']})")
+    log(f"  time to resume per rep: {s['samples_time_to_resume_s']}")
 
 
 def main() -> None:
@@ -859,8 +980,10 @@ def main() -> None:
     code = 0
     try:
         stack = Stack(scratch)
-        data = asyncio.run(bench(stack, params, reps, victim_rank))
+        with LoadSampler() as load:
+            data = asyncio.run(bench(stack, params, reps, victim_rank))
         summary = summarise(data, params, reps)
+        summary["load"] = load.summary()
         print_table(summary)
         print(json.dumps(summary), flush=True)
     except BaseException:

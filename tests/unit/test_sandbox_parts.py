@@ -27,6 +27,7 @@ from engine.executor.sandbox import (
     gpu_devices,
     memory_text,
     unreachable,
+    weigh_node,
 )
 
 
@@ -229,3 +230,28 @@ def test_gangflow_cluster_shows_which_nodes_sandbox(
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert "sandbox" in lines["node"]
     assert " yes " in lines["root-node"] and " no " in lines["laptop"]
+
+
+def test_a_nodes_cgroup_weighs_its_cpus_and_the_machines_the_sum_of_its_nodes(tmp_path: Path) -> None:
+    # with the default share (one process's) above the gangs, every rank of the machine together would get one
+    # busy process's CPU against the processes outside gangflow (a restarted gang started many times slower)
+    driver = _fake_v1(tmp_path)
+    weigh_node(driver, "gangflow/n0", 4)
+    assert _read(tmp_path / "cpu" / "gangflow" / "n0" / "cpu.shares") == "4096"
+    assert _read(tmp_path / "cpu" / "gangflow" / "cpu.shares") == "4096"
+    weigh_node(driver, "gangflow/n1", 0.5)  # a second agent on the machine adds itself
+    assert _read(tmp_path / "cpu" / "gangflow" / "n1" / "cpu.shares") == "512"
+    assert _read(tmp_path / "cpu" / "gangflow" / "cpu.shares") == "4608"
+    assert not (tmp_path / "cpu" / "gangflow" / "n0" / "cpu.cfs_quota_us").exists()  # a share, no quota
+    assert driver.weighed("gangflow/absent") == 1.0
+    weigh_node(driver, "gangflow/n2", 1e6)  # v1's largest share
+    assert _read(tmp_path / "cpu" / "gangflow" / "n2" / "cpu.shares") == "262144"
+
+
+def test_v2_weighs_a_node_with_cpu_weight(tmp_path: Path) -> None:
+    driver = CgroupV2(tmp_path)
+    weigh_node(driver, "gangflow/n0", 2)
+    weigh_node(driver, "gangflow/n1", 3)
+    assert _read(tmp_path / "gangflow" / "n0" / "cpu.weight") == "200"
+    assert _read(tmp_path / "gangflow" / "cpu.weight") == "500"
+    assert _read(tmp_path / "cgroup.subtree_control") == "+memory +cpu +pids"
