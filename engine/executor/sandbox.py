@@ -60,6 +60,7 @@ from engine.core.protocol import hashed_user
 from engine.executor.namespace import MountPlan, isolate, plan_mounts
 
 __all__ = [
+    "CGROUPS_ONLY",
     "CGROUP_ROOT_ENV",
     "GPU_DEVICES_ENV",
     "PIDS_PER_PROCESS",
@@ -85,8 +86,11 @@ __all__ = [
 
 log = logging.getLogger("gangflow.sandbox")
 
-#: "0" turns the sandbox off on a root agent (an operator's choice, and the baseline of the sandbox's cost)
+#: "0" turns the sandbox off on a root agent (an operator's choice, and the baseline of the sandbox's cost);
+#: "cgroups" keeps the cgroups but leaves the ranks root, in the node's namespace (ranks that must write where a
+#: gang's user cannot: the test suite's marker files); anything else: the whole sandbox
 SANDBOX_ENV = "GANGFLOW_SANDBOX"
+CGROUPS_ONLY = "cgroups"
 #: where cgroups are mounted (tests point it at a fake root); default /sys/fs/cgroup
 CGROUP_ROOT_ENV = "GANGFLOW_CGROUP_ROOT"
 #: comma-separated device nodes standing for GPU slots 0, 1, ... (default: /dev/nvidia<N> that exist)

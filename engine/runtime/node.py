@@ -76,6 +76,7 @@ from engine.executor.namespace import supported as namespace_supported
 from engine.executor.plan import DeliveredNotice, LauncherRelay, LaunchRefused, NodePlan, safe_name
 from engine.executor.ports import free_port
 from engine.executor.sandbox import (
+    CGROUPS_ONLY,
     SANDBOX_ENV,
     CgroupDriver,
     GangSandbox,
@@ -346,9 +347,12 @@ class NodeActivities:
         if folder is not None:
             reads.append(str(folder))
         devices = gpu_devices(self.config.gpus)
-        mounts = namespace_supported()
+        as_root = os.environ.get(SANDBOX_ENV) == CGROUPS_ONLY  # the operator's choice, said once at start
+        mounts = not as_root and namespace_supported()
         blocked = None if mounts else unreachable([workdir.parent, sys.executable, *paths, *reads[3:]])
-        user = None if blocked else gang_user(tenant, launch.gang_id)
+        if as_root:
+            blocked = None
+        user = None if blocked or as_root else gang_user(tenant, launch.gang_id)
         # a distributed task's Resources(mem=) is per node (what the Scheduler reserved): each rank gets its share
         per_rank = None if mem is None else max(1, mem // launch.nproc_per_node)
         if blocked and blocked not in self.logged:
@@ -413,6 +417,8 @@ def _sandbox_driver(node_id: str) -> CgroupDriver | None:
             node_id,
             why,
         )
+    elif os.environ.get(SANDBOX_ENV) == CGROUPS_ONLY:
+        log.warning("node %s: %s=%s: ranks run in their cgroups but as root", node_id, SANDBOX_ENV, CGROUPS_ONLY)
     elif not namespace_supported():
         log.warning(
             "node %s: no mount namespaces here: ranks keep the node's /dev%s",

@@ -176,7 +176,11 @@ async def devices_run(paths: list[str]) -> str:
     return await devices(paths=paths)
 """
 
-stack = stack_fixture("sbx", count=2, gpus=2, env={"GANGFLOW_GPU_DEVICES": ",".join(GPU_NODES)})
+#: the whole sandbox (conftest's other stacks keep ranks as root in their cgroups: their ranks write markers into
+#: pytest's folders, which a gang's user cannot reach)
+stack = stack_fixture(
+    "sbx", count=2, gpus=2, env={"GANGFLOW_GPU_DEVICES": ",".join(GPU_NODES), "GANGFLOW_SANDBOX": "1"}
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
