@@ -67,12 +67,16 @@ class QueueConfigError(GangflowError, ValueError):
     kind = "QueueConfigError"
 
 
-class InputUnavailableError(OSError):
+class InputUnavailableError(GangflowError, OSError):
     """The platform could not deliver what a task call needs: its code bundle or a File / Directory input could
     not be fetched, verified or unpacked into the node's cache. The platform's fault, not the task body's: a rank
-    that raises it fails its attempt as a *system* failure (a restart, not one of the task's ``retries``; see
-    :data:`SYSTEM_ERROR_TYPES`). Deliberately not a :class:`GangflowError`, which means "never retried": the
-    same input may well arrive on the next attempt."""
+    that raises it fails its attempt as a *system* failure (a restart, not one of the task's ``retries``), and a
+    plain task's try that raises it is tried again without spending one of its ``retries`` (a bounded number of
+    times; see :data:`SYSTEM_ERROR_TYPES`). The one :class:`GangflowError` that is worth retrying: the same input
+    may well arrive on the next try. An OSError too, as callers catching a failed download expect."""
+
+    kind = "InputUnavailableError"
+    retryable = True
 
 
 #: the exception types (a rank's error report's first word) that make a failed rank the platform's fault

@@ -206,7 +206,11 @@ class NodeAgent:
         self.start()
 
     def start(self) -> None:
-        env = dict(os.environ, GANGFLOW_CACHE=str(self.home / "cache"), PYTHONUNBUFFERED="1", **self.env)
+        # ranks stay root in their cgroups (GANGFLOW_SANDBOX=cgroups): the suite's ranks write markers into
+        # pytest's folders, which a gang's own user cannot reach; tests/security asks for the whole sandbox
+        env = dict(os.environ, GANGFLOW_CACHE=str(self.home / "cache"), PYTHONUNBUFFERED="1")
+        env.setdefault("GANGFLOW_SANDBOX", "cgroups")
+        env.update(self.env)
         cmd = ["node", "--node-id", self.node_id, "--cpus", "4"]
         cmd += ["--gpus", str(self.gpus)] if self.gpus >= 0 else []  # negative: detect with nvidia-smi
         cmd += ["--address", self.address, "--advertise-addr", "127.0.0.1"]

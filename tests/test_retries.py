@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,27 @@ def test_a_lost_worker_does_not_spend_the_tasks_retries(server, spawn_worker, ar
 
     # try 2 failed (the one retry that retries=1 allows), try 3 succeeded
     assert run(main()) == 3
+
+
+def test_an_undelivered_input_does_not_spend_the_tasks_retries(server, worker, artifacts, tmp_path: Path):
+    async def main() -> str:
+        client = await make_client(server, artifacts)
+        run_id = await client.start(leaks.undelivered_input, {"marker_dir": str(tmp_path), "store_root": artifacts})
+        deadline = time.monotonic() + 90
+        while True:  # read_input's first try failed: its input was not in the store
+            tasks = {t.name: t for t in (await client.status(run_id)).tasks}
+            if "read_input" in tasks and tasks["read_input"].attempt >= 2:
+                break
+            assert time.monotonic() < deadline, tasks
+            await asyncio.sleep(0.2)
+        hidden = tmp_path / "hidden"  # the store gets its object back: the next try is delivered it
+        sha = hashlib.sha256(hidden.read_bytes()).hexdigest()
+        os.rename(hidden, Path(artifacts, "cas", sha[:2], sha))
+        result: str = await client.result(run_id, leaks.undelivered_input)
+        return result
+
+    # Retry(attempts=1): no retry at all, so only tries that did not spend it can have got here
+    assert run(main()) == "delivered"
 
 
 def _failed_gang(server: Any, artifacts: str, flow: Any, counter: Path) -> str:

@@ -28,6 +28,7 @@ from engine.core.definitions import TaskDefinition, WorkflowDefinition
 from engine.core.protocol import TenantRoute
 from engine.core.resources import NEVER_RETRIED, Retry
 from engine.core.wire import CodeRef, Envelope, RunContext
+from engine.errors import SYSTEM_ERROR_TYPES
 
 __all__ = [
     "SYSTEM_RETRIES",
@@ -42,8 +43,12 @@ __all__ = [
     "route",
 ]
 
-#: a task whose worker died (heartbeat timeout) is started again this many times, apart from its retries
+#: a task whose worker died (heartbeat timeout), or whose input could not be delivered, is started again this
+#: many times, apart from its retries
 SYSTEM_RETRIES = 3
+#: workflow.patched id: from here on a plain task's try that failed to deliver its input (InputUnavailableError,
+#: the platform's fault) is tried again without spending one of the task's retries
+UNDELIVERED_PATCH = "plain-undelivered-not-a-retry"
 
 D = TypeVar("D", TaskDefinition, WorkflowDefinition)
 
@@ -178,9 +183,9 @@ async def execute_plain(task: TaskDefinition, blob: bytes, call: str | None, sum
     # Gangflow retries plain tasks itself, one activity per try, rather than through Temporal's retry
     # policy: Temporal counts a heartbeat timeout (the worker died) as a try, which would spend the
     # user's retries on a system failure. Each try's activity id is "<call>#<try>" (read_tasks joins them).
-    failures = lost = 0
+    failures = lost = undelivered = 0
     while True:
-        tries = failures + lost + 1
+        tries = failures + lost + undelivered + 1
         label = summary if tries == 1 else f"{summary} (try {tries}{': worker lost' if lost and not failures else ''})"
         try:
             return await workflow.execute_activity(  # type: ignore[no-any-return]
@@ -202,6 +207,17 @@ async def execute_plain(task: TaskDefinition, blob: bytes, call: str | None, sum
                 if lost > SYSTEM_RETRIES:
                     raise TaskFailed(err, failures + 1) from err
                 workflow.logger.warning("task %s lost its worker; starting it again", task.name)
+                continue
+            if _failure_type(err) in SYSTEM_ERROR_TYPES and workflow.patched(UNDELIVERED_PATCH):
+                undelivered += 1
+                if undelivered > SYSTEM_RETRIES:
+                    raise TaskFailed(err, failures + 1) from err
+                workflow.logger.warning(
+                    "task %s: its input could not be delivered (%s); trying again, not spending a retry",
+                    task.name,
+                    describe_failure(err),
+                )
+                await workflow.sleep(task.retry.delay(undelivered))
                 continue
             failures += 1
             if not task.retry.retries(_failure_type(err), failures):

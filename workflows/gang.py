@@ -21,11 +21,11 @@ in workflow state, so they survive any crash of workers or server.
 
 A *preemption* (the Scheduler needs the placement for another gang, or a node is drained) is neither: the
 gang's node agents get a notice (``NOTICE``, workflows.gang_notice), the ranks checkpoint and exit (the GPUs
-are released at once) or are killed when the grace ends (the task's ``preemption_grace``, else the
-cluster's), and the gang queues again at its own priority, with ``GANGFLOW_ATTEMPT`` + 1 and the same
-checkpoint folder. No restart or retry is spent. A failure reported before the notice went out stays a
-failure; after it, the attempt is a preemption whatever the ranks' exit codes say (a node lost meanwhile is
-still reported lost).
+are released at once) or are killed when the grace ends (the task's ``preemption_grace`` where shorter than
+the Scheduler's notice, else the cluster's), and the gang queues again at its own priority, with
+``GANGFLOW_ATTEMPT`` + 1 and the same checkpoint folder. No restart or retry is spent. A failure reported
+before the notice went out stays a failure; after it, the attempt is a preemption whatever the ranks' exit
+codes say (a node lost meanwhile is still reported lost).
 
 The node activities get no retries from Temporal (``maximum_attempts=1``): a retry would be queued on
 the same node's queue, which may belong to a dead machine. This workflow owns every retry.
@@ -93,6 +93,8 @@ SUBMIT_PATCH = "submit-waits-for-scheduler"
 SUBMIT_RETRY_S = 5.0
 #: GangTasks recorded before their attempt list was kept in their memo (``gangflow_attempts``) upsert none
 ATTEMPTS_PATCH = "attempts-memo"
+#: GangTasks recorded before this took the task's preemption_grace even when longer than the notice's grace
+GRACE_PATCH = "grace-capped-by-notice"
 
 
 def _record(order: list[int], index: int, _: object) -> None:
@@ -446,6 +448,9 @@ class GangTask:
         if notice is None:  # pragma: no cover - only called once preempted
             return set()
         grace = notice.grace_s if spec.preemption_grace_s is None else spec.preemption_grace_s
+        # the task's own grace never stretches a reclaim past the notice grace the Scheduler gave
+        if grace > notice.grace_s and workflow.patched(GRACE_PATCH):
+            grace = notice.grace_s
         started = workflow.now()
         # what the node agents get (and `gangflow status` shows): the notice, with the grace that applies
         self.noticed = notice_payload(notice, grace_s=grace, noticed_at=started.timestamp())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import stat
 import tarfile
 from collections.abc import Callable
@@ -32,9 +33,22 @@ from engine.artifacts.extract import ArchiveRefused, extract_tar, limits, tar_di
 from engine.artifacts.node_cache import Verified, discard, object_lock, publish, secure_dirs, sweep, temp_path
 from engine.types.files import Artifact, Directory
 
-__all__ = ["ArtifactStore", "CacheKind", "cache_dir", "cache_path", "default_artifact_root", "store_key"]
+__all__ = [
+    "OUTBOX_ENV",
+    "ArtifactStore",
+    "CacheKind",
+    "cache_dir",
+    "cache_path",
+    "default_artifact_root",
+    "store_key",
+]
 
 _CHUNK = 1 << 20
+#: set for a rank whose user may not write the store (a sandboxed rank, engine.executor.namespace): its File /
+#: Directory outputs are written to this folder, one file named by its sha256 each, and the node agent publishes
+#: them into the store once the attempt's processes are gone (:meth:`ArtifactStore.publish_outbox`)
+OUTBOX_ENV = "GANGFLOW_OUTBOX"
+_SHA = frozenset("0123456789abcdef")
 
 
 #: what a store's local cache holds: fetched files and directories, extracted code bundles
@@ -139,6 +153,8 @@ class ArtifactStore:
         self.fs, self.root = fsspec.core.url_to_fs(root)
         self.uri_root = root.rstrip("/")
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        #: where this process's uploads go instead of the store (see OUTBOX_ENV); None: into the store
+        self.outbox: Path | None = None
 
     # -- addressing --------------------------------------------------------------------------------
     def _cas_path(self, sha: str) -> str:
@@ -163,7 +179,9 @@ class ArtifactStore:
         """Store bytes; returns (uri, sha256). Storing the same content twice is a no-op."""
         sha = hashlib.sha256(data).hexdigest()
         target = self._cas_path(sha)
-        if not self.fs.exists(target):
+        if self.outbox is not None:
+            self._to_outbox(sha, lambda tmp: Path(tmp).write_bytes(data))
+        elif not self.fs.exists(target):
             self._publish(target, lambda tmp: self.fs.pipe_file(tmp, data))
         return self._uri(target), sha
 
@@ -180,9 +198,51 @@ class ArtifactStore:
             raise FileNotFoundError(f"File {path!r} does not exist (or is not a regular file)")
         sha, size = _sha256_file(path)
         target = self._cas_path(sha)
-        if not self.fs.exists(target):
+        if self.outbox is not None:
+            self._to_outbox(sha, lambda tmp: shutil.copyfile(path, tmp))
+        elif not self.fs.exists(target):
             self._publish(target, lambda tmp: self.fs.put_file(path, tmp))
         return self._uri(target), sha, size
+
+    def _to_outbox(self, sha: str, write: Callable[[str], object]) -> None:
+        outbox = self.outbox
+        if outbox is None:
+            return
+        outbox.mkdir(parents=True, exist_ok=True)
+        if not (outbox / sha).exists():
+            tmp = outbox / f".{sha}.{os.getpid()}-{os.urandom(4).hex()}"
+            write(str(tmp))
+            os.replace(tmp, outbox / sha)
+
+    def publish_outbox(self, outbox: Path) -> int:
+        """Publish what a rank left in ``outbox`` (see OUTBOX_ENV) into this store: each plain file whose content
+        has the sha256 it is named by (a symlink, a folder, a misnamed or changed file is skipped: the reference
+        the rank returned then names nothing, and reading it fails as a missing output would). Only once no
+        process of the gang can change the files any more. Returns how many were published."""
+        published = 0
+        if not outbox.is_dir():
+            return 0
+        for item in sorted(outbox.iterdir()):
+            if len(item.name) != 64 or not set(item.name) <= _SHA:
+                continue
+            try:
+                fd = os.open(item, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    continue
+                digest = hashlib.sha256()
+                while chunk := handle.read(_CHUNK):
+                    digest.update(chunk)
+                if digest.hexdigest() != item.name:
+                    continue
+                target = self._cas_path(item.name)
+                if not self.fs.exists(target):  # streamed from the very file just verified (no rename race)
+                    source = f"/proc/self/fd/{handle.fileno()}"
+                    self._publish(target, lambda tmp, source=source: self.fs.put_file(source, tmp))  # type: ignore[misc]
+                published += 1
+        return published
 
     def upload(self, art: Artifact) -> None:
         """Upload a local File / Directory and fill in its reference (uri, sha256, size)."""

@@ -70,6 +70,7 @@ __all__ = [
     "check_tenant",
     "gang_endpoint",
     "gangs_queue",
+    "hashed_user",
     "hit_id",
     "node_queue",
     "parse_hit_id",
@@ -141,8 +142,15 @@ def tenant_user(tenant: str) -> TenantUser:
     Derived from a hash, not a table, so every machine agrees without coordination: the same tenant is the
     same uid on every node. 48 bits name the user and 28 bits pick the uid; a collision (two tenants, one
     uid) is about n**2 / 2**29 for n tenants."""
-    digest = hashlib.sha256(check_tenant(tenant).encode()).digest()
-    return TenantUser(f"gf-{digest[:6].hex()}", TENANT_UID_BASE + int.from_bytes(digest[6:10], "big") % TENANT_UID_SPAN)
+    return TenantUser(*hashed_user(check_tenant(tenant), TENANT_UID_BASE, TENANT_UID_SPAN, uid_bytes=6))
+
+
+def hashed_user(key: str, base: int, span: int, *, uid_bytes: int) -> tuple[str, int]:
+    """The one derivation of gangflow's OS users (a tenant's workers', a gang's ranks'): the sha256 of ``key``
+    names the user ``gf-<its first 6 bytes in hex>`` and picks the uid ``base + (4 bytes from uid_bytes) % span``.
+    No passwd entry is needed: every machine computes the same pair."""
+    digest = hashlib.sha256(key.encode()).digest()
+    return f"gf-{digest[:6].hex()}", base + int.from_bytes(digest[uid_bytes : uid_bytes + 4], "big") % span
 
 
 # -- the platform's Nexus service (workflows/platform.py holds its operation types) ---------------

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any
 
 from engine.artifacts.loader import LOADER, CodeNotFoundError
-from engine.artifacts.store import ArtifactStore
+from engine.artifacts.store import OUTBOX_ENV, ArtifactStore
 from engine.core.definitions import TaskDefinition
 from engine.core.wire import CodeRef, Envelope
 from engine.errors import InputUnavailableError
@@ -63,6 +65,8 @@ class TaskBody:
     def __init__(self, envelope: Envelope, store: ArtifactStore | None = None) -> None:
         self.envelope = envelope
         self.store = store if store is not None else ArtifactStore(envelope.run.artifacts)
+        if outbox := os.environ.get(OUTBOX_ENV):  # a sandboxed rank: the node agent publishes its outputs
+            self.store.outbox = Path(outbox)
         # the store's own cached copy of the bundle: the same code in a worker's thread and in a rank
         deliver_code(envelope.code, self.store)
         defn = LOADER.load(envelope.code, self.store)

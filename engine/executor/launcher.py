@@ -190,8 +190,8 @@ class NodeGang:
         if (sandbox := self.sandbox) is not None:
             files = sandbox.prepare(len(self.procs), rank=launch.role is None)
             env = {**launch.env, **sandbox.environment(self.workdir)}
-            joining = (files, sandbox.user)
-            preexec = lambda: enter(files, sandbox.user, None)  # noqa: E731 - the parent-death signal follows
+            joining = (files, sandbox.user, sandbox.mounts)
+            preexec = lambda: enter(files, sandbox.user, None, sandbox.mounts)  # noqa: E731 - the parent-death signal follows
         if self.standby is not None and not launch.pipe_output and not pumped:
             Path(launch.log_path).parent.mkdir(parents=True, exist_ok=True)
             proc = self.standby.take(launch.command, env, self.cwd, launch.log_path, joining)

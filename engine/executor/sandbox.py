@@ -21,8 +21,8 @@ hierarchy (v2), and runs it as the gang's own unprivileged user:
   ConstrainDevices does). cgroup v2 has no devices files: access is an eBPF program attached to the cgroup
   (``BPF_PROG_TYPE_CGROUP_DEVICE``). :class:`DeviceRules` is the rule set that program enforces, with the same
   decision function (``allows``) the unit tests check; the v2 driver records it as ``pending_devices`` and does
-  *not* attach it (no BPF loader here): on a v2 node ``CUDA_VISIBLE_DEVICES`` and the uid are all that stand
-  between a rank and another GPU, and the agent says so at start.
+  *not* attach it (no BPF loader here). On v2 (and as a second layer on v1) the rank's private ``/dev`` (see
+  **mounts**) is what keeps it off other GPUs: their nodes do not exist there and its user cannot make one.
 - **user**: one per *gang* (``gang_user``): a numeric uid/gid from a reserved range (1,600,000,000 +
   2**24), derived from a hash of the tenant and the gang id, named ``gf-<12 hex digits>`` (Linux names are
   at most 32 characters, tenant names up to 60). Per gang rather than per tenant because ``/proc/<pid>/environ``
@@ -34,7 +34,11 @@ hierarchy (v2), and runs it as the gang's own unprivileged user:
   ``USER``, ``LOGNAME`` and ``HOME`` are set, which :meth:`GangSandbox.environment` does.
 - **files**: a private ``TMPDIR`` and ``HOME`` (``<workdir>/tmp``, ``<workdir>/home``, 0700, the gang's user),
   the attempt's working folder, checkpoint folder and secret files owned by the gang's user with 0700 / 0600.
-  A mount namespace with a private ``/tmp`` is not used: ``TMPDIR`` is what Python, torch and MPI honour.
+  ``TMPDIR`` is what Python, torch and MPI honour (``/tmp`` itself stays shared, sticky).
+- **mounts**: a mount namespace of its own (engine.executor.namespace, where the node supports one): the folders
+  it must reach but others may not pass are covered and only its own paths bound back (its interpreter, code,
+  the cache of its run's store read-only; its working and checkpoint folders writable), and a private ``/dev``
+  with only its own GPUs' nodes. Its outputs go to ``<workdir>/outbox``, published by the agent.
 
 The process joins its cgroups and drops to its user between fork and exec (:meth:`GangSandbox.preexec`), or, for a
 warm standby that already runs, when it becomes the rank (:func:`enter`). An agent not running as root, or on a
@@ -46,7 +50,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import logging
 import os
 import re
@@ -57,7 +60,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.artifacts.store import OUTBOX_ENV
+from engine.core.protocol import hashed_user
+from engine.executor.namespace import MountPlan, isolate, plan_mounts
+
 __all__ = [
+    "CGROUPS_ONLY",
     "CGROUP_ROOT_ENV",
     "GPU_DEVICES_ENV",
     "PIDS_PER_PROCESS",
@@ -84,8 +92,11 @@ __all__ = [
 
 log = logging.getLogger("gangflow.sandbox")
 
-#: "0" turns the sandbox off on a root agent (an operator's choice, and the baseline of the sandbox's cost)
+#: "0" turns the sandbox off on a root agent (an operator's choice, and the baseline of the sandbox's cost);
+#: "cgroups" keeps the cgroups but leaves the ranks root, in the node's namespace (ranks that must write where a
+#: gang's user cannot: the test suite's marker files); anything else: the whole sandbox
 SANDBOX_ENV = "GANGFLOW_SANDBOX"
+CGROUPS_ONLY = "cgroups"
 #: where cgroups are mounted (tests point it at a fake root); default /sys/fs/cgroup
 CGROUP_ROOT_ENV = "GANGFLOW_CGROUP_ROOT"
 #: comma-separated device nodes standing for GPU slots 0, 1, ... (default: /dev/nvidia<N> that exist)
@@ -140,8 +151,7 @@ class SandboxUser:
 
 def gang_user(tenant: str, gang_id: str) -> SandboxUser:
     """The user a gang's ranks run as: the same on every node and in every attempt (see the module docstring)."""
-    digest = hashlib.sha256(f"{tenant}\0{gang_id}".encode()).digest()
-    return SandboxUser(f"gf-{digest.hex()[:12]}", UID_BASE + int.from_bytes(digest[:4], "big") % UID_SPAN)
+    return SandboxUser(*hashed_user(f"{tenant}\0{gang_id}", UID_BASE, UID_SPAN, uid_bytes=0))
 
 
 # -- devices ----------------------------------------------------------------------------------------
@@ -499,11 +509,22 @@ class GangSandbox:
     checkpoint_dir: str | None = None
     secret_dirs: tuple[str, ...] = ()
     created: set[int] = field(default_factory=set)
+    #: a mount namespace per process (engine.executor.namespace): None, none (the node cannot make one);
+    #: else the paths its processes read, and the device nodes (its own GPUs') its private /dev holds
+    reads: tuple[str, ...] | None = None
+    gpu_nodes: tuple[str, ...] = ()
+    hides: tuple[str, ...] = ()
+    mounts: MountPlan | None = None
 
     def setup(self, workdir: Path) -> None:
-        """Before the first process starts: the gang's cgroup, and its files made its user's own."""
+        """Before the first process starts: the gang's cgroup, its files made its user's own, its mounts."""
         self.create()
         self.own_files(workdir)
+        if self.reads is not None:
+            writes: list[str] = [str(workdir)]
+            if self.checkpoint_dir and "://" not in self.checkpoint_dir and Path(self.checkpoint_dir).is_dir():
+                writes.append(self.checkpoint_dir)
+            self.mounts = plan_mounts([*self.reads, *self.secret_dirs], writes, self.gpu_nodes, self.hides)
 
     def create(self) -> None:
         """The gang's cgroup: CPU quota, pids limit, device rules and the sum of its ranks' memory."""
@@ -532,14 +553,15 @@ class GangSandbox:
         if self.user is None:
             return {}
         home, tmp = workdir / "home", workdir / "tmp"
-        return {"HOME": str(home), "TMPDIR": str(tmp), "USER": self.user.name, "LOGNAME": self.user.name}
+        env = {"HOME": str(home), "TMPDIR": str(tmp), "USER": self.user.name, "LOGNAME": self.user.name}
+        return {**env, OUTBOX_ENV: str(workdir / "outbox")}  # the store is not its user's to write
 
     def own_files(self, workdir: Path) -> None:
         """Make the attempt's folders the gang user's own (0700 / 0600): its working folder (with TMPDIR and
         HOME), its checkpoint folder and its secret files."""
         if self.user is None:
             return
-        for sub in ("home", "tmp"):
+        for sub in ("home", "tmp", "outbox"):
             (workdir / sub).mkdir(exist_ok=True)
         _own_tree(workdir, self.user)
         checkpoint_dir = self.checkpoint_dir
@@ -552,10 +574,13 @@ class GangSandbox:
         return self.driver.remove(self.name)
 
 
-def enter(procs_files: Sequence[str], user: SandboxUser | None, parent_death: int | None) -> None:
-    """This process joins the cgroups (writes its pid to each ``cgroup.procs``) and becomes ``user`` (no
-    groups, no new privileges), then sets ``parent_death`` (a change of uid clears it); in a forked child before
-    exec, or in a warm standby becoming a rank. Only os.open / os.write / setuid: no imports, no locks."""
+def enter(
+    procs_files: Sequence[str], user: SandboxUser | None, parent_death: int | None, mounts: MountPlan | None = None
+) -> None:
+    """This process joins the cgroups (writes its pid to each ``cgroup.procs``), takes its own mount namespace
+    (``mounts``: engine.executor.namespace) and becomes ``user`` (no groups, no new privileges), then sets
+    ``parent_death`` (a change of uid clears it); in a forked child before exec, or in a warm standby becoming a
+    rank. Only os calls and libc through ctypes: no imports, no locks."""
     pid = str(os.getpid()).encode()
     for path in procs_files:
         fd = os.open(path, os.O_WRONLY)
@@ -563,6 +588,8 @@ def enter(procs_files: Sequence[str], user: SandboxUser | None, parent_death: in
             os.write(fd, pid)
         finally:
             os.close(fd)
+    if mounts is not None:
+        isolate(mounts)
     if user is not None:
         os.setgroups([])
         os.setresgid(user.gid, user.gid, user.gid)

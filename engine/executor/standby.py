@@ -34,6 +34,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
+from engine.executor.namespace import MountPlan
 from engine.executor.process import set_parent_death_signal, spawn, stop_processes
 from engine.executor.sandbox import SandboxUser, enter
 
@@ -77,14 +78,14 @@ class StandbyPool:
         env: dict[str, str],
         cwd: str | None,
         log_path: str,
-        sandbox: tuple[Sequence[str], SandboxUser | None] | None = None,
+        sandbox: tuple[Sequence[str], SandboxUser | None, MountPlan | None] | None = None,
     ) -> subprocess.Popen[bytes] | None:
         """A standby turned into the rank ``command`` runs, or None: not a rank runner command line, or
         no standby left (the caller then spawns the rank as usual). ``sandbox``: the ``cgroup.procs`` files
-        it joins and the user it becomes (engine.executor.sandbox)."""
+        it joins, the user it becomes and its mount namespace (engine.executor.sandbox)."""
         if tuple(command[: len(RUNNER)]) != RUNNER:
             return None
-        files, user = sandbox if sandbox is not None else ((), None)
+        files, user, mounts = sandbox if sandbox is not None else ((), None, None)
         order = json.dumps(
             {
                 "argv": list(command[len(RUNNER) :]),
@@ -93,6 +94,7 @@ class StandbyPool:
                 "log": log_path,
                 "cgroups": list(files),
                 "user": None if user is None else [user.name, user.uid],
+                "mounts": None if mounts is None else mounts.to_json(),
             }
         )
         while self.ready:
@@ -131,8 +133,9 @@ def become_rank(warm: str) -> list[str]:
     # then the standby takes the gang's sandbox before anything of the rank is read
     log = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     user = SandboxUser(order["user"][0], int(order["user"][1])) if order.get("user") else None
-    if order.get("cgroups") or user is not None:
-        enter(order.get("cgroups") or (), user, None)
+    mounts = MountPlan.from_json(order["mounts"]) if order.get("mounts") else None
+    if order.get("cgroups") or user is not None or mounts is not None:
+        enter(order.get("cgroups") or (), user, None, mounts)
         set_parent_death_signal(signal.SIGKILL)  # a change of uid cleared the one spawn set
     os.environ.clear()
     os.environ.update(order["env"])

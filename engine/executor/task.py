@@ -37,7 +37,7 @@ def _run(spec: dict[str, Any]) -> int:
         body = TaskBody(Envelope.decode(spec["envelope"]))
         inputs = body.inputs()
     except GangflowError as exc:  # CodeNotFoundError among them
-        _fail(spec, exc.kind, str(exc), True)
+        _fail(spec, exc.kind, str(exc), not exc.retryable)
         return 1
     try:
         result = body.call(inputs)
@@ -49,7 +49,7 @@ def _run(spec: dict[str, Any]) -> int:
     try:
         blob = body.encode(result)
     except GangflowError as exc:
-        _fail(spec, exc.kind, str(exc), True)
+        _fail(spec, exc.kind, str(exc), not exc.retryable)
         return 1
     write_atomic(spec["result_path"], blob, durable=False)
     return 0

@@ -80,7 +80,8 @@ class _TaskLog:
 
 
 def _non_retryable(exc: GangflowError) -> ApplicationError:
-    return ApplicationError(str(exc), type=exc.kind, non_retryable=True)
+    """A gangflow error as its activity failure: its kind, never retried unless it is (an undelivered input)."""
+    return ApplicationError(str(exc), type=exc.kind, non_retryable=not exc.retryable)
 
 
 def _execute(envelope: Envelope, info: activity.Info, blob: bytes, child: TaskProcess) -> bytes:

@@ -72,9 +72,11 @@ from engine.core.wire import Envelope
 from engine.errors import InputUnavailableError
 from engine.executor.body import deliver_code
 from engine.executor.launcher import NodeGang, RankFailure
+from engine.executor.namespace import supported as namespace_supported
 from engine.executor.plan import DeliveredNotice, LauncherRelay, LaunchRefused, NodePlan, safe_name
 from engine.executor.ports import free_port
 from engine.executor.sandbox import (
+    CGROUPS_ONLY,
     SANDBOX_ENV,
     CgroupDriver,
     GangSandbox,
@@ -192,6 +194,12 @@ class NodeActivities:
             raise ApplicationError(
                 f"{envelope.code.qualname} is not a distributed task", type="CodeNotFound", non_retryable=True
             )
+        if self.cgroups is not None:  # a sandboxed rank reads its inputs from the agent's cache, never the store
+            try:
+                await asyncio.to_thread(_deliver_inputs, defn, envelope, store)
+            except InputUnavailableError as exc:
+                why = {"error_type": type(exc).__name__, "kind": "system"}
+                raise ApplicationError(str(exc), why, type=FAILURE_TYPES["system"], non_retryable=True) from None
         run_id = envelope.run.run_id
         try:  # the run's tenant is the one the platform pinned in the envelope (never the client's say)
             values = resolve(defn.secrets, envelope.run.tenant)
@@ -302,6 +310,9 @@ class NodeActivities:
                     non_retryable=True,
                 )
             await asyncio.to_thread(gang.terminate, STOP_GRACE_S)  # a coordinator may still be up
+            if sandbox is not None and sandbox.user is not None:  # rank 0's outputs, once nothing can change them
+                await asyncio.to_thread(gang.close)
+                await asyncio.to_thread(store.publish_outbox, workdir / "outbox")
             result = workdir / "result"  # written by rank 0's runner; a plugin's own script returns None
             return result.read_bytes() if result.exists() else pack(None)
         except asyncio.CancelledError:
@@ -319,32 +330,38 @@ class NodeActivities:
             gang.close()  # the cgroup, and anything a rank left running in it
             secrets.close()
             if local_logs:
-                for path in workdir.glob("*.log"):
-                    store.fs.put_file(str(path), store.log_path(run_id, path.name))
+                _copy_logs(store, run_id, workdir)
             saver.save(rank_details(self.config.node_id, gang))  # the last reports, for a finished gang
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _sandbox(
         self, launch: NodeLaunch, tenant: str, workdir: Path, mem: int | None, folder: Path | None, store: Any
     ) -> GangSandbox | None:
-        """This attempt's sandbox (None: the agent is not root). The gang's own user only where it can reach
-        what it needs: its working folder, its code, this Python, and a local store to write its outputs to."""
+        """This attempt's sandbox (None: the agent is not root). Its ranks run as the gang's own user in a mount
+        namespace that reaches what they read (this Python, their code, the cache of the run's store: delivered
+        there by the agent) and write (their working and checkpoint folders; outputs go to the outbox). Where the
+        node cannot make a mount namespace, they run as root, in their cgroups, unless all that is reachable."""
         if self.cgroups is None:
             return None
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p]
-        needed: list[str | Path] = [workdir.parent, sys.executable, *paths]
+        python = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+        reads: list[str] = [*python, *paths, str(store.cache_path("bundles", "0" * 64).parent.parent)]
         if folder is not None:
-            needed.append(folder)
-        blocked = unreachable(needed)
-        if blocked is None and store.local and not os.stat(store.root).st_mode & 0o002:
-            blocked = f"{store.root} (the run's local store, not writable by other users)"
-        user = None if blocked else gang_user(tenant, launch.gang_id)
+            reads.append(str(folder))
+        devices = gpu_devices(self.config.gpus)
+        as_root = os.environ.get(SANDBOX_ENV) == CGROUPS_ONLY  # the operator's choice, said once at start
+        mounts = not as_root and namespace_supported()
+        blocked = None if mounts else unreachable([workdir.parent, sys.executable, *paths, *reads[3:]])
+        if as_root:
+            blocked = None
+        user = None if blocked or as_root else gang_user(tenant, launch.gang_id)
         # a distributed task's Resources(mem=) is per node (what the Scheduler reserved): each rank gets its share
         per_rank = None if mem is None else max(1, mem // launch.nproc_per_node)
         if blocked and blocked not in self.logged:
             self.logged.add(blocked)
             log.warning(
-                "node %s: ranks run in their cgroups but as root: another user cannot reach %s",
+                "node %s: ranks run in their cgroups but as root: another user cannot reach %s, and this node "
+                "cannot give ranks a mount namespace of their own",
                 self.config.node_id,
                 blocked,
             )
@@ -355,9 +372,35 @@ class NodeActivities:
             per_rank,
             launch.cpus_per_node,
             launch.nproc_per_node,
-            device_rules(gpu_devices(self.config.gpus), launch.gpu_ids),
+            device_rules(devices, launch.gpu_ids),
             checkpoint_dir=launch.checkpoint_dir,
+            reads=tuple(reads) if mounts else None,
+            gpu_nodes=tuple(devices[i] for i in launch.gpu_ids if i < len(devices)),
+            hides=(str(cache_dir()),),
         )
+
+
+def _copy_logs(store: Any, run_id: str, workdir: Path) -> None:
+    """The ranks' logs, written in their working folder, into the run's store (a failure to copy is said, never
+    raised: it must not hide how the attempt ended)."""
+    try:
+        store.fs.makedirs(store.log_path(run_id), exist_ok=True)
+        for path in workdir.glob("*.log"):
+            store.fs.put_file(str(path), store.log_path(run_id, path.name))
+    except OSError as exc:
+        log.warning("could not copy the logs of run %s from %s into its store: %s", run_id, workdir, exc)
+
+
+def _deliver_inputs(defn: TaskDefinition, envelope: Envelope, store: Any) -> None:
+    """Fetch the call's File / Directory inputs into this node's cache (root-owned, read-only to others), where
+    its sandboxed ranks read them. A store that cannot deliver one is the platform's failure; any other error
+    (a value that does not match its type) is left for the rank to report as the user's, as without a sandbox."""
+    try:
+        defn.interface.inputs_from_wire(envelope.inputs, store.context(upload=False))
+    except OSError as exc:
+        raise InputUnavailableError(f"cannot deliver the inputs of {defn.name}: {exc}") from exc
+    except Exception:
+        return
 
 
 def _sandbox_driver(node_id: str) -> CgroupDriver | None:
@@ -376,11 +419,15 @@ def _sandbox_driver(node_id: str) -> CgroupDriver | None:
             node_id,
             why,
         )
-    elif driver.version == 2:
+    elif os.environ.get(SANDBOX_ENV) == CGROUPS_ONLY:
+        log.warning("node %s: %s=%s: ranks run in their cgroups but as root", node_id, SANDBOX_ENV, CGROUPS_ONLY)
+    elif not namespace_supported():
         log.warning(
-            "node %s: cgroup v2: GPU device rules are not attached (no eBPF device program here); ranks see "
-            "every GPU device node their user may open",
+            "node %s: no mount namespaces here: ranks keep the node's /dev%s",
             node_id,
+            " and, on cgroup v2, may open every GPU device node their user may (no eBPF device program)"
+            if driver.version == 2
+            else "",
         )
     return driver
 

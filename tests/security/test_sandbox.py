@@ -6,12 +6,15 @@ here, standing in for ``/dev/nvidia0`` and ``/dev/nvidia1``):
   while another gang on the node finishes and the node agent stays up;
 - a rank forking 10,000 processes is stopped by its gang's pids limit;
 - a rank opening the device node of a GPU it was not given is refused (its own opens);
+- a rank runs as its gang's own user (not root, although this machine's Python lives under ``/root``, 0700: the
+  agent gives it a mount namespace reaching its paths only), cannot read the agent's home, another gang's working
+  folder, ``/etc/shadow`` or the environment of PID 1, sees no other device node, and its File output still
+  reaches the run's store (published by the agent);
 - every gang's cgroup is gone once the runs ended.
 
 Without the stack, with real processes dropped to gangs' users (``enter``, as a rank's fork does): a process of
 one gang cannot read another gang's ``/proc/<pid>/environ`` or checkpoint folder; and a cgroup left by a killed
-node agent (with a process still in it) is removed by the next agent's start. (Ranks of the e2e stack stay root
-on this machine: its Python lives under ``/root``, which another user cannot enter; the agent says so.)
+node agent (with a process still in it) is removed by the next agent's start.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from typing import Any
 import pytest
 from conftest import Stack, gangflow_cli, stack_fixture
 
+from engine.executor.namespace import plan_mounts
 from engine.executor.process import spawn
 from engine.executor.sandbox import (
     PIDS_PER_PROCESS,
+    UID_BASE,
     CgroupV1,
     GangSandbox,
     Limits,
@@ -58,7 +63,7 @@ GPU_NODES = [str(DEVICES / "gpu0"), str(DEVICES / "gpu1")]
 FLOW = """
 from dataclasses import dataclass
 
-from engine import GangPlugin, Resources, task, workflow
+from engine import File, GangPlugin, Resources, task, workflow
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,34 @@ def devices(paths: list[str]) -> str:
     return f"{mine}:{','.join(seen)}"
 
 
+@task(plugin=One(), resources=Resources(mem="256Mi"))
+def snoop(paths: list[str]) -> File:
+    import json, os
+
+    seen = {}
+    for path in [*paths, "/proc/1/environ"]:
+        try:
+            with open(path, "rb") as handle:
+                seen[path] = "read:" + handle.read(40).decode(errors="replace")
+        except OSError as exc:
+            seen[path] = f"errno:{exc.errno}"
+    report = os.path.join(os.environ["TMPDIR"], "report.json")  # a File output, published by the node agent
+    with open(report, "w") as handle:
+        json.dump({"uid": os.getuid(), "seen": seen, "dev": sorted(os.listdir("/dev"))}, handle)
+    return File(report)
+
+
+@task
+def read_report(report: File) -> str:
+    with open(report.path) as handle:
+        return handle.read()
+
+
+@workflow
+async def snoop_run(paths: list[str]) -> str:
+    return await read_report(report=await snoop(paths=paths))
+
+
 @workflow
 async def hog_run() -> int:
     return await hog()
@@ -143,7 +176,11 @@ async def devices_run(paths: list[str]) -> str:
     return await devices(paths=paths)
 """
 
-stack = stack_fixture("sbx", count=2, gpus=2, env={"GANGFLOW_GPU_DEVICES": ",".join(GPU_NODES)})
+#: the whole sandbox (conftest's other stacks keep ranks as root in their cgroups: their ranks write markers into
+#: pytest's folders, which a gang's user cannot reach)
+stack = stack_fixture(
+    "sbx", count=2, gpus=2, env={"GANGFLOW_GPU_DEVICES": ",".join(GPU_NODES), "GANGFLOW_SANDBOX": "1"}
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -230,6 +267,25 @@ def test_a_rank_opens_its_own_gpu_and_not_another(stack: Stack, project: Path) -
     other = 1 - int(mine)
     assert f"{mine}=ok" in seen.split(","), status
     assert f"{other}=1" in seen.split(","), status  # EPERM from the devices cgroup, whatever the file mode says
+
+
+def test_a_rank_runs_as_its_gangs_user_and_reaches_nothing_else(stack: Stack, project: Path) -> None:
+    # what a rank must not read: the agent's home, another gang's (or tenant's) working folder and the node
+    # agent's cache of other stores, the node's own secrets
+    others = [stack.root / "nodes" / "cache" / "nodes" / node / "other-gang.a0.n0" for node in stack.nodes]
+    for folder in others:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "spec.msgpack").write_text("another gang's envelope")
+    targets = ["/root/.bashrc", "/root/.pyenv/version", "/etc/shadow", *(str(f / "spec.msgpack") for f in others)]
+    status = finished(stack, project, start(stack, project, "snoop_run", "--paths", json.dumps(targets)))
+    assert status["status"] == "COMPLETED", status
+    got = json.loads(status["result"])  # it came back through a File output: the agent published it
+    assert got["uid"] >= UID_BASE, got  # not root: the gang's own user
+    for path in [*targets, "/proc/1/environ"]:
+        assert not got["seen"][path].startswith("read"), (path, got)
+    assert not any(name.startswith("nvidia") for name in got["dev"]) and "null" in got["dev"], got
+    for folder in others:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_no_cgroup_outlives_its_gang(stack: Stack) -> None:
@@ -342,8 +398,13 @@ def test_a_standby_starts_without_credentials_and_takes_the_gangs_sandbox(
         os.mkfifo(spec, 0o666)
         os.chmod(spec, 0o666)
         files = gang.prepare(0, rank=True)
+        mounts = plan_mounts([], [], [])  # a private /dev, nothing else to reach
         proc = pool.take(
-            [*RUNNER, str(spec)], {"PATH": "/usr/bin:/bin"}, None, str(open_tmp / "rank.log"), (files, gang.user)
+            [*RUNNER, str(spec)],
+            {"PATH": "/usr/bin:/bin"},
+            None,
+            str(open_tmp / "rank.log"),
+            (files, gang.user, mounts),
         )
         assert proc is waiting
         deadline = time.monotonic() + 10
@@ -351,6 +412,7 @@ def test_a_standby_starts_without_credentials_and_takes_the_gangs_sandbox(
             assert time.monotonic() < deadline, "the standby never dropped to the gang's user"
             time.sleep(0.05)
         assert gang.driver.pids(gang.name) == {proc.pid}  # in the gang's cgroup
+        assert os.readlink(f"/proc/{proc.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")  # its own mounts
         proc.kill()
         proc.wait()
     finally:

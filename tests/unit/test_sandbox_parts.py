@@ -255,3 +255,24 @@ def test_v2_weighs_a_node_with_cpu_weight(tmp_path: Path) -> None:
     assert _read(tmp_path / "gangflow" / "n0" / "cpu.weight") == "200"
     assert _read(tmp_path / "gangflow" / "cpu.weight") == "500"
     assert _read(tmp_path / "cgroup.subtree_control") == "+memory +cpu +pids"
+
+
+def test_a_ranks_outbox_is_published_only_where_each_file_has_the_sha256_it_is_named_by(tmp_path: Path) -> None:
+    import hashlib
+
+    from engine.artifacts.store import ArtifactStore
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    outbox = tmp_path / "outbox"
+    rank = ArtifactStore(str(tmp_path / "store"))
+    rank.outbox = outbox  # what a sandboxed rank's uploads do: nothing reaches the store itself
+    uri, sha = rank.put_bytes(b"rank 0's output")
+    assert uri == store.object_uri(sha) and not Path(uri).exists() and (outbox / sha).read_bytes() == b"rank 0's output"
+    forged = hashlib.sha256(b"something else").hexdigest()
+    (outbox / forged).write_bytes(b"not what its name says")
+    (tmp_path / "secret").write_bytes(b"the agent's own file")
+    (outbox / hashlib.sha256(b"the agent's own file").hexdigest()).symlink_to(tmp_path / "secret")
+    assert store.publish_outbox(outbox) == 1
+    assert Path(uri).read_bytes() == b"rank 0's output"
+    assert not Path(store.object_uri(forged)).exists()
+    assert not Path(store.object_uri(hashlib.sha256(b"the agent's own file").hexdigest())).exists()

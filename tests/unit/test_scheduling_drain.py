@@ -42,6 +42,8 @@ from engine.scheduling import (
     GangReleased,
     NodeDrained,
     NodeLost,
+    NodeRegistered,
+    NodeSpec,
     Pending,
     Policy,
     Preempted,
@@ -411,3 +413,15 @@ def test_a_drain_undone_at_once_changes_no_admission(
     for victim in victims:
         comes_back(policy, victim)
     assert set(policy.running) == running and not policy.pending
+
+
+def test_a_snapshot_carries_whether_each_node_is_sandboxed_and_an_older_one_restores_it_as_not() -> None:
+    policy = two_teams()
+    run([NodeRegistered(spec=NodeSpec(node_id="s", address="s:1", gpus=2, cpus=8, sandboxed=True)), node("p")], policy)
+    restored = Policy.restore(json.loads(json.dumps(policy.snapshot())))
+    assert {n: restored.inventory.nodes[n].spec.sandboxed for n in ("s", "p")} == {"s": True, "p": False}
+    snapshot = policy.snapshot()
+    data = json.loads(zlib.decompress(base64.b64decode(snapshot["zlib"])))
+    data["nodes"] = [row[:9] for row in data["nodes"]]  # an older Scheduler's rows: no ``sandboxed``
+    old = {"v": snapshot["v"], "zlib": base64.b64encode(zlib.compress(json.dumps(data).encode())).decode()}
+    assert not Policy.restore(old).inventory.nodes["s"].spec.sandboxed

@@ -1,0 +1,147 @@
+"""A rank's mount namespace (engine.executor.namespace): what is covered, what is bound back and which device nodes
+its private /dev holds; and, as root, a real namespace: an unprivileged process reaches exactly its own paths and
+sees its own "GPU" only (character devices with /dev/null's number stand in for GPUs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.executor.namespace import DEV_NODES, Bind, MountPlan, blocked_folders, plan_mounts, supported
+from engine.executor.sandbox import enter, gang_user
+
+
+@pytest.fixture
+def tree() -> Iterator[Path]:
+    """/tmp/x (0755) / home (0700, like /root) / {python, cache (stores, nodes/<attempt>), secret}."""
+    top = Path(tempfile.mkdtemp(prefix="gangflow-ns-"))
+    os.chmod(top, 0o755)
+    home = top / "home"
+    for sub in ("python/lib", "cache/stores/k1", "cache/stores/k2", "cache/nodes/n0/attempt", "secret"):
+        (home / sub).mkdir(parents=True)
+    (home / "python" / "lib" / "os.py").write_text("stdlib")
+    (home / "cache" / "stores" / "k1" / "input").write_text("mine")
+    (home / "cache" / "stores" / "k2" / "input").write_text("another tenant's")
+    (home / "secret" / "token").write_text("the agent's token")
+    for path in [home, *home.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    os.chmod(home, 0o700)
+    yield top
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_the_topmost_folder_others_cannot_pass_is_covered(tree: Path) -> None:
+    home = tree / "home"
+    os.chmod(home / "cache", 0o700)  # inside a covered folder: covering the outer one hides it already
+    assert blocked_folders([home / "python" / "lib", home / "cache" / "nodes"]) == [str(home)]
+    assert blocked_folders([tree, "/usr/lib"]) == []  # a path itself is not checked, only the way to it
+
+
+def test_only_the_needed_paths_below_a_cover_are_bound_back_read_only_or_writable(tree: Path) -> None:
+    home = tree / "home"
+    plan = plan_mounts([home / "python", home / "cache" / "stores" / "k1", "/usr"], [home / "cache" / "nodes"])
+    assert plan.covers == (str(home),)
+    assert plan.binds == (
+        Bind(str(home / "python"), False),
+        Bind(str(home / "cache" / "nodes"), True),
+        Bind(str(home / "cache" / "stores" / "k1"), False),
+    )  # /usr is reachable as it is: not bound; k2 and secret: not there at all
+    assert not plan.private_dev and plan.dev_paths == ()
+    assert MountPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan  # what a standby is sent
+
+
+def test_a_hidden_folder_is_covered_even_where_others_may_pass_it(tree: Path) -> None:
+    cache = tree / "open-cache"
+    (cache / "stores" / "k1").mkdir(parents=True)
+    (cache / "stores" / "k2").mkdir(parents=True)
+    os.chmod(cache, 0o755)
+    plan = plan_mounts([cache / "stores" / "k1"], [], hide=[cache])
+    assert plan.covers == (str(cache),) and plan.binds == (Bind(str(cache / "stores" / "k1"), False),)
+
+
+def test_the_private_dev_holds_the_standard_nodes_and_the_gangs_own_gpus_only() -> None:
+    plan = plan_mounts([], [], ["/dev/null-as-gpu0-absent"])  # an absent node is skipped
+    assert plan.private_dev
+    assert set(plan.dev_paths) >= {p for p in DEV_NODES if os.path.exists(p)}
+    assert "/dev/null-as-gpu0-absent" not in plan.dev_paths
+    assert plan_mounts([], [], None).private_dev is False  # None: the node's /dev as it is
+
+
+@pytest.fixture
+def fake_gpus() -> Iterator[list[str]]:
+    """Two "GPUs" in the real /dev, character devices with /dev/null's number (harmless to open)."""
+    null = os.stat("/dev/null").st_rdev
+    paths = [f"/dev/gangflow-test-gpu{i}-{os.getpid()}" for i in range(2)]
+    for path in paths:
+        os.mknod(path, 0o666 | stat.S_IFCHR, null)
+        os.chmod(path, 0o666)
+    yield paths
+    for path in paths:
+        Path(path).unlink(missing_ok=True)
+
+
+PROBE = """
+import json, os, sys
+seen = {}
+for path in sys.argv[1:]:
+    try:
+        with open(path, "rb") as handle:
+            seen[path] = "read:" + handle.read(20).decode(errors="replace")
+    except OSError as exc:
+        seen[path] = f"errno:{exc.errno}"
+try:
+    open(sys.argv[1] + ".planted", "w")
+    seen["planted"] = "yes"
+except OSError as exc:
+    seen["planted"] = f"errno:{exc.errno}"
+print(json.dumps({"uid": os.getuid(), "seen": seen, "dev": sorted(os.listdir("/dev"))}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not supported(), reason="a mount namespace needs root (CAP_SYS_ADMIN)")
+def test_in_its_namespace_an_unprivileged_rank_reaches_its_paths_and_its_own_gpu_only(
+    tree: Path, fake_gpus: list[str]
+) -> None:
+    home = tree / "home"
+    workdir = home / "cache" / "nodes" / "n0" / "attempt"
+    user = gang_user("team-a", "gang-1")
+    os.chown(workdir, user.uid, user.gid)
+    os.chmod(workdir, 0o700)
+    (workdir / "spec").write_text("my spec")
+    os.chown(workdir / "spec", user.uid, user.gid)
+    python = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+    plan = plan_mounts([*python, home / "cache" / "stores" / "k1"], [workdir], [fake_gpus[0]], hide=[])
+    targets = [
+        str(home / "cache" / "stores" / "k1" / "input"),
+        str(workdir / "spec"),
+        str(home / "cache" / "stores" / "k2" / "input"),
+        str(home / "secret" / "token"),
+        *fake_gpus,
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *targets],
+        preexec_fn=lambda: enter([], user, None, plan),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["uid"] == user.uid
+    seen = got["seen"]
+    assert seen[targets[0]] == "read:mine" and seen[targets[1]] == "read:my spec"
+    assert seen[targets[2]] == "errno:2" and seen[targets[3]] == "errno:2"  # not there at all
+    assert seen["planted"] == "errno:30"  # the cache is read-only to it (EROFS)
+    assert seen[fake_gpus[0]] == "read:" and seen[fake_gpus[1]] == "errno:2"  # its own GPU only
+    assert os.path.basename(fake_gpus[1]) not in got["dev"] and "null" in got["dev"]
+    assert os.path.exists(fake_gpus[1])  # the node's own /dev is untouched
