@@ -82,6 +82,9 @@ MAX_EVENTS_PER_RUN = 4000
 #: Scheduler runs recorded before it rejected a gang no registered node could hold at once; from this patch on
 #: such a gang waits for a node to register (Policy.wait_for_nodes), up to its lost_node_wait_s
 NODE_WAIT_PATCH = "wait-for-nodes"
+#: Scheduler runs recorded before a gang waiting for its victims held what they free (Policy.hold_for_victims):
+#: a gang of lower priority could take it and be preempted for it again, in a loop (issue 22)
+HOLD_PATCH = "hold-for-victims"
 #: how often the Scheduler wakes up by itself (deadlines have this granularity)
 TICK = timedelta(seconds=5)
 #: how often the owners of allocations are checked (on a tick), when there is anything to check
@@ -258,6 +261,7 @@ class Scheduler:
         if not self.versioned:  # once per run, before its first event: the same point when it is replayed
             self.versioned = True
             self.policy.wait_for_nodes = workflow.patched(NODE_WAIT_PATCH)
+            self.policy.hold_for_victims = workflow.patched(HOLD_PATCH)
         decisions = self.policy.step(event, workflow.now().timestamp())
         self.outbox.extend(decisions)
         self.handled += 1

@@ -36,7 +36,8 @@ on idle GPUs elsewhere). So idle GPUs are used, and the blocker's wait is bounde
 the gangs admitted *before* it started waiting, or for the minimum runtime and the grace of the
 backfilled gangs in its way. The nodes a blocker will take (freed by its victims, or held by victims too
 young to preempt yet) are reserved: nothing backfills there meanwhile, so short gangs cannot keep
-replacing each other on them.
+replacing each other on them. A gang waiting for its victims also holds what they free, quota and nodes,
+from the gangs after it in the order (``preemption.hold``), or one could take it and be preempted in turn.
 
 **Preemption** has four causes: *reclaim* (a tenant within its nominal quota takes back what it lent to
 borrowers of its cohort; ``policy.reclaim_within_cohort``), *priority* (within a tenant;
@@ -127,6 +128,9 @@ class Policy:
         #: a gang no registered node can hold waits for one to register (up to its ``lost_node_wait_s``), as
         #: Kueue keeps a workload no flavor fits pending; False: rejected at once (Schedulers recorded before)
         self.wait_for_nodes = True
+        #: a gang waiting for its victims holds what they free for the rest of each cycle (``_hold``); False:
+        #: what Schedulers recorded before decided (a lower gang could take it, and be preempted in a loop)
+        self.hold_for_victims = True
         self.inventory = Inventory(node_ttl_s)
         self.tenancy = Tenancy(config)
         self.running: dict[str, Running] = {}  # in admission order
@@ -340,10 +344,6 @@ class Policy:
         node_waits.revive_lost_waiters(self)
         if not self.pending:
             return
-        policy = self.config.policy
-        # ``changed`` counts admissions per tenant in this cycle: an entry ranked before the last one is ranked
-        # again when it comes up (its tenant's share moved)
-        changed: dict[str, int] = {}
         order: list[tuple[bool, int, float, int, int, str, str, QueueKey]] = []
         for tenant, queues in self._queues.items():
             heads = []
@@ -363,14 +363,27 @@ class Policy:
             self._pversion += 1
         for gang_id in [g for g, at in self._retry.items() if at <= self._now]:
             del self._retry[gang_id]  # come of age: the gang's next look searches again
+        self._searches_left = searches  # victim searches per event are bounded: so is the cost of an event
+        holds: list[preemption.Hold] = []  # what gangs waiting for their victims hold: undone however it ends
+        try:
+            self._walk(order, decisions, holds, timed=timed)
+        finally:
+            preemption.unhold(self, holds)
+
+    def _walk(self, order: list[Any], decisions: list[Decision], holds: list[preemption.Hold], *, timed: bool) -> None:
+        """The cycle's walk of the order (``_cycle``): admit, nominate, or say why each head waits."""
+        policy = self.config.policy
+        # ``changed`` counts admissions per tenant in this cycle: an entry ranked before the last one is ranked
+        # again when it comes up (its tenant's share moved)
+        changed: dict[str, int] = {}
+        # per tenant, the demands its quota refused in this cycle: a bigger one is refused too (its reason
+        # was set when it was first looked at, so it is not worked out again for every event)
+        refused: dict[str, list[Vec]] = {}
         blocker: Queued | None = None
         blocker_why = ""
         failed_shapes: set[Shape] = set()
         reserved = frozenset().union(*self._reserved.values()) if self._reserved else frozenset()
-        self._searches_left = searches  # victim searches per event are bounded: so is the cost of an event
-        # per tenant, the demands its quota refused in this cycle: a bigger one is refused too (its reason
-        # was set when it was first looked at, so it is not worked out again for every event)
-        refused: dict[str, list[Vec]] = {}
+        held: frozenset[str] = frozenset()  # the nodes of the gangs that hold what their victims free
         while order:
             entry = heapq.heappop(order)
             _, _, _, seq, version, gang_id, tenant, key = entry
@@ -431,6 +444,7 @@ class Policy:
                     blocked.kind != "protected" and preemption.preempt_for(self, queued, decisions, timed=timed)
                 ):
                     self._say(queued, nominated_reason(request, sorted(queued.victims), queued.cause), decisions)
+                    held = preemption.hold(self, queued, holds, held)
                 else:
                     reclaim = blocked.within_nominal and preemption.reclaimable(self, queued)
                     cohort = self.tenancy.root(tenant)
@@ -443,7 +457,7 @@ class Policy:
             placement = None
             if shape not in failed_shapes:
                 # a backfilled gang stays off the nodes reserved for gangs waiting for their victims to leave
-                placement = self.inventory.place(request, exclude=reserved if backfill else frozenset())
+                placement = self.inventory.place(request, exclude=(reserved if backfill else frozenset()) | held)
             if placement is None:
                 failed_shapes.add(shape)
                 waiting_first = blocker is None
@@ -451,6 +465,7 @@ class Policy:
                     waiting_first and preemption.preempt_for(self, queued, decisions, timed=timed, defrag=True)
                 ):
                     self._say(queued, nominated_reason(request, sorted(queued.victims), queued.cause), decisions)
+                    held = preemption.hold(self, queued, holds, held)
                     why = "waits for the gangs it preempted to release"
                 else:
                     tkey = ("capacity", shape, policy.backfill, self.inventory.drain_changes)

@@ -45,10 +45,13 @@ __all__ = [
     "MORE_VICTIMS",
     "NODES_LOOKED_AT",
     "SEARCH_PUT_OFF_S",
+    "Hold",
     "Victim",
     "choose_victims",
+    "hold",
     "preempt_for",
     "reclaimable",
+    "unhold",
 ]
 
 #: how many nodes beyond the gang's own ``nnodes`` a search looks at (the ones with the most free GPUs)
@@ -231,6 +234,37 @@ def reclaimable(policy: Policy, queued: Queued) -> bool:
         if name != tenant and policy.tenancy.root(name) == root and policy.tenancy.borrowing(name)
         for prio, n in counts.items()
     )
+
+
+# -- what a gang waiting for its victims holds --------------------------------------------------------------
+#: one change to the tenancy ledger, to undo: (tenant, demand, protected, the sign that undoes it)
+Hold = tuple[str, Vec, bool, int]
+
+
+def hold(policy: Policy, queued: Queued, holds: list[Hold], held: frozenset[str]) -> frozenset[str]:
+    """``queued`` waits for its victims: for the rest of the admission cycle (until ``unhold``) the tenancy
+    counts it admitted and its victims not yet released gone, so a gang after it in the order cannot take
+    what they free (and be preempted for it in turn: in a loop when gangs release and come back at once,
+    as with no save time and ``min_runtime: 0``). The quota's counterpart of the nodes
+    ``Policy._reserved`` keeps free; those nodes join ``held``, the nodes kept from the gangs after it."""
+    if not policy.hold_for_victims:
+        return held
+    tenancy = policy.tenancy
+    tenancy.add(queued.request.tenant, queued.vec, protected=not queued.preemptible)
+    holds.append((queued.request.tenant, queued.vec, not queued.preemptible, -1))
+    for gang_id in sorted(queued.victims):
+        running = policy.running.get(gang_id)
+        if running is not None:
+            tenancy.add(running.request.tenant, running.vec, -1, protected=not running.preemptible)
+            holds.append((running.request.tenant, running.vec, not running.preemptible, 1))
+    return held | policy._reserved.get(queued.request.gang_id, frozenset())
+
+
+def unhold(policy: Policy, holds: list[Hold]) -> None:
+    """Undo every ``hold`` (the ledger's pool draws are a sum over tenants: the order does not matter)."""
+    for tenant, vec, protected, sign in reversed(holds):
+        policy.tenancy.add(tenant, vec, sign, protected=protected)
+    holds.clear()
 
 
 # -- choosing victims --------------------------------------------------------------------------------------

@@ -135,6 +135,7 @@ class SimTenant:
     weight: int
     quota_gpus: int
     cohort: str | None
+    borrowing_gpus: int | None = None  # the borrowing limit (None: unlimited)
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,12 @@ class Workload:
     tenants: tuple[SimTenant, ...]
     gangs: tuple[SimGang, ...]
     arrival_rate: float  # gangs per second
+    name: str = "philly"  # see ``WORKLOADS``
+    priority_classes: tuple[dict[str, Any], ...] = PRIORITY_CLASSES
+    #: the queue file's cohorts (None: ``cohort-a..c`` under one root ``cluster``, as the tenants name them)
+    cohorts: tuple[dict[str, Any], ...] | None = None
+    #: the queue file's policy keys this workload sets beyond ``queue_config``'s
+    policy: tuple[tuple[str, Any], ...] = ()
 
     @property
     def total_gpus(self) -> int:
@@ -258,23 +265,83 @@ def generate_workload(
     )
 
 
+def kueue_baseline_workload() -> Workload:
+    """Kueue's scheduler benchmark workload (kubernetes-sigs/kueue ``test/performance/scheduler/configs/
+    baseline``), in gangflow's terms: 5 cohorts x 6 tenants (Kueue's ClusterQueues), each with a nominal
+    quota of 20 GPUs and a borrowing limit of 100, ``reclaim_within_cohort: any`` and ``within_tenant:
+    lower_priority``. Each tenant submits 350 small gangs (1 GPU, 200 ms, priority 50, one every 100 ms),
+    100 medium (5 GPUs, 500 ms, priority 100, every 500 ms) and 50 large (20 GPUs, 1 s, priority 200, every
+    1.2 s), the first of each at time 0: 15,000 gangs, all preemptible. Kueue's units are CPUs; here they
+    are GPUs, on 30 nodes of 20 (6 per cohort's quota, one large gang per node). Work-conserving bound:
+    39,600 GPU-seconds / 600 GPUs = 66 s."""
+    classes = (("small", 350, 0.1, 1, 0.2, 50), ("medium", 100, 0.5, 5, 0.5, 100), ("large", 50, 1.2, 20, 1.0, 200))
+    cohorts, per_cohort, gpus_per_node = 5, 6, 20
+    tenants = tuple(
+        SimTenant(name=f"cq-{c}-{q}", weight=1, quota_gpus=20, cohort=f"cohort-{c}", borrowing_gpus=100)
+        for c in range(cohorts)
+        for q in range(per_cohort)
+    )
+    gangs = [
+        SimGang(
+            gang_id=f"{t.name}-{name}-{i:03d}",
+            tenant=t.name,
+            priority=name,
+            arrival=round(i * every, 3),
+            duration=duration,
+            nnodes=1,
+            gpus_per_node=gpus,
+            cpus_per_node=float(CPUS_PER_GPU_GANG * gpus),
+        )
+        for t in tenants
+        for name, count, every, gpus, duration, _value in classes
+        for i in range(count)
+    ]
+    gangs.sort(key=lambda g: g.arrival)  # stable: at one instant, tenants in order, small before large
+    return Workload(
+        nodes=cohorts * per_cohort * 20 // gpus_per_node,
+        gpus_per_node=gpus_per_node,
+        cpus_per_node=CPUS_PER_GPU_NODE * gpus_per_node,
+        tenants=tenants,
+        gangs=tuple(gangs),
+        arrival_rate=len(gangs) / gangs[-1].arrival,
+        name="kueue-baseline",
+        priority_classes=tuple(
+            {"name": name, "value": value, "preemptible": True} for name, _n, _e, _g, _d, value in classes
+        ),
+        cohorts=tuple({"name": f"cohort-{c}"} for c in range(cohorts)),
+        policy=(("reclaim_within_cohort", "any"), ("within_tenant", "lower_priority")),
+    )
+
+
+#: ``--workload``: the generated Philly-fit trace, or Kueue's benchmark workload (fixed: no size flags)
+WORKLOADS = ("philly", "kueue-baseline")
+
+
 def queue_config(workload: Workload, grace_s: float, min_runtime_s: float) -> dict[str, Any]:
     """The queue configuration (the YAML file's shape) the Policy runs with: the workload's tenants and
-    cohorts, priority classes low/high, no cap on pending gangs, and the default policy otherwise."""
-    used = sorted({t.cohort for t in workload.tenants if t.cohort is not None})
+    cohorts, its priority classes, no cap on pending gangs, and the default policy otherwise."""
+    if workload.cohorts is None:
+        used = sorted({t.cohort for t in workload.tenants if t.cohort is not None})
+        cohorts = [{"name": ROOT_COHORT}, *({"name": c, "parent": ROOT_COHORT} for c in used)]
+    else:
+        cohorts = [dict(c) for c in workload.cohorts]
+    tenants = []
+    for t in workload.tenants:
+        entry: dict[str, Any] = {"name": t.name, "cohort": t.cohort, "weight": t.weight, "quota": {"gpu": t.quota_gpus}}
+        if t.borrowing_gpus is not None:
+            entry["borrowing_limit"] = {"gpu": t.borrowing_gpus}
+        tenants.append(entry)
     return {
-        "cohorts": [{"name": ROOT_COHORT}, *({"name": c, "parent": ROOT_COHORT} for c in used)],
-        "tenants": [
-            {"name": t.name, "cohort": t.cohort, "weight": t.weight, "quota": {"gpu": t.quota_gpus}}
-            for t in workload.tenants
-        ],
-        "priority_classes": [dict(c) for c in PRIORITY_CLASSES],
+        "cohorts": cohorts,
+        "tenants": tenants,
+        "priority_classes": [dict(c) for c in workload.priority_classes],
         # the trace keeps a backlog of thousands of gangs per tenant: no cap on pending gangs refuses any of it
         "policy": {
             "min_runtime": min_runtime_s,
             "preemption_grace": grace_s,
-            "default_priority": "low",
+            "default_priority": workload.priority_classes[0]["name"],
             "max_pending": len(workload.gangs),
+            **dict(workload.policy),
         },
     }
 
@@ -776,7 +843,7 @@ class Simulation:
         lat = self.adapter.latencies
         busy = sum(lat)
         delays: dict[str, list[float]] = {t.name: [] for t in self.workload.tenants}
-        by_priority: dict[str, list[float]] = {"high": [], "low": []}
+        by_priority: dict[str, list[float]] = {c["name"]: [] for c in self.workload.priority_classes}
         for run in self.runs.values():
             if run.first_admitted is not None:
                 delays[run.gang.tenant].append(run.first_admitted - run.gang.arrival)
@@ -812,6 +879,9 @@ class Simulation:
             "queue_delay_s": {name: p50_p99(v) for name, v in delays.items()},
             "queue_delay_all_s": p50_p99([d for v in delays.values() for d in v]),
             "queue_delay_by_priority_s": {name: p50_p99(v) for name, v in by_priority.items()},
+            "queue_delay_mean_by_priority_s": {
+                name: round(sum(v) / len(v), 2) if v else None for name, v in by_priority.items()
+            },
             "gangs_finished": self.finished,
             "rejections": self.rejections,
             "peak_pending": self.peak_pending,
@@ -952,7 +1022,7 @@ def cell(entry: dict[str, Any], key: str, fmt: str) -> str:
     elif key.startswith("queue_delay_p"):
         value = entry["queue_delay_all_s"][key.removeprefix("queue_delay_")]
     elif key.startswith("queue_delay_high_p"):
-        value = entry["queue_delay_by_priority_s"]["high"][key.removeprefix("queue_delay_high_")]
+        value = entry["queue_delay_by_priority_s"].get("high", {}).get(key.removeprefix("queue_delay_high_"))
     else:
         value = entry.get(key)
     if value is None:
@@ -965,16 +1035,29 @@ def cell(entry: dict[str, Any], key: str, fmt: str) -> str:
 
 #: the flags the caption names only when a run changed them
 OPTIONAL_FLAGS = {"load": 1.5, "save_s": 30.0, "grace_s": 120.0, "min_runtime_s": 60.0, "fifo_budget_s": 60.0}
+#: per workload, the defaults that differ from ``OPTIONAL_FLAGS`` (Kueue's run has no save time and no
+#: minimum runtime)
+WORKLOAD_DEFAULTS: dict[str, dict[str, float]] = {"kueue-baseline": {"save_s": 0.0, "min_runtime_s": 0.0}}
+
+
+def defaults(workload: str) -> dict[str, float]:
+    return {**OPTIONAL_FLAGS, **WORKLOAD_DEFAULTS.get(workload, {})}
 
 
 def command_line(result: dict[str, Any]) -> str:
     """The command that reproduces ``result``."""
     c = result["config"]
-    line = (
-        f"python tests/perf/bench_scheduler.py --nodes {c['nodes']} --gpus-per-node {c['gpus_per_node']} "
-        f"--gangs {c['gangs']} --tenants {c['tenants']} --seed {c['seed']}"
-    )
-    for key, default in OPTIONAL_FLAGS.items():
+    name = c.get("workload", "philly")
+    if name == "philly":
+        line = (
+            f"python tests/perf/bench_scheduler.py --nodes {c['nodes']} --gpus-per-node {c['gpus_per_node']} "
+            f"--gangs {c['gangs']} --tenants {c['tenants']} --seed {c['seed']}"
+        )
+    else:
+        line = f"python tests/perf/bench_scheduler.py --workload {name}"
+    for key, default in defaults(name).items():
+        if key == "load" and name != "philly":
+            continue
         if c.get(key, default) != default:
             line += f" --{key.replace('_', '-')} {c[key]:g}"
     return line
@@ -999,6 +1082,14 @@ def markdown(result: dict[str, Any]) -> list[str]:
     fifo, policy = result["fifo"], result["policy"]
     rows = [[label, cell(fifo, key, fmt), cell(policy, key, fmt), GOALS.get(key, "")] for label, key, fmt in ROWS]
     c = result["config"]
+    if c.get("workload", "philly") != "philly":
+        note = (
+            f"{c['gangs']:,} gangs from {c['tenants']} tenants in {len(c['queue']['cohorts'])} cohorts on "
+            f"{c['nodes']:,} nodes x {c['gpus_per_node']} GPUs, arriving over {c['last_arrival_s']:,.1f} s; bound "
+            f"{c['bound']['bound_s']:,.1f} s (work {c['bound']['work_s']:,.1f} s). {fifo_note(fifo)}"
+        )
+        table_rows = markdown_table(["", "FIFO (before)", "Policy", "goal"], "lrrr", rows)
+        return [*table_rows, "", note, "", caption(command_line(result), result)]
     note = (
         f"{c['gangs']:,} gangs from {c['tenants']} tenants on {c['nodes']:,} nodes x {c['gpus_per_node']} GPUs, "
         f"arriving over {c['last_arrival_s'] / 3600:,.1f} h (see `--load`); "
@@ -1016,6 +1107,14 @@ def table(result: dict[str, Any]) -> list[str]:
     lines = [f"{'':<48}{'fifo':>22}{'policy':>22}{'goal':>10}"]
     for label, key, fmt in ROWS:
         lines.append(f"{label:<48}{cell(fifo, key, fmt):>22}{cell(policy, key, fmt):>22}{GOALS.get(key, ''):>10}")
+    lines.append("\nqueue delay mean / p50 / p99 per priority class (s)")
+    for cls in result["config"]["queue"]["priority_classes"]:
+        parts = []
+        for entry in (fifo, policy):
+            d = entry.get("queue_delay_by_priority_s", {}).get(cls["name"]) if entry.get("finished") else None
+            mean = entry.get("queue_delay_mean_by_priority_s", {}).get(cls["name"])
+            parts.append("–" if not d or d["p50"] is None else f"{mean:,.2f} / {d['p50']:,.1f} / {d['p99']:,.1f}")
+        lines.append(f"  {cls['name']:<14}{parts[0]:>30}{parts[1]:>30}")
     lines.append("\nqueue delay p50 / p99 per tenant (s)")
     for tenant in result["config"]["queue"]["tenants"]:
         name = tenant["name"]
@@ -1045,6 +1144,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the workload (default %(default)s)")
     parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="philly",
+        help="philly: the generated trace the size flags shape; kueue-baseline: Kueue's scheduler benchmark "
+        "workload, fixed (save time and minimum runtime 0 unless given) (default %(default)s)",
+    )
+    parser.add_argument(
         "--load",
         type=float,
         default=OPTIONAL_FLAGS["load"],
@@ -1053,8 +1159,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--save-s",
         type=float,
-        default=OPTIONAL_FLAGS["save_s"],
-        help="checkpoint save time of a preempted gang (default %(default)s)",
+        default=None,
+        help=f"checkpoint save time of a preempted gang (default {OPTIONAL_FLAGS['save_s']:g}; kueue-baseline 0)",
     )
     parser.add_argument(
         "--grace-s",
@@ -1065,8 +1171,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--min-runtime-s",
         type=float,
-        default=OPTIONAL_FLAGS["min_runtime_s"],
-        help="the policy's minimum runtime (default %(default)s)",
+        default=None,
+        help=f"the policy's minimum runtime (default {OPTIONAL_FLAGS['min_runtime_s']:g}; kueue-baseline 0)",
     )
     parser.add_argument(
         "--fifo-budget-s",
@@ -1076,6 +1182,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     output_options(parser, json_flag=True)
     args = parser.parse_args(argv)
+    for flag in ("save_s", "min_runtime_s"):
+        if getattr(args, flag) is None:
+            setattr(args, flag, defaults(args.workload)[flag])
     at_least_one(parser, args, "nodes", "gpus_per_node", "gangs", "tenants")
     for flag in ("save_s", "grace_s", "min_runtime_s", "fifo_budget_s"):
         value = getattr(args, flag)
@@ -1108,15 +1217,19 @@ def main(args: argparse.Namespace) -> None:
         render(args.render, "scheduler", markdown)
         return
 
-    workload = generate_workload(args.nodes, args.gpus_per_node, args.gangs, args.tenants, args.seed, args.load)
+    if args.workload == "kueue-baseline":
+        workload = kueue_baseline_workload()
+    else:
+        workload = generate_workload(args.nodes, args.gpus_per_node, args.gangs, args.tenants, args.seed, args.load)
     queue = queue_config(workload, args.grace_s, args.min_runtime_s)
     bound = workload.bound()
     config: dict[str, Any] = {
-        "nodes": args.nodes,
-        "gpus_per_node": args.gpus_per_node,
+        "workload": workload.name,
+        "nodes": workload.nodes,
+        "gpus_per_node": workload.gpus_per_node,
         "cpus_per_node": workload.cpus_per_node,
-        "gangs": args.gangs,
-        "tenants": args.tenants,
+        "gangs": len(workload.gangs),
+        "tenants": len(workload.tenants),
         "seed": args.seed,
         "load": args.load,
         "arrival_rate_per_s": round(workload.arrival_rate, 6),
@@ -1133,13 +1246,17 @@ def main(args: argparse.Namespace) -> None:
             str(size): sum(1 for g in workload.gangs if g.gpus == size)
             for size in sorted({g.gpus for g in workload.gangs})
         },
+        "gangs_by_priority": {
+            c["name"]: sum(1 for g in workload.gangs if g.priority == c["name"]) for c in workload.priority_classes
+        },
         "high_priority": sum(1 for g in workload.gangs if g.priority == "high"),
         "queue": queue,
         "policy_source": source_digest(),
     }
     log(
-        f"{args.gangs:,} gangs, {args.tenants} tenants, {args.nodes:,} nodes x {args.gpus_per_node} GPUs; "
-        f"last arrival at {workload.gangs[-1].arrival / 3600:,.1f} h, bound {bound['bound_s'] / 3600:,.1f} h"
+        f"{workload.name}: {len(workload.gangs):,} gangs, {len(workload.tenants)} tenants, "
+        f"{workload.nodes:,} nodes x {workload.gpus_per_node} GPUs; "
+        f"last arrival at {workload.gangs[-1].arrival:,.0f} s, bound {bound['bound_s']:,.0f} s"
     )
     result: dict[str, Any] = {"benchmark": "scheduler"}
     with LoadSampler() as load:

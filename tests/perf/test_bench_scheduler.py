@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,46 @@ def test_the_same_seed_gives_the_same_workload_and_another_seed_another() -> Non
 
     assert make(3) == make(3)
     assert make(3).gangs != make(4).gangs
+
+
+def test_the_kueue_baseline_is_kueues_benchmark_workload() -> None:
+    w = bs.kueue_baseline_workload()
+    assert len(w.gangs) == 15000 and len(w.tenants) == 30 and w.total_gpus == 600 and w.gpus_per_node == 20
+    assert round(w.bound()["bound_s"], 6) == 66  # Kueue's work-conserving bound: 39,600 unit-seconds / 600
+    per_tenant = {(g.priority, g.gpus, g.duration) for g in w.gangs if g.tenant == "cq-4-5"}
+    assert per_tenant == {("small", 1, 0.2), ("medium", 5, 0.5), ("large", 20, 1.0)}
+    large = sorted(g.arrival for g in w.gangs if g.tenant == "cq-0-0" and g.priority == "large")
+    assert len(large) == 50 and large[:2] == [0.0, 1.2]
+    config = bs.queue_config(w, grace_s=120, min_runtime_s=0)
+    assert [c["name"] for c in config["cohorts"]] == [f"cohort-{c}" for c in range(5)]
+    assert config["tenants"][0]["borrowing_limit"] == {"gpu": 100} and config["tenants"][0]["quota"] == {"gpu": 20}
+    assert {c["name"]: c["value"] for c in config["priority_classes"]} == {"small": 50, "medium": 100, "large": 200}
+    assert config["policy"]["reclaim_within_cohort"] == "any" and config["policy"]["min_runtime"] == 0
+    from engine.scheduling.config import load_queue_config
+
+    assert len(load_queue_config(config).tenants) == 30
+
+
+def test_the_kueue_baseline_defaults_to_no_save_time_and_no_minimum_runtime() -> None:
+    args = bs.parse_args(["--workload", "kueue-baseline"])
+    assert (args.save_s, args.min_runtime_s) == (0, 0)
+    assert (bs.parse_args([]).save_s, bs.parse_args([]).min_runtime_s) == (30, 60)
+    assert bs.parse_args(["--workload", "kueue-baseline", "--min-runtime-s", "1.5"]).min_runtime_s == 1.5
+
+
+def test_one_cohort_of_the_kueue_baseline_ends_with_min_runtime_zero() -> None:
+    # issue 22: with min_runtime 0 the policy preempted gangs in a loop on this workload and never ended
+    w = bs.kueue_baseline_workload()
+    tenants = tuple(t for t in w.tenants if t.cohort == "cohort-0")
+    gangs = tuple(g for g in w.gangs if g.tenant.startswith("cq-0-") and g.arrival < 3)
+    w = replace(w, tenants=tenants, gangs=gangs, nodes=6, cohorts=w.cohorts[:1] if w.cohorts else None)
+    result = bs.simulate(w, bs.PolicyAdapter(bs.queue_config(w, grace_s=120, min_runtime_s=0)), save_s=0)
+    assert result["finished"] and all(result["checks"].values()), result["violations"]
+    assert result["preemptions_per_gang"] <= 1
+    assert set(result["queue_delay_by_priority_s"]) == {"small", "medium", "large"}
+    row = dict(zip(("small", "medium", "large"), result["queue_delay_mean_by_priority_s"].values(), strict=True))
+    assert all(v is not None and v >= 0 for v in row.values()), row
+    assert "kueue-baseline" in bs.command_line({"config": {"workload": "kueue-baseline", "save_s": 0.0}})
 
 
 def test_gangs_never_ask_for_more_nodes_than_the_cluster_has() -> None:
