@@ -243,20 +243,27 @@ Hold = tuple[str, Vec, bool, int]
 
 def hold(policy: Policy, queued: Queued, holds: list[Hold], held: frozenset[str]) -> frozenset[str]:
     """``queued`` waits for its victims: for the rest of the admission cycle (until ``unhold``) the tenancy
-    counts it admitted and its victims not yet released gone, so a gang after it in the order cannot take
-    what they free (and be preempted for it in turn: in a loop when gangs release and come back at once,
-    as with no save time and ``min_runtime: 0``). The quota's counterpart of the nodes
-    ``Policy._reserved`` keeps free; those nodes join ``held``, the nodes kept from the gangs after it."""
+    counts it admitted and, of what its victims hold, the part it will take gone (a victim's tenant keeps the
+    rest until it releases), so a gang after it in the order cannot take what they free (and be preempted for
+    it in turn: in a loop when gangs release and come back at once, as with no save time and
+    ``min_runtime: 0``), and nothing is counted free that still runs: counting whole victims gone let a
+    later gang in above the cohort's pool while they ran (the property tests found it). The quota's
+    counterpart of the nodes ``Policy._reserved`` keeps free; those nodes join ``held``, the nodes kept from
+    the gangs after it."""
     if not policy.hold_for_victims:
         return held
     tenancy = policy.tenancy
     tenancy.add(queued.request.tenant, queued.vec, protected=not queued.preemptible)
     holds.append((queued.request.tenant, queued.vec, not queued.preemptible, -1))
+    left = queued.vec
     for gang_id in sorted(queued.victims):
         running = policy.running.get(gang_id)
-        if running is not None:
-            tenancy.add(running.request.tenant, running.vec, -1, protected=not running.preemptible)
-            holds.append((running.request.tenant, running.vec, not running.preemptible, 1))
+        if running is None:
+            continue
+        take = (min(running.vec[0], left[0]), min(running.vec[1], left[1]), min(running.vec[2], left[2]))
+        left = (left[0] - take[0], left[1] - take[1], left[2] - take[2])
+        tenancy.add(running.request.tenant, take, -1, protected=not running.preemptible)
+        holds.append((running.request.tenant, take, not running.preemptible, 1))
     return held | policy._reserved.get(queued.request.gang_id, frozenset())
 
 

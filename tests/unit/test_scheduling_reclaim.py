@@ -117,9 +117,10 @@ def test_a_lender_waiting_gets_what_its_reclaim_frees_and_no_new_borrower_takes_
     run([gang("a5", "team-a"), gang("a6", "team-a")], policy, now=2.0)
     decisions = comes_back(policy, "a3", now=3.0)
     assert admitted(decisions) == []
+    # b1 holds what its victims free for the rest of the cycle (preemption.hold): nothing of the cohort is idle
     assert policy.pending["a5"].reason == (
-        "pending: team-a would borrow from cohort research, and a gang within its own nominal quota waits there "
-        "for lent capacity to be given back: it goes first; needs 1 GPU on 1 node (1 GPU, 1 CPU per node)"
+        "pending: team-a is at its quota of 2 GPUs and cannot borrow: cohort research has 0 GPUs idle; "
+        "needs 1 GPU on 1 node (1 GPU, 1 CPU per node)"
     )
     assert admitted(comes_back(policy, "a4", now=4.0)) == ["b1"]
     # the lender got its quota: team-a borrows again only what is idle (nothing now)
