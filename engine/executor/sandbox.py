@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.artifacts.store import OUTBOX_ENV
+from engine.artifacts.store import OUTBOX_ENV, cache_dir
 from engine.core.protocol import hashed_user
 from engine.executor.namespace import MountPlan, isolate, plan_mounts
 
@@ -554,6 +554,9 @@ class GangSandbox:
             return {}
         home, tmp = workdir / "home", workdir / "tmp"
         env = {"HOME": str(home), "TMPDIR": str(tmp), "USER": self.user.name, "LOGNAME": self.user.name}
+        # the cache stays the agent's (read-only, what it delivered): under the new HOME a rank would look for
+        # its bundle in an empty cache of its own and then in the store, which its namespace does not show
+        env["GANGFLOW_CACHE"] = str(cache_dir())
         return {**env, OUTBOX_ENV: str(workdir / "outbox")}  # the store is not its user's to write
 
     def own_files(self, workdir: Path) -> None:
