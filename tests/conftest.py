@@ -24,6 +24,10 @@ T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
+# Every node agent the suite starts (through a Stack, `gangflow dev`, the demos, deploy/ scripts) keeps its ranks
+# root in their cgroups: the suite's ranks write markers into pytest's folders, which a gang's own user cannot
+# reach. tests/security asks for the whole sandbox (GANGFLOW_SANDBOX=1) where it attacks it.
+os.environ.setdefault("GANGFLOW_SANDBOX", "cgroups")
 sys.path.insert(0, str(FIXTURES))
 
 from engine.executor.process import spawn, stop_processes  # noqa: E402

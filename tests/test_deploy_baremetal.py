@@ -181,6 +181,9 @@ class Launch:
             "TMPDIR": str(tmp / "tmp"),  # the node-local cache goes there (GANGFLOW_CACHE's default)
             "GF_TEMPORAL_PORT": str(self.port),
             TOKEN_VAR: self.token,
+            # ranks stay root in their cgroups: these ranks write markers into pytest's folders, which a gang's
+            # own user cannot reach (tests/conftest.py's node agents do the same; tests/security asks for more)
+            "GANGFLOW_SANDBOX": "cgroups",
             **env,
         }
         self.proc: subprocess.Popen[bytes] | None = None
