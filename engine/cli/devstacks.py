@@ -83,23 +83,16 @@ def state_dir_for(given: str | None, command: str) -> str:
         return given
     stacks = running_stacks()
     address = os.environ.get("GANGFLOW_ADDRESS")
+    # what "none" means, said once: none that serves the address the user set, or none at all
+    none = "found; start one, or"
     if address:
-        matching = [s for s in stacks if address in (s.address, s.temporal)]
-        if len(matching) == 1:
-            return matching[0].state_dir
-        if not matching:
-            raise CliError(
-                f"{command}: no running 'gangflow dev' serves $GANGFLOW_ADDRESS={address}; pass --state-dir DIR "
-                "(the dev stack's state dir)",
-                EXIT_BAD_INPUT,
-            )
-        stacks = matching
+        stacks = [s for s in stacks if address in (s.address, s.temporal)]
+        none = f"serves $GANGFLOW_ADDRESS={address};"
     if len(stacks) == 1:
         return stacks[0].state_dir
     if not stacks:
         raise CliError(
-            f"{command}: no running 'gangflow dev' found; start one, or pass --state-dir DIR (the dev stack's "
-            "state dir)",
+            f"{command}: no running 'gangflow dev' {none} pass --state-dir DIR (the dev stack's state dir)",
             EXIT_BAD_INPUT,
         )
     listed = ", ".join(f"{s.state_dir} ({s.address})" for s in stacks)
