@@ -55,14 +55,16 @@ async def _agents(address: str, ids: list[str]) -> None:
     from engine.runtime import Endpoint, connect
     from engine.runtime.node import NodeConfig, run_node
 
-    client = await connect(Endpoint.resolve(address))
+    endpoint = Endpoint.resolve(address)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     tasks = []
     for index, node_id in enumerate(ids):
         config = NodeConfig(node_id=node_id, address=f"{node_id}.bench", gpus=GPUS, cpus=CPUS, drain_timeout_s=0)
-        tasks.append(asyncio.create_task(run_node(client, config, stop)))
+        # a connection of its own, as a real agent has: one shared by hundreds of workers' long polls starves
+        # their other calls (HTTP/2 streams of one connection)
+        tasks.append(asyncio.create_task(run_node(await connect(endpoint), config, stop)))
         if index % START_RATE == START_RATE - 1:
             await asyncio.sleep(1.0)
     print(f"agents started: {len(ids)}", flush=True)
