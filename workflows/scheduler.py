@@ -46,6 +46,7 @@ from engine.core.protocol import (
     DRAIN_NODE_UPDATE,
     LEASED_NODES,
     NODE_LOST_SIGNAL,
+    NODE_QUERY,
     PENDING_SIGNAL,
     PLACEMENT_SIGNAL,
     PREEMPT_SIGNAL,
@@ -224,6 +225,11 @@ class Scheduler:
     @workflow.query(name=DESCRIBE_QUERY)
     def describe(self) -> dict[str, Any]:
         return self.policy.describe()
+
+    @workflow.query(name=NODE_QUERY)
+    def node(self, node_id: Any = None) -> dict[str, Any] | None:
+        # a bad payload is no node (a query must answer, never fail the caller's look)
+        return self.policy.describe_node(node_id) if isinstance(node_id, str) else None
 
     @workflow.query(name=QUEUES_QUERY)
     def queues(self) -> dict[str, Any]:

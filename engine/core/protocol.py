@@ -40,6 +40,7 @@ __all__ = [
     "NODE_LEASE_TYPE",
     "NODE_LOST_SIGNAL",
     "NODE_MEMO",
+    "NODE_QUERY",
     "NOTICE",
     "PENDING_SIGNAL",
     "PING",
@@ -230,6 +231,7 @@ RELEASE_SIGNAL = "release"  # signal: free a placement or withdraw a queued requ
 APPLY_QUEUES_UPDATE = "apply_queues"  # update: a new queue configuration
 DRAIN_NODE_UPDATE = "drain_node"  # update: start or end a node's drain
 DESCRIBE_QUERY = "describe"  # query: nodes, running and pending gangs
+NODE_QUERY = "node"  # query: one node's row of describe (None: never registered); what a starting agent asks
 QUEUES_QUERY = "queues"  # query: tenants' usage and the configuration
 
 # -- a node's lease (its liveness: workflows.node_lease) ---------------------------------------------

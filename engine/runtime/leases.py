@@ -51,8 +51,15 @@ class LeaseHolder:
 
     def __init__(self, every: float = HEARTBEAT_EVERY) -> None:
         self.every = every
-        self.held = False
+        # HOLD_LEASE activities running here now. Counted, not a flag: a lease the agent replaced (it was not
+        # picked up in time) may come after all and end beside the new one's, and its end must not make the
+        # agent think it holds none (it would replace the good one, and so on, under load)
+        self.holding = 0
         self.started = 0.0  # time.monotonic() of the last start_lease
+
+    @property
+    def held(self) -> bool:
+        return self.holding > 0
 
     def lapsed(self) -> bool:
         """True when no lease is held and the last one started has had time to come: start a new one."""
@@ -64,7 +71,7 @@ class LeaseHolder:
 
     @activity.defn(name=HOLD_LEASE)
     async def hold(self, node_id: str) -> str:
-        self.held = True
+        self.holding += 1
         shutdown = asyncio.ensure_future(activity.wait_for_worker_shutdown())
         try:
             while not shutdown.done():
@@ -73,8 +80,9 @@ class LeaseHolder:
                 await asyncio.wait([shutdown], timeout=self.every)
             return "agent stopped"
         finally:
-            self.held = False
-            self.ended()
+            self.holding -= 1
+            if not self.holding:
+                self.ended()
             shutdown.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await shutdown

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio import activity
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowQueryFailedError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, TemporalError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
@@ -57,6 +57,7 @@ from engine.core.gang import NodeLaunch, notice_of
 from engine.core.protocol import (
     DESCRIBE_QUERY,
     DRAIN_NODE_UPDATE,
+    NODE_QUERY,
     NOTICE,
     PING,
     PREEMPTED_TYPE,
@@ -133,6 +134,9 @@ class NodeConfig:
     #: on stop, how long to wait for the node's gangs to leave after draining it; 0: stop at once (their
     #: ranks are stopped with 5 s of grace, and the gangs restart elsewhere, spending a restart)
     drain_timeout_s: float = DRAIN_TIMEOUT_S
+    #: long polls the agent keeps on its queue (the SDK's default); a benchmark simulating a thousand agents
+    #: in one process gives each fewer (tests/perf/bench_liveness.py)
+    activity_polls: int = 5
 
 
 class NodeActivities:
@@ -500,6 +504,7 @@ async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> N
             activities.lease.hold,
         ],
         max_concurrent_activities=64,
+        max_concurrent_activity_task_polls=config.activity_polls,
         # heartbeats carry cancellation: keep them frequent so a cancel kills the ranks within ~1 s
         max_heartbeat_throttle_interval=timedelta(seconds=1),
         default_heartbeat_throttle_interval=timedelta(seconds=1),
@@ -549,10 +554,15 @@ async def _set_drain(client: Client, config: NodeConfig, drained: bool) -> bool:
 
 
 async def _scheduler_view(client: Client, config: NodeConfig) -> dict[str, Any] | None:
-    """What the Scheduler says of this node (``gangflow queue``'s entry), or None when it cannot say."""
+    """What the Scheduler says of this node (its row of ``gangflow cluster``), or None when it cannot say.
+    One node's row (``NODE_QUERY``), not the whole cluster's view: a thousand agents start at once."""
+    handle = client.get_workflow_handle(SCHEDULER_ID)
     try:
-        handle = client.get_workflow_handle(SCHEDULER_ID)
-        described = await asyncio.wait_for(handle.query(DESCRIBE_QUERY), _DRAIN_ANSWER_S)
+        try:
+            answer = await asyncio.wait_for(handle.query(NODE_QUERY, config.node_id), _DRAIN_ANSWER_S)
+            return answer if isinstance(answer, dict) else None
+        except WorkflowQueryFailedError:  # a Scheduler from before NODE_QUERY: its whole view
+            described = await asyncio.wait_for(handle.query(DESCRIBE_QUERY), _DRAIN_ANSWER_S)
     except (TimeoutError, RPCError, TemporalError) as exc:
         log.warning("node %s: could not read the Scheduler's view of this node: %s", config.node_id, exc)
         return None

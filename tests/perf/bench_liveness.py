@@ -24,7 +24,7 @@ Then ``--gangs`` single-node gangs (1 GPU each, held ``--hold-s``) are started a
 from the first start until none runs.
 
 Prints ONE JSON line on stdout and a table on stderr. Not a test: nothing here asserts on figures
-(``test_bench_liveness.py`` runs a small size to keep it working).
+(run it with ``--nodes 50 --minutes 0.5 --gangs 50`` to check it still works).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def node_ids(count: int) -> list[str]:
 
 
 # -- the simulated agents (a child process) -------------------------------------------------------------
-async def _agents(address: str, ids: list[str]) -> None:
+async def _agents(address: str, ids: list[str], polls: int) -> None:
     from engine.runtime import Endpoint, connect
     from engine.runtime.node import NodeConfig, run_node
 
@@ -61,7 +61,9 @@ async def _agents(address: str, ids: list[str]) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     tasks = []
     for index, node_id in enumerate(ids):
-        config = NodeConfig(node_id=node_id, address=f"{node_id}.bench", gpus=GPUS, cpus=CPUS, drain_timeout_s=0)
+        config = NodeConfig(
+            node_id=node_id, address=f"{node_id}.bench", gpus=GPUS, cpus=CPUS, drain_timeout_s=0, activity_polls=polls
+        )
         # a connection of its own, as a real agent has: one shared by hundreds of workers' long polls starves
         # their other calls (HTTP/2 streams of one connection)
         tasks.append(asyncio.create_task(run_node(await connect(endpoint), config, stop)))
@@ -74,13 +76,13 @@ async def _agents(address: str, ids: list[str]) -> None:
         print(f"{len(failed)} agents failed, the first: {failed[0]!r}", flush=True)
 
 
-def agents_main(address: str, first: int, count: int) -> None:
-    """``--agents ADDRESS FIRST COUNT``: run simulated agents n<FIRST>.. until SIGTERM."""
+def agents_main(address: str, first: int, count: int, polls: int) -> None:
+    """``--agents ADDRESS FIRST COUNT POLLS``: run simulated agents n<FIRST>.. until SIGTERM."""
     import logging
 
     logging.basicConfig(level=logging.ERROR)
     os.environ["GANGFLOW_SANDBOX"] = "0"
-    asyncio.run(_agents(address, node_ids(first + count)[first:]))
+    asyncio.run(_agents(address, node_ids(first + count)[first:], polls))
 
 
 # -- the measurement --------------------------------------------------------------------------------------
@@ -187,11 +189,7 @@ def run(args: Any, log: Any) -> dict[str, Any]:
 
     scratch = sw.server_root(None)
     os.environ["GANGFLOW_CACHE"] = os.path.join(scratch, "cache")
-    # every agent holds its own long polls (5 per worker): the dev server's default limit (1,200 per
-    # namespace) is for a laptop, not a cluster
-    server = DevServer(
-        os.path.join(scratch, "server"), ui=False, dynamic_config={"frontend.namespaceCount": 10 * args.nodes + 2000}
-    ).start()
+    server = DevServer(os.path.join(scratch, "server"), ui=False, dynamic_config=server_config(args.nodes)).start()
     processes: list[Any] = []
     try:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -213,6 +211,7 @@ def run(args: Any, log: Any) -> dict[str, Any]:
         for first in range(0, args.nodes, share):
             count = min(share, args.nodes - first)
             command = [sys.executable, str(Path(__file__)), "--agents", server.address, str(first), str(count)]
+            command.append(str(args.polls))
             agents.append(spawn(command, log=Path(scratch) / f"agents-{first}.log", env=env, new_session=True))
         processes.extend(agents)
         pids = {"worker": [worker.pid], "server": [server.process.pid], "agents": [a.pid for a in agents]}
@@ -221,7 +220,7 @@ def run(args: Any, log: Any) -> dict[str, Any]:
             client = await connect(Endpoint.resolve(server.address))
             ramp = await _wait_alive(client, args.nodes, max(120.0, args.nodes / 5), log)
             log(f"all {args.nodes} nodes alive after {ramp:.0f} s; watching for {args.minutes:g} min ...")
-            figures = {"nodes": args.nodes, "procs": len(agents), "ramp_s": round(ramp, 1)}
+            figures = {"nodes": args.nodes, "procs": len(agents), "polls": args.polls, "ramp_s": round(ramp, 1)}
             figures.update(await liveness_window(client, args.minutes, pids, log))
             figures["agents_core_per_node"] = round(figures["agents_core"] / args.nodes, 6)
             log(f"starting {args.gangs:,} gangs ...")
@@ -234,10 +233,28 @@ def run(args: Any, log: Any) -> dict[str, Any]:
         server.stop()
 
 
+def server_config(nodes: int) -> dict[str, int]:
+    """The dev server's settings for ``nodes`` agents. Every agent holds its own long polls: the default limit
+    (1,200 per namespace) is for a laptop, not a cluster. And one partition per task queue, not four: a node's
+    queue has one consumer, and four partitions of each of a thousand queues are four thousand partition
+    managers persisting their state (each a write into the one sqlite file) and forwarding polls to their
+    root; with four, half of 1,000 simulated agents never got their lease within the dev server's deadlines.
+    A production cluster sets the same for ``node/*`` queues (a per-queue constraint of its dynamic config)."""
+    return {
+        "frontend.namespaceCount": 10 * nodes + 2000,
+        "matching.numTaskqueueReadPartitions": 1,
+        "matching.numTaskqueueWritePartitions": 1,
+    }
+
+
 def _rows(result: dict[str, Any]) -> list[list[str]]:
     f = result["figures"]
     return [
-        ["simulated node agents", f"{f['nodes']:,} in {f['procs']} processes (all alive after {f['ramp_s']:.0f} s)"],
+        [
+            "simulated node agents",
+            f"{f['nodes']:,} in {f['procs']} processes, {f.get('polls', 5)} long poll(s) each"
+            f" (all alive after {f['ramp_s']:.0f} s)",
+        ],
         ["window", f"{f['window_s'] / 60:.1f} min, {f['lost']} nodes lost"],
         [
             "Scheduler events",
@@ -272,10 +289,13 @@ def parse_args(argv: list[str] | None = None) -> Any:
     parser.add_argument("--minutes", type=float, default=10.0, help="how long they stay alive (default 10)")
     parser.add_argument("--procs", type=int, default=2, help="processes the agents are spread over (default 2)")
     parser.add_argument("--gangs", type=int, default=1500, help="gangs submitted afterwards (default 1500)")
+    parser.add_argument(
+        "--polls", type=int, default=1, help="long polls per simulated agent (default 1; a real agent keeps 5)"
+    )
     parser.add_argument("--hold-s", type=float, default=0.5, help="how long each gang holds its GPU (default 0.5)")
     output_options(parser, json_flag=True)
     args = parser.parse_args(argv)
-    at_least_one(parser, args, "nodes", "procs", "gangs")
+    at_least_one(parser, args, "nodes", "procs", "gangs", "polls")
     if not 0 < args.minutes <= 24 * 60:
         parser.error(f"--minutes must be in (0, 1440], got {args.minutes}")
     if not 0 <= args.hold_s <= 60:
@@ -298,7 +318,7 @@ def main(args: Any) -> None:
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, str(HERE.parents[1]))
-    if len(sys.argv) == 5 and sys.argv[1] == "--agents":
-        agents_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    if len(sys.argv) == 6 and sys.argv[1] == "--agents":
+        agents_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     else:
         main(parse_args())
