@@ -4,8 +4,9 @@ It used to start with the first node agent's registration: a gang submitted befo
 (the first seconds of ``gangflow dev --nodes 2``, a CI script, a cluster whose platform worker restarted)
 found no Scheduler and failed for good. Now the worker that serves the Scheduler's queue starts it before it
 polls and checks every few seconds that it still runs (an operator may terminate it; a start is idempotent:
-Temporal's USE_EXISTING conflict policy returns the running one). Node agents and ``queues apply`` still
-start it the same way, so any of them may come first.
+Temporal's USE_EXISTING conflict policy returns the running one). ``queues apply`` still starts it the same
+way; node agents no longer do: their leases (workflows.node_lease) run on the platform worker, which starts
+it before it polls, and a thousand agents each starting the one Scheduler made its execution "busy".
 """
 
 from __future__ import annotations

@@ -91,7 +91,6 @@ from engine.executor.sandbox import (
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
 from engine.runtime.connection import CREDENTIAL_ENV
-from engine.runtime.keeper import start_scheduler
 from engine.runtime.leases import LeaseHolder, start_lease
 from engine.runtime.ranks import RankSaver, rank_details
 from engine.runtime.secrets import Redactor, materialize, resolve, task_environment
@@ -471,8 +470,10 @@ def _relay(plan: NodePlan, gang: NodeGang) -> LauncherRelay:
 async def register(
     client: Client, config: NodeConfig, *, sandboxed: bool = False, lease: LeaseHolder | None = None
 ) -> None:
-    """Tell the Scheduler this node exists: start its lease (which registers it, and reports it lost when the
-    lease ends) and the Scheduler if it is not running yet (so an agent may come before the platform worker)."""
+    """Tell the Scheduler this node exists: start its lease, which registers it (retrying until a Scheduler
+    takes it) and reports it lost when it ends. The agent no longer starts the Scheduler itself: the platform
+    worker keeps it running and runs the lease, so nothing happens before that worker is up anyway, and a
+    thousand agents starting at once each starting the one Scheduler made its execution "busy" (refused)."""
     spec: dict[str, Any] = {
         "node_id": config.node_id,
         "address": config.address,
@@ -483,10 +484,9 @@ async def register(
     if sandboxed:  # only then: a Scheduler of an older version refuses an unknown key
         spec["sandboxed"] = True
     spec["leased"] = True  # the Scheduler does not expire this node: its lease reports it lost
-    await start_scheduler(client, config.scheduler_queue)
-    if lease is not None:
-        lease.started = time.monotonic()
     await start_lease(client, spec, config.scheduler_queue)
+    if lease is not None:  # only once started: a start refused is tried again at the next check
+        lease.started = time.monotonic()
 
 
 async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> None:
@@ -514,7 +514,8 @@ async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> N
     try:
         async with worker:
             sandboxed, lease = activities.cgroups is not None, activities.lease
-            await register(client, config, sandboxed=sandboxed, lease=lease)
+            # Temporal refusing the first start (overloaded: a whole cluster starting) is no reason to exit
+            await _register_again(client, config, sandboxed, lease)
             await _lift_own_drain(client, config)
             while not stop.is_set():
                 if activities.standby is not None:  # on this (the event loop's) thread: see StandbyPool
