@@ -27,7 +27,7 @@ from pathlib import Path
 
 from engine.core.gang import RankContext
 from engine.errors import SYSTEM_ERROR_TYPES
-from engine.executor.process import signal_group, spawn, stop_processes
+from engine.executor.process import open_log_for_append, signal_group, spawn, stop_processes
 from engine.executor.sandbox import GangSandbox, enter, memory_text
 from engine.executor.standby import RUNNER, StandbyPool
 
@@ -219,7 +219,7 @@ class NodeGang:
         redact = self.redact or str
         if proc.stdout is None:
             return
-        with open(log_path, "a", encoding="utf-8") as log:
+        with os.fdopen(open_log_for_append(log_path), "a", encoding="utf-8") as log:
             for raw in iter(lambda: proc.stdout.readline(65536) if proc.stdout else b"", b""):
                 log.write(redact(raw.decode(errors="replace")))
                 log.flush()

@@ -35,7 +35,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from engine.executor.namespace import MountPlan
-from engine.executor.process import set_parent_death_signal, spawn, stop_processes
+from engine.executor.process import open_log_for_append, set_parent_death_signal, spawn, stop_processes
 from engine.executor.sandbox import SandboxUser, enter
 
 __all__ = ["RUNNER", "StandbyPool", "become_rank", "default_warm_modules"]
@@ -131,7 +131,7 @@ def become_rank(warm: str) -> list[str]:
     order = json.loads(line)
     # the log is opened while still the agent's user (a log in the store may not be the gang user's to open),
     # then the standby takes the gang's sandbox before anything of the rank is read
-    log = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = open_log_for_append(order["log"])  # (in the gang's working folder: no symlink followed)
     user = SandboxUser(order["user"][0], int(order["user"][1])) if order.get("user") else None
     mounts = MountPlan.from_json(order["mounts"]) if order.get("mounts") else None
     if order.get("cgroups") or user is not None or mounts is not None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from engine.artifacts.store import ArtifactStore
 from engine.runtime.rank_logs import RankLogs
 
@@ -49,3 +51,22 @@ def test_a_symlink_a_fifo_or_a_hard_link_in_place_of_a_log_is_not_copied(tmp_pat
     logs.sync()
     logs.finish()
     assert sorted(p.name for p in folder.iterdir()) == ["d.rank3.attempt0.log"]
+
+
+def test_the_agent_opens_a_ranks_log_without_following_a_symlink_or_waiting_on_a_fifo(tmp_path: Path) -> None:
+
+    from engine.executor.process import open_log_for_append
+
+    target = tmp_path / "root-only"
+    target.write_text("")
+    (tmp_path / "planted.log").symlink_to(target)
+    with pytest.raises(OSError):
+        open_log_for_append(tmp_path / "planted.log")
+    os.mkfifo(tmp_path / "fifo.log")
+    with pytest.raises(OSError):
+        open_log_for_append(tmp_path / "fifo.log")  # refused at once, no reader waited for
+    assert target.read_text() == ""
+    fd = open_log_for_append(tmp_path / "rank0.log")
+    os.write(fd, b"mine\n")
+    os.close(fd)
+    assert (tmp_path / "rank0.log").read_text() == "mine\n"
