@@ -12,32 +12,20 @@ import contextlib
 import ctypes
 import os
 import signal
-import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
 
-__all__ = ["open_log_for_append", "set_parent_death_signal", "signal_group", "spawn", "stop_processes"]
+from engine.executor.rankfiles import open_log_for_append
+
+__all__ = ["set_parent_death_signal", "signal_group", "spawn", "stop_processes"]
 
 _PR_SET_PDEATHSIG = 1
 
 #: a path as str or pathlib.Path
 _StrPath: TypeAlias = str | os.PathLike[str]
-
-
-def open_log_for_append(path: _StrPath) -> int:
-    """A descriptor appending to the log at ``path`` (created 0644), opened as the agent may be (root) in a working
-    folder a sandboxed gang owns: a symlink there is not followed (a rank could point it at a file only root may
-    write), and what is not a regular file is refused (a FIFO would hold the agent's thread). Raises OSError."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = os.open(path, flags, 0o644)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(f"{path} is not a regular file: not opened as a log")
-    os.set_blocking(fd, True)
-    return fd
 
 
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:

@@ -35,7 +35,8 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from engine.executor.namespace import MountPlan
-from engine.executor.process import open_log_for_append, set_parent_death_signal, spawn, stop_processes
+from engine.executor.process import set_parent_death_signal, spawn, stop_processes
+from engine.executor.rankfiles import open_log_for_append
 from engine.executor.sandbox import SandboxUser, enter
 
 __all__ = ["RUNNER", "StandbyPool", "become_rank", "default_warm_modules"]

@@ -75,6 +75,7 @@ from engine.executor.launcher import NodeGang, RankFailure
 from engine.executor.namespace import supported as namespace_supported
 from engine.executor.plan import DeliveredNotice, LauncherRelay, LaunchRefused, NodePlan, safe_name
 from engine.executor.ports import free_port
+from engine.executor.rankfiles import read_rank_file
 from engine.executor.sandbox import (
     CGROUPS_ONLY,
     SANDBOX_ENV,
@@ -318,7 +319,12 @@ class NodeActivities:
                 await asyncio.to_thread(gang.close)
                 await asyncio.to_thread(store.publish_outbox, workdir / "outbox")
             result = workdir / "result"  # written by rank 0's runner; a plugin's own script returns None
-            return result.read_bytes() if result.exists() else pack(None)
+            if not (result.exists() or result.is_symlink()):
+                return pack(None)
+            try:  # read without following a symlink: the working folder is the gang's (engine.executor.rankfiles)
+                return read_rank_file(result)
+            except OSError as exc:  # what rank 0 left there is not its result: the task's fault, not retried
+                raise ApplicationError(str(exc), type="RankFailed", non_retryable=True) from None
         except asyncio.CancelledError:
             await asyncio.shield(asyncio.to_thread(gang.terminate, STOP_GRACE_S))
             if activity.is_worker_shutdown():  # this agent is going away, not a cancel from GangTask

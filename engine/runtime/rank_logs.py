@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import time
 from pathlib import Path
 from typing import Any
+
+from engine.executor.rankfiles import open_rank_file
 
 __all__ = ["MIRROR_CHUNK", "MIRROR_EVERY_S", "RankLogs", "open_log"]
 
@@ -40,14 +41,9 @@ def open_log(path: str | Path) -> int | None:
     """A read descriptor of a log in a working folder a rank may have tampered with, or None: not there, a
     symlink (not followed), not a regular file (a FIFO is never waited on), or a file with more than one link."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return open_rank_file(path)
     except OSError:
         return None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-        os.close(fd)
-        return None
-    return fd
 
 
 class RankLogs:

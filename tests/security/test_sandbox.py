@@ -170,6 +170,27 @@ def scratch(marker: str) -> str:
     return json.dumps(said)
 
 
+@task(plugin=One(), resources=Resources(mem="256Mi"))
+def planter(target: str) -> str:
+    import os
+    from pathlib import Path
+
+    # its working folder is its own: what the agent (root) reads there is made to point at the node's secret
+    work = Path(os.environ["GANGFLOW_PROGRESS_FILE"]).parent.parent
+    (work / "errors").mkdir(exist_ok=True)
+    os.symlink(target, work / "errors" / f"rank{os.environ['RANK']}")
+    for log in work.glob("*.log"):
+        log.unlink()
+        os.symlink(target, log)
+    os.symlink(target, work / "progress" / "rank0.json")
+    os._exit(1)  # no error report of its own: the planted one is all there is
+
+
+@workflow
+async def planter_run(target: str) -> str:
+    return await planter(target=target)
+
+
 @workflow
 async def scratch_run(marker: str) -> str:
     return await scratch(marker=marker)
@@ -352,6 +373,18 @@ def test_a_ranks_log_and_progress_show_while_it_runs_and_its_tmp_is_its_own(stac
         assert done["status"] == "COMPLETED", done
     finally:
         host_note.unlink(missing_ok=True)
+
+
+def test_symlinks_a_rank_plants_in_its_working_folder_leak_nothing_the_agent_reads(stack: Stack, project: Path) -> None:
+    secret = stack.root / "node-secret.json"  # root's only, and JSON: a progress file could have shown it
+    secret.write_text('{"step": 1, "token": "the-nodes-secret-token"}')
+    os.chmod(secret, 0o600)
+    run_id = start(stack, project, "planter_run", "--target", str(secret))
+    status = finished(stack, project, run_id)
+    assert status["status"] == "FAILED", status
+    said = json.dumps(status) + cli(stack, project, "status", run_id).stdout
+    said += cli(stack, project, "logs", run_id).stdout
+    assert "the-nodes-secret-token" not in said, said
 
 
 def test_no_cgroup_outlives_its_gang(stack: Stack) -> None:

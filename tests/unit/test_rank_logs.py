@@ -55,7 +55,7 @@ def test_a_symlink_a_fifo_or_a_hard_link_in_place_of_a_log_is_not_copied(tmp_pat
 
 def test_the_agent_opens_a_ranks_log_without_following_a_symlink_or_waiting_on_a_fifo(tmp_path: Path) -> None:
 
-    from engine.executor.process import open_log_for_append
+    from engine.executor.rankfiles import open_log_for_append
 
     target = tmp_path / "root-only"
     target.write_text("")
