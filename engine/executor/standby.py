@@ -39,14 +39,21 @@ from engine.executor.process import set_parent_death_signal, spawn, stop_process
 from engine.executor.rankfiles import open_log_for_append
 from engine.executor.sandbox import SandboxUser, enter
 
-__all__ = ["RUNNER", "StandbyPool", "become_rank", "default_warm_modules"]
+__all__ = ["RUNNER", "WARM_ENV", "StandbyPool", "become_rank", "default_warm_modules"]
 
 #: the rank runner's command line, without its arguments (see ``launcher.runner_command``)
 RUNNER = (sys.executable, "-P", "-m", "engine.executor.rank")
+#: what ``gangflow node`` without ``--warm`` reads first: comma-separated modules, empty for none (a machine
+#: whose gangs never use torch need not spend a core-second or two on each standby's torch import)
+WARM_ENV = "GANGFLOW_WARM"
 
 
 def default_warm_modules() -> tuple[str, ...]:
-    """What standbys import ahead of time when the operator does not say: torch, if it is installed."""
+    """What standbys import ahead of time when the operator does not say (no ``--warm``): ``GANGFLOW_WARM``
+    when set, else torch, if it is installed."""
+    named = os.environ.get(WARM_ENV)
+    if named is not None:
+        return tuple(m.strip() for m in named.split(",") if m.strip())
     return ("torch",) if importlib.util.find_spec("torch") is not None else ()
 
 
