@@ -12,8 +12,9 @@ it before it polls, and a thousand agents each starting the one Scheduler made i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from temporalio.client import Client
@@ -22,7 +23,7 @@ from temporalio.service import RPCError
 
 from engine.core.protocol import SCHEDULER_ID, SCHEDULER_TYPE, TASK_QUEUE, scheduler_input
 
-__all__ = ["KEEP_EVERY_S", "keep_scheduler", "start_scheduler"]
+__all__ = ["KEEP_EVERY_S", "keep_scheduler", "kept_scheduler", "start_scheduler"]
 
 log = logging.getLogger("gangflow.worker")
 #: how often the platform worker checks that the Scheduler runs (a start of a running one is a no-op)
@@ -58,3 +59,16 @@ async def keep_scheduler(client: Client, task_queue: str = TASK_QUEUE, every: fl
                 log.warning("cannot check that the Scheduler runs (%s); trying again every %.0f s", exc, every)
             failing = True
         await asyncio.sleep(every)
+
+
+@contextlib.asynccontextmanager
+async def kept_scheduler(client: Client, task_queue: str = TASK_QUEUE) -> AsyncIterator[None]:
+    """While inside: the Scheduler runs (started before the worker polls, then kept). Every process that
+    serves the Scheduler's queue uses it (``gangflow worker``/``dev``, the demo's in-process worker): with no
+    agent starting the Scheduler, a worker without it leaves every lease unregistered."""
+    await start_scheduler(client, task_queue)
+    keeper = asyncio.create_task(keep_scheduler(client, task_queue))
+    try:
+        yield
+    finally:
+        keeper.cancel()
