@@ -38,7 +38,7 @@ from engine.runtime import DevServer, Endpoint, build_worker, connect, ensure_se
 from engine.runtime.codec_server import CodecServer
 from engine.runtime.connection import CredentialsRefused
 from engine.runtime.encryption import keys_from_env
-from engine.runtime.keeper import keep_scheduler, start_scheduler
+from engine.runtime.keeper import kept_scheduler
 from engine.runtime.node import DRAIN_TIMEOUT_S, NodeConfig, run_node
 from engine.runtime.platform import artifacts_for, build_gang_workers, ensure_endpoints
 from engine.runtime.relay import GATEWAY_SOCKET_ENV, start_relay
@@ -120,23 +120,17 @@ async def _serve(
     if platform is not None:
         await ensure_endpoints(temporal, platform.tenants)
         workers += build_gang_workers(temporal, platform.tenants, platform.artifacts)
-    keeper: asyncio.Task[None] | None = None
-    if route is None:  # the worker of the Scheduler's queue keeps it running (a tenant's worker has none)
-        await start_scheduler(temporal, task_queue)
-        keeper = asyncio.create_task(keep_scheduler(temporal, task_queue))
-    try:
-        async with contextlib.AsyncExitStack() as running:
-            for worker in workers:
-                await running.enter_async_context(worker)
-            stopped = stop_event()
-            if ready is not None:
-                await ready()
-            await stopped.wait()
-            if stopping is not None:
-                stopping()
-    finally:
-        if keeper is not None:
-            keeper.cancel()
+    async with contextlib.AsyncExitStack() as running:
+        if route is None:  # the worker of the Scheduler's queue keeps it running (a tenant's worker has none)
+            await running.enter_async_context(kept_scheduler(temporal, task_queue))
+        for worker in workers:
+            await running.enter_async_context(worker)
+        stopped = stop_event()
+        if ready is not None:
+            await ready()
+        await stopped.wait()
+        if stopping is not None:
+            stopping()
 
 
 def add_layout_options(p: argparse.ArgumentParser) -> None:
@@ -492,7 +486,7 @@ async def _demo_stack(args: argparse.Namespace, state: Path, artifacts: str, pla
     try:
         temporal = await connect(Endpoint.resolve(server.address, "default"))
         client = Client(temporal, artifacts)
-        async with build_worker(temporal):
+        async with kept_scheduler(temporal), build_worker(temporal):
             console.print(
                 f"[bold]gangflow demo[/]: Temporal on {server.address}, {args.nodes} node agent(s) × {DEMO_GPUS} "
                 f"GPU slot(s), state in {state}"
