@@ -25,7 +25,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
 from engine.client import Client
-from engine.core.protocol import SCHEDULER_ID
+from engine.core.protocol import NODE_LEASE_TYPE, SCHEDULER_ID
 
 sys.path.insert(0, str(ROOT / "examples"))
 import resilient_training
@@ -57,7 +57,8 @@ def _nothing_left_running(stack: LeakStack) -> Iterator[None]:
 
     async def cancel_leftovers() -> None:
         client = await stack.client()
-        query = f'ExecutionStatus="Running" AND WorkflowId!="{SCHEDULER_ID}"'
+        # the node leases run for as long as their agents do: cancelling them would lose the nodes
+        query = f'ExecutionStatus="Running" AND WorkflowId!="{SCHEDULER_ID}" AND WorkflowType!="{NODE_LEASE_TYPE}"'
         left = [wf.id async for wf in client.temporal.list_workflows(query) if "." not in wf.id]
         for run_id in left:
             await client.cancel(run_id)

@@ -30,6 +30,7 @@ listed for minutes, far too slow to notice a lost node.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from datetime import timedelta
 from typing import Any
@@ -96,11 +97,17 @@ class NodeLease:
             start_to_close_timeout=_LEASE_LIFETIME,
             retry_policy=RetryPolicy(maximum_attempts=1),
         )
-        while not hold.done():
-            await workflow.wait_condition(lambda: hold.done() or self.checks > 0)
-            if not hold.done():
-                self.checks = 0
-                await self._recheck(spec, node_id, hold)
+        try:
+            while not hold.done():
+                await workflow.wait_condition(lambda: hold.done() or self.checks > 0)
+                if not hold.done():
+                    self.checks = 0
+                    await self._recheck(spec, node_id, hold)
+        except asyncio.CancelledError:
+            # cancelled by hand (a script cancelling every running workflow did, in the suite): the node leaves
+            # the Scheduler's view as when the lease ends, and its agent, holding none now, starts another
+            await self._tell(NODE_LOST_SIGNAL, node_id, forever=False)
+            raise
         try:
             ended: str = hold.result()
         except ActivityError as exc:
