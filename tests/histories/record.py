@@ -459,15 +459,15 @@ async def _node_alive(client: Client, node_id: str, alive: bool, timeout: float)
 
 @scenario("node_lease", nodes=2)
 async def _node_lease(ctx: Context) -> None:
+    await _node_alive(ctx.client, "node-1", True, 60)
     # as a gang whose activities on node-1 timed out (its agent was frozen a while) would report it
     scheduler = ctx.client.temporal.get_workflow_handle(SCHEDULER_ID)
     await scheduler.signal(NODE_LOST_SIGNAL, "node-1")
     lease = ctx.client.temporal.get_workflow_handle(lease_id("node-1"))
     deadline = time.monotonic() + 30
-    while not any(
-        e.activity_task_scheduled_event_attributes.activity_type.name == PING
-        async for e in lease.fetch_history_events()
-    ):
+    while PING not in [
+        e.activity_task_scheduled_event_attributes.activity_type.name async for e in lease.fetch_history_events()
+    ]:
         _check(time.monotonic() < deadline, "node_lease: the lease never pinged its agent")
         await asyncio.sleep(0.2)
     await _node_alive(ctx.client, "node-1", True, 30)  # it answered: registered again
