@@ -29,6 +29,7 @@ every allocation and queued request, and the closed ones are released.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from datetime import timedelta
 from typing import Any
@@ -44,6 +45,7 @@ from engine.core.protocol import (
     CLOSED_OWNERS,
     DESCRIBE_QUERY,
     DRAIN_NODE_UPDATE,
+    LEASE_CHECK_SIGNAL,
     LEASED_NODES,
     NODE_LOST_SIGNAL,
     NODE_QUERY,
@@ -56,6 +58,7 @@ from engine.core.protocol import (
     RELEASE_SIGNAL,
     SCHEDULER_TYPE,
     SUBMIT_SIGNAL,
+    lease_id,
 )
 from engine.scheduling import (
     Admitted,
@@ -284,7 +287,14 @@ class Scheduler:
             self.versioned = True
             self.policy.wait_for_nodes = workflow.patched(NODE_WAIT_PATCH)
             self.policy.hold_for_victims = workflow.patched(HOLD_PATCH)
+        # a leased node reported lost by a gang stays lost for as long as its lease lives on (nothing else
+        # registers it again): its lease is asked to check the agent. Never on a replay of older runs: a
+        # node only has ``leased`` in runs recorded since node leases.
+        node = self.policy.inventory.nodes.get(event.node_id) if isinstance(event, NodeLost) else None
+        was_alive = node is not None and node.alive
         decisions = self.policy.step(event, workflow.now().timestamp())
+        if node is not None and was_alive and node.spec.leased and not node.alive:
+            self._check_lease(node.spec.node_id)
         self.outbox.extend(decisions)
         self.handled += 1
         return decisions
@@ -362,6 +372,21 @@ class Scheduler:
                 continue
             if event.spec.node_id not in heard:
                 self.inbox.append(event)
+
+    def _check_lease(self, node_id: str) -> None:
+        """Signal the node's lease to check its agent, in the background (among ``sending``: a continue-as-new
+        waits for it). A lease that ended (the loss was its own report) is gone: nothing to tell."""
+        key = lease_id(node_id)
+        if key in self.sending:
+            return
+
+        async def tell() -> None:
+            with contextlib.suppress(FailureError):
+                await workflow.get_external_workflow_handle(key).signal(LEASE_CHECK_SIGNAL, "reported lost")
+
+        task = asyncio.create_task(tell())
+        self.sending[key] = task
+        task.add_done_callback(functools.partial(self._sent, key))
 
     def _send(self) -> None:
         """Start signalling the decisions in the outbox, at most ``MAX_IN_FLIGHT`` unacknowledged at a time;

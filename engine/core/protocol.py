@@ -35,6 +35,7 @@ __all__ = [
     "HOLD_LEASE",
     "INPUT_UPDATE",
     "LEASED_NODES",
+    "LEASE_CHECK_SIGNAL",
     "LEGACY_GANG_TYPE",
     "MAP_CHUNK_TYPE",
     "NODE_LEASE_TYPE",
@@ -239,6 +240,9 @@ QUEUES_QUERY = "queues"  # query: tenants' usage and the configuration
 NODE_LEASE_TYPE = "GangflowNodeLease"
 #: the lease's memo entry: the node's spec (what a Scheduler started afresh re-learns its nodes from)
 NODE_MEMO = "gangflow_node"
+#: signal to a lease from the Scheduler: someone else (a gang) reported the node lost while its lease still
+#: runs; the lease pings its agent and registers the node again if it answers
+LEASE_CHECK_SIGNAL = "lease_check"
 
 
 def lease_id(node_id: str) -> str:

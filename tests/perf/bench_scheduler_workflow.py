@@ -481,21 +481,19 @@ async def query_scheduler(client: Any, name: str, timeout_s: float = 30.0) -> di
 async def _start_scheduler(
     client: Any, workload: Any, queue_config: dict[str, Any] | None, max_events: int | None, queue: str
 ) -> str:
-    """Start the Scheduler as the first node agent does, register every node, apply the queue configuration;
-    returns the first run's id."""
+    """Start the Scheduler with ``max_events``, register every node, apply the queue configuration; returns
+    the first run's id. The gangflow worker has already started a Scheduler of its own (its keeper, with the
+    default input) on this fresh server: that empty one is replaced, or ``max_events`` would not apply."""
     from temporalio.common import WorkflowIDConflictPolicy
 
     nodes = workload.node_ids()
     gpus, cpus = workload.gpus_per_node, workload.cpus_per_node
-    spec = {"node_id": nodes[0], "address": f"{nodes[0]}.bench", "gpus": gpus, "cpus": cpus, "mem": None}
     handle = await client.start_workflow(
         SCHEDULER_TYPE,
         {"max_events": max_events} if max_events else None,
         id=SCHEDULER_ID,
         task_queue=queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        start_signal="register_node",
-        start_signal_args=[spec],
+        id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
     )
     first_run_id: str | None = handle.result_run_id
     if not first_run_id:  # pragma: no cover - a signal-with-start always names the run
