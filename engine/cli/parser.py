@@ -74,6 +74,7 @@ def _dev(command: Command) -> None:
         help="tenants connect through a dev-only gateway that applies Temporal's JWT permissions: a namespace "
         "gf-TENANT and a token per tenant of --queues (needs gangflow[auth])",
     )
+    _metrics_option(p, "127.0.0.1")
 
 
 def _node(command: Command) -> None:
@@ -99,6 +100,7 @@ def _node(command: Command) -> None:
     p.add_argument("--mem", help="memory to offer, e.g. 64Gi (default: all)")
     p.add_argument("--advertise-addr", help="address other nodes reach this one at (default: this host's IP)")
     p.add_argument("--task-queue", default=TASK_QUEUE, help="the workflow workers' queue (default %(default)s)")
+    _metrics_option(p, "0.0.0.0")
     p.add_argument(
         "--standby",
         type=int,
@@ -178,6 +180,7 @@ def _worker(command: Command) -> None:
     p.add_argument("--task-queue", default=TASK_QUEUE, help=f"queue to poll (default {TASK_QUEUE})")
     add_secrets_dir_option(p)
     add_layout_options(p)
+    _metrics_option(p, "0.0.0.0")
 
 
 def _run(command: Command) -> None:
@@ -344,3 +347,13 @@ def run_options(parser: argparse.ArgumentParser) -> dict[str, bool]:
     """``gangflow run``'s own option strings → whether each takes a value (what ``split_run_argv`` needs)."""
     run = _subcommands(parser)["run"]
     return {option: action.nargs != 0 for action in run._actions for option in action.option_strings}
+
+
+def _metrics_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--metrics-port`` of the commands that serve Prometheus metrics (engine.runtime.metrics)."""
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="N",
+        help=f"serve Prometheus metrics on http://{what}:N/metrics (gangflow's and the Temporal SDK's)",
+    )

@@ -488,10 +488,13 @@ async def register(
         lease.started = time.monotonic()
 
 
-async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> None:
+async def run_node(
+    client: Client, config: NodeConfig, stop: asyncio.Event, activities: NodeActivities | None = None
+) -> None:
     """Serve this node's queue until ``stop`` is set; then drain the node and wait for its gangs to leave (up to
-    ``config.drain_timeout_s``) before the worker stops."""
-    activities = NodeActivities(config)
+    ``config.drain_timeout_s``) before the worker stops. ``activities``: made by the caller that also reads
+    them (the agent's metrics), else here."""
+    activities = activities or NodeActivities(config)
     worker = Worker(
         client,
         task_queue=node_queue(config.node_id),
