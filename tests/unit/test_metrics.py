@@ -124,3 +124,36 @@ def test_a_bad_or_taken_metrics_port_is_refused_before_anything_starts(command: 
         port = taken.getsockname()[1]
         busy = gangflow_cli(command, *extra, *address, "--metrics-port", str(port), timeout=60)
     assert busy.returncode == 2 and f"--metrics-port {port}: cannot listen on 0.0.0.0" in busy.stderr, busy.stderr
+
+
+def _exported_names() -> set[str]:
+    """Every family name gangflow's own sources can export (a cluster with a node and a running gang, so that
+    none is left out for being empty), as Prometheus stores them."""
+    from types import SimpleNamespace
+
+    from engine.runtime.metrics import node_source
+
+    policy = Policy(config(TWO_TEAMS))
+    run([node("n1"), gang("a1", "team-a")], policy)
+    families = scheduler_families(policy.queues(), policy.describe())
+    agent = SimpleNamespace(
+        config=SimpleNamespace(node_id="n1", gpus=2), running=set(), lease=SimpleNamespace(held=True), cgroups=None
+    )
+    families += asyncio.run(node_source(agent)())  # type: ignore[arg-type]
+    return {f.name for f in families} | {"gangflow_scheduler_up"}
+
+
+def test_the_grafana_dashboard_graphs_only_metrics_gangflow_exports() -> None:
+    import json
+    import re
+
+    from conftest import ROOT
+
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "gangflow-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {name for expr in exprs for name in re.findall(r"\bgangflow_[a-z_]+\b", expr)}
+    exported = _exported_names()
+    assert used and used <= exported, f"the dashboard graphs what nothing exports: {sorted(used - exported)}"
+    # each panel says where its numbers come from, and every exported family is on the dashboard somewhere
+    assert not exported - used, f"exported but on no panel: {sorted(exported - used)}"
+    assert all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"])
