@@ -221,6 +221,11 @@ def resumed_at(stack: Stack, run_id: str, ended: str, first: int) -> None:
     assert preempted["first_step"] == 1 and 0 < preempted["last_step"] <= first, preempted
     assert resumed["first_step"] == first + 1 and resumed["last_step"] == task["ranks"]["ranks"][0]["step"], resumed
     assert all(a["duration_s"] > 0 for a in (preempted, resumed)), task["attempts"]
+    # the goodput ledger: each attempt's GPU-seconds add up; the resumed one restored from the checkpoint
+    for ledger in (preempted["ledger"], resumed["ledger"]):
+        whole = ledger["allocated_gpu_s"]
+        assert whole > 0 and abs(ledger["productive_gpu_s"] + sum(ledger["badput"].values()) - whole) <= 0.01 * whole
+    assert resumed["ledger"]["badput"]["restore"] > 0 and preempted["ledger"]["badput"]["lost_failure"] == 0, task
 
 
 async def settled(stack: Stack) -> None:

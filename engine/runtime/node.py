@@ -295,7 +295,7 @@ class NodeActivities:
                     await asyncio.to_thread(gang.terminate, 0.0)  # the grace is over: SIGKILL what is left
                     raise _preempted(noticed, self.config.node_id, killed=True)
                 # heartbeat details: what the Web UI and `gangflow status` show about the ranks
-                details = rank_details(self.config.node_id, gang)
+                details = rank_details(self.config.node_id, gang, len(launch.gpu_ids))
                 if noticed is not None:
                     details["preempted_for_s"] = round(time.time() - noticed.at, 1)
                 activity.heartbeat(details)
@@ -346,7 +346,7 @@ class NodeActivities:
             secrets.close()
             if mirror is not None:
                 mirror.finish()
-            saver.save(rank_details(self.config.node_id, gang))  # the last reports, for a finished gang
+            saver.save(rank_details(self.config.node_id, gang, len(launch.gpu_ids)))  # a finished gang's last reports
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _sandbox(

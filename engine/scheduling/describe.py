@@ -134,6 +134,7 @@ def describe(policy: Policy) -> dict[str, Any]:
     for q in policy.pending.values():
         by_tenant.setdefault(q.request.tenant, []).append(q)
     tiers = {tenant: policy.tiers(tenant, gangs) for tenant, gangs in by_tenant.items()}
+
     def rank(q: Any) -> tuple[bool, int, float, int]:
         borrows, share = tiers[q.request.tenant][-q.prio]
         return (borrows, -q.prio, share, q.seq)  # the admission cycle's order (engine.scheduling.policy)
