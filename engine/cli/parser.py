@@ -25,6 +25,7 @@ from .logs import add_follow_option
 from .schedules import add_schedule_parser
 from .secrets import add_secret_parser, add_secrets_dir_option
 from .serve import DEMO_NODES, add_layout_options
+from .usage import add_usage_parser
 from .waits import add_waits_parser
 
 __all__ = ["NODE_ACTIONS", "build_parser", "run_options", "workflow_help"]
@@ -307,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_parser(sub)
     add_waits_parser(sub, connection_args)
     add_schedule_parser(sub, connection_args)
+    add_usage_parser(sub, connection_args)
     return parser
 
 

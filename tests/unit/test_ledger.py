@@ -94,3 +94,52 @@ def test_attempts_add_up_and_the_line_names_the_biggest_causes_first() -> None:
     assert goodput_line(total) == "goodput 93 %: 3 % restore, 2 % lost to failures, 1 % launch, 1 % idle"
     assert add_ledgers([None]) is None
     assert set(BADPUT) == set(total["badput"])
+
+
+def test_usage_rows_by_tenant_run_and_cause() -> None:
+    from engine.cli.usage import usage_rows
+
+    def ledger(alloc: float, productive: float, **badput: float) -> dict[str, Any]:
+        full = dict.fromkeys(BADPUT, 0.0) | badput
+        return {
+            "gpus": 1,
+            "allocated_s": alloc,
+            "allocated_gpu_s": alloc,
+            "productive_gpu_s": productive,
+            "badput": full,
+            "goodput": productive / alloc,
+        }
+
+    entries = [
+        {"tenant": "a", "run": "r1", "ledger": ledger(100, 90, launch=10), "wait_s": 5},
+        {"tenant": "a", "run": "r2", "ledger": ledger(50, 25, lost_preemption=25), "wait_s": 1},
+        {"tenant": "b", "run": "r3", "ledger": None, "wait_s": 2},  # a gang that never started
+    ]
+    by_tenant = usage_rows(entries, "tenant")
+    assert [(r["tenant"], r["allocated_gpu_s"], r["wait_s"]) for r in by_tenant] == [("a", 150, 6), ("b", 0, 2)]
+    assert by_tenant[0]["badput"]["lost_preemption"] == 25 and by_tenant[0]["goodput"] == pytest.approx(115 / 150, abs=1e-4)
+    assert [r["run"] for r in usage_rows(entries, "run")] == ["r1", "r2", "r3"]
+    causes = {r["cause"]: r["gpu_s"] for r in usage_rows(entries, "cause")}
+    assert causes["productive"] == 115 and causes["launch"] == 10 and sum(causes.values()) == 150
+
+
+@pytest.mark.parametrize("text, seconds", [("7d", 7 * 86400), ("12h", 43200), ("30m", 1800), ("1.5h", 5400)])
+def test_since_reads_durations(text: str, seconds: float) -> None:
+    from engine.cli.usage import parse_since
+
+    assert parse_since(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "7", "0d", "-1h", "1y", "abc"])
+def test_a_bad_since_is_refused_naming_it(text: str) -> None:
+    from engine.cli.usage import parse_since
+
+    with pytest.raises(ValueError, match="--since must be a positive duration such as 7d, 12h or 30m, got"):
+        parse_since(text)
+
+
+def test_gangflow_usage_refuses_a_bad_since_with_exit_2() -> None:
+    from conftest import gangflow_cli
+
+    done = gangflow_cli("usage", "--since", "soon", "--address", "127.0.0.1:1")
+    assert done.returncode == 2 and "--since must be a positive duration" in done.stderr, done.stderr
