@@ -23,7 +23,7 @@ from typing import Any
 
 from engine.core.atomic import write_atomic
 
-__all__ = ["flush", "report"]
+__all__ = ["checkpointed", "flush", "report"]
 
 #: short, so that a held-back final report is written before a rank that returns soon after it has exited
 _MIN_INTERVAL = 0.02
