@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 from temporalio.client import Client
@@ -118,7 +118,33 @@ def scheduler_families(queues: dict[str, Any], described: dict[str, Any]) -> lis
         alive.add_metric(node_id, 1.0 if node.get("alive") else 0.0)
         drained.add_metric(node_id, 1.0 if node.get("drained") else 0.0)
         sandboxed.add_metric(node_id, 1.0 if node.get("sandboxed") else 0.0)
-    return [*families.values(), pending, share, active, preempting, node_gpus, allocated, alive, drained, sandboxed]
+    counters = described.get("counters") or {}
+    admitted = CounterMetricFamily(
+        "gangflow_admitted_gangs", "gangs of the tenant admitted (each attempt counts)", labels=["tenant"]
+    )
+    for tenant, count in sorted((counters.get("admitted") or {}).items()):
+        admitted.add_metric([str(tenant)], float(count))
+    preempted = CounterMetricFamily(
+        "gangflow_preempted_gangs",
+        "running gangs of the tenant preempted, by cause (reclaim, priority, backfill, defrag, drain)",
+        labels=["tenant", "cause"],
+    )
+    for tenant, cause, count in counters.get("preempted") or []:
+        preempted.add_metric([str(tenant), str(cause)], float(count))
+    return [
+        *families.values(),
+        pending,
+        share,
+        active,
+        preempting,
+        node_gpus,
+        allocated,
+        alive,
+        drained,
+        sandboxed,
+        admitted,
+        preempted,
+    ]
 
 
 def scheduler_source(client: Client) -> Source:

@@ -171,4 +171,5 @@ def describe(policy: Policy) -> dict[str, Any]:
         "pending": pending,
         "tenants": queues(policy)["tenants"],
         "drained": sorted(n.spec.node_id for n in policy.inventory.nodes.values() if n.drained),
+        "counters": policy.counters.rows(),  # admissions and preemptions so far (engine.scheduling.counters)
     }

@@ -85,6 +85,7 @@ from engine.scheduling import describe as views
 from engine.scheduling import node_waits, preemption
 from engine.scheduling import snapshot as snapshots
 from engine.scheduling.config import DEFAULT_QUEUE_CONFIG, QueueConfig
+from engine.scheduling.counters import Counters
 from engine.scheduling.events import (
     Admitted,
     ConfigApplied,
@@ -158,6 +159,7 @@ class Policy:
         self._searches_left = 1
         self._pending_counts: dict[str, int] = {}  # tenant -> its gangs waiting (``max_pending``)
         self.lenders = Lenders()  # nothing borrows from a cohort while a lender waits there (module docstring)
+        self.counters = Counters()  # admissions and preemptions so far (Prometheus counters)
 
     # -- events ------------------------------------------------------------------------------------
     def step(self, event: Event, now: float | None = None) -> list[Decision]:
@@ -193,6 +195,7 @@ class Policy:
                 request = queued.request
                 key = ("queued", request.tenant, queued.shape)
                 self._say(queued, self._text(key, queued_reason, request), decisions)
+        self.counters.observe(decisions, self.running)
         return decisions
 
     def _submit(self, request: GangRequest, decisions: list[Decision]) -> bool:

@@ -17,6 +17,7 @@ import zlib
 from typing import TYPE_CHECKING, Any
 
 from engine.scheduling.config import dump_queue_config, load_queue_config
+from engine.scheduling.counters import Counters
 from engine.scheduling.lenders import Lenders
 from engine.scheduling.model import GangRequest, NodeAssignment, NodeSpec, Placement
 from engine.scheduling.state import Notice, Queued, Running, shape_of
@@ -114,6 +115,7 @@ def take(policy: Policy) -> dict[str, Any]:
         "retry": policy._retry,
         "evicted_for": {k: sorted(v) for k, v in policy._evicted_for.items()},
         "lenders": policy.lenders.rows(),
+        "counters": policy.counters.rows(),
         "strings": list(strings),
     }
     blob = zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 6)
@@ -199,6 +201,7 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
     policy._evicted_for = {k: set(v) for k, v in data["evicted_for"].items()}
     # keys added later are absent from older snapshots: their default is what a policy of then did
     policy.lenders = Lenders({k: set(v) for k, v in data.get("lenders", {}).items()})
+    policy.counters = Counters.from_rows(data.get("counters"))
     for gang_id, running in policy.running.items():
         notice = notices[gang_id]
         if notice is not None:

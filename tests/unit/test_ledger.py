@@ -117,7 +117,8 @@ def test_usage_rows_by_tenant_run_and_cause() -> None:
     ]
     by_tenant = usage_rows(entries, "tenant")
     assert [(r["tenant"], r["allocated_gpu_s"], r["wait_s"]) for r in by_tenant] == [("a", 150, 6), ("b", 0, 2)]
-    assert by_tenant[0]["badput"]["lost_preemption"] == 25 and by_tenant[0]["goodput"] == pytest.approx(115 / 150, abs=1e-4)
+    assert by_tenant[0]["badput"]["lost_preemption"] == 25
+    assert by_tenant[0]["goodput"] == pytest.approx(115 / 150, abs=1e-4)
     assert [r["run"] for r in usage_rows(entries, "run")] == ["r1", "r2", "r3"]
     causes = {r["cause"]: r["gpu_s"] for r in usage_rows(entries, "cause")}
     assert causes["productive"] == 115 and causes["launch"] == 10 and sum(causes.values()) == 150
