@@ -231,6 +231,13 @@ class NodeAgent:
         stop_processes([self.proc], 30, sig=sig)
 
 
+#: a Stack's ``env`` for modules whose gangs never import torch: their agents' standby rank processes import
+#: nothing ahead (GANGFLOW_WARM, engine.executor.standby), not torch. Each torch import costs a core for 2 s or
+#: more, and an agent starts one per standby taken, after every gang start: most of a 2-core machine's CPU in
+#: such a module. The standbys are still there and still taken by every rank.
+NO_WARM_IMPORTS = {"GANGFLOW_WARM": ""}
+
+
 class Stack:
     """A whole stack of its own, for tests that kill or restart its parts: a dev server, a worker and
     ``count`` node agents named ``<prefix>0..`` with ``gpus`` GPU slots each. ``scheduler_events``: the

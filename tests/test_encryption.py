@@ -113,12 +113,15 @@ async def fan(x: str) -> str:
 def test_a_sealed_stack_runs_gangs_across_node_agents(tmp_path_factory):
     import asyncio
 
-    from conftest import Stack
+    from conftest import NO_WARM_IMPORTS, Stack
 
     from engine.client import Client, load_workflow_file
 
     keys = new_key("stack")
-    stack = Stack(tmp_path_factory.mktemp("sealed-stack"), "s", count=2, gpus=1, env={KEYS_ENV: keys})
+    # its gang imports no torch, nor need the standbys
+    stack = Stack(
+        tmp_path_factory.mktemp("sealed-stack"), "s", count=2, gpus=1, env={KEYS_ENV: keys, **NO_WARM_IMPORTS}
+    )
     folder = tmp_path_factory.mktemp("sealed-gang")
     (folder / "gangs.py").write_text(GANG_FLOW)
     secret = f"wombat-{os.urandom(6).hex()}"

@@ -174,8 +174,8 @@ def test_pending_gang_says_why_and_queue_shows_it(server, worker, cluster, artif
 
     async def main() -> None:
         client = await make_client(server, artifacts)
-        # the holder keeps the cluster long enough for a few CLI calls on a busy machine
-        holder = await client.start(gangs.exclusive, {"marker_dir": str(tmp_path), "tag": "holder", "seconds": 15})
+        # the holder keeps the cluster until the CLI calls below are done (or 120 s), however busy the machine
+        holder = await client.start(gangs.exclusive, {"marker_dir": str(tmp_path), "tag": "holder", "seconds": 120})
         while not (tmp_path / "holder.start").exists():
             await asyncio.sleep(0.2)
         waiting = await client.start(gangs.ddp, {"steps": 1})
@@ -191,6 +191,8 @@ def test_pending_gang_says_why_and_queue_shows_it(server, worker, cluster, artif
         assert [g["gang_id"] for g in queue["running"]] == [f"{holder}.whole_cluster-1"]
         assert [g["gang_id"] for g in queue["pending"]] == [f"{waiting}.ddp_train-1"]
         assert queue["totals"]["gpus_free"] == 0
+        (tmp_path / "holder.release").touch()
+        assert (await client.result(holder, gangs.exclusive)) == "holder"
         assert (await client.result(waiting, gangs.ddp))["identical"]  # admitted once the holder finished
 
     run(main())

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Stack, gangflow_cli, stack_fixture
+from conftest import NO_WARM_IMPORTS, Stack, gangflow_cli, stack_fixture
 
 FLOW = """
 from dataclasses import dataclass
@@ -83,8 +83,8 @@ def scheduler_run(stack: Stack) -> str:
 
 
 # the Scheduler continues as new every few events (the agents' registrations are events): the drain
-# must cross it, and updates may arrive while it does
-stack = stack_fixture("d", count=2, gpus=2, scheduler_events=4)
+# must cross it, and updates may arrive while it does; its gang imports no torch, nor do the standbys
+stack = stack_fixture("d", count=2, gpus=2, scheduler_events=4, env=NO_WARM_IMPORTS)
 
 
 @pytest.fixture(scope="module")

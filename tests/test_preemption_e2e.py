@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Stack, gang_task, gangflow_cli, run, stack_fixture, status_json, until
+from conftest import NO_WARM_IMPORTS, Stack, gang_task, gangflow_cli, run, stack_fixture, status_json, until
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from engine.client import Client, load_workflow_file
@@ -163,8 +163,9 @@ async def wide_run(steps: int, save_s: float = 0.0) -> dict:
 """
 
 
-# the Scheduler continues as new every few events: preemptions cross continue-as-new all the time
-stack = stack_fixture("p", count=2, gpus=2, scheduler_events=3)
+# the Scheduler continues as new every few events: preemptions cross continue-as-new all the time; no gang here
+# imports torch (JAX's ranks import jax themselves), so the standbys import nothing ahead
+stack = stack_fixture("p", count=2, gpus=2, scheduler_events=3, env=NO_WARM_IMPORTS)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Stack, gangflow_cli, stack_fixture
+from conftest import NO_WARM_IMPORTS, ROOT, Stack, gangflow_cli, stack_fixture
 
 from engine.cli.operators import QUEUE_DEPRECATED
 from engine.runtime import free_port
@@ -107,8 +107,9 @@ async def _configured(stack: Stack) -> None:
     assert applied.returncode == 0, applied.stderr
 
 
-#: server, worker and two node agents with two GPU slots each, the example configuration applied
-stack = stack_fixture("q", count=2, gpus=2, ready=_configured)
+#: server, worker and two node agents with two GPU slots each, the example configuration applied (its gangs import
+#: no torch, nor do the standbys)
+stack = stack_fixture("q", count=2, gpus=2, ready=_configured, env=NO_WARM_IMPORTS)
 
 
 def test_without_a_scheduler_only_the_default_tenant_runs(tmp_path, project):

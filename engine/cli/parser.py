@@ -107,7 +107,8 @@ def _node(command: Command) -> None:
     )
     p.add_argument(
         "--warm",
-        help="comma-separated modules the standby processes import ahead (default: torch, if installed)",
+        help="comma-separated modules the standby processes import ahead (default: $GANGFLOW_WARM if set, else "
+        "torch, if installed)",
     )
     p.add_argument(
         "--drain-timeout",

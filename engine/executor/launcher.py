@@ -28,6 +28,7 @@ from pathlib import Path
 from engine.core.gang import RankContext
 from engine.errors import SYSTEM_ERROR_TYPES
 from engine.executor.process import signal_group, spawn, stop_processes
+from engine.executor.rankfiles import open_log_for_append, read_rank_file
 from engine.executor.sandbox import GangSandbox, enter, memory_text
 from engine.executor.standby import RUNNER, StandbyPool
 
@@ -132,10 +133,7 @@ class RankFailure:
 
 def _tail(path: str, lines: int = _TAIL_LINES) -> str:
     try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 16_384))
-            text = handle.read().decode(errors="replace")
+        text = read_rank_file(path, 16_384, tail=True).decode(errors="replace")
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
@@ -219,7 +217,7 @@ class NodeGang:
         redact = self.redact or str
         if proc.stdout is None:
             return
-        with open(log_path, "a", encoding="utf-8") as log:
+        with os.fdopen(open_log_for_append(log_path), "a", encoding="utf-8") as log:
             for raw in iter(lambda: proc.stdout.readline(65536) if proc.stdout else b"", b""):
                 log.write(redact(raw.decode(errors="replace")))
                 log.flush()
@@ -246,7 +244,7 @@ class NodeGang:
         out: dict[int, dict[str, object]] = {}
         for path in sorted((self.workdir / "progress").glob("rank*.json")):
             with contextlib.suppress(OSError, ValueError):
-                out[int(path.stem.removeprefix("rank"))] = json.loads(path.read_text())
+                out[int(path.stem.removeprefix("rank"))] = json.loads(read_rank_file(path, 65_536))
         return out
 
     def _last_sign_of_life(self, launch: ProcessLaunch) -> float:
@@ -293,7 +291,9 @@ class NodeGang:
             error_file = errors[0] if errors else self.error_dir / "none"
         else:
             error_file = self.error_dir / f"rank{launch.context.rank}"
-        error = error_file.read_text(errors="replace") if error_file.exists() else None
+        error = None
+        with contextlib.suppress(OSError):  # none written (or not a file of its own: not read)
+            error = read_rank_file(error_file).decode(errors="replace")
         return RankFailure(
             launch.context.rank,
             launch.context.local_rank,

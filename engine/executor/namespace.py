@@ -16,6 +16,15 @@ gang's user:
 - each needed path below a covered folder is bind-mounted back at its own path: read-only (the interpreter, the
   code, the cache of the run's store, its secrets) or writable (the attempt's working folder, the checkpoint
   folder), before the covering, through ``O_PATH`` descriptors taken first;
+- ``/tmp`` becomes the attempt's own ``<workdir>/tmp`` (``tmp``: bound over it, the rank's ``TMPDIR`` as well),
+  as Slurm's ``job_container/tmpfs`` binds a per-job folder over ``/tmp``: what a rank leaves in ``/tmp`` is seen
+  by the other processes of its gang on the node (a local rank 0 that downloads for the others still works) and
+  by nothing else, lies on the node's disk like the rest of the working folder (a tmpfs would count it against
+  the rank's memory request, and split it per rank), and is removed with the working folder. The host's ``/tmp``
+  is not there at all; the rank's own paths below it (an interpreter, a working folder under ``/tmp``) are bound
+  back onto a scaffold of root-owned folders the agent made in ``<workdir>/tmp`` before any process of the gang
+  started (:func:`scaffold`). That folder is the gang's to change: binding onto it creates nothing, follows no
+  symlink and mounts onto a descriptor, so a rank that rearranged it only spoils its own mounts;
 - ``/dev`` becomes a private tmpfs holding only bind mounts of the allowed device nodes: ``null``, ``zero``,
   ``full``, ``random``, ``urandom``, ``tty``, ``pts``, ``shm``, the NVIDIA control nodes (``nvidiactl``,
   ``nvidia-uvm``, ...), RDMA (``/dev/infiniband``) and the gang's *own* GPUs' nodes. Another GPU's node does not
@@ -48,6 +57,7 @@ __all__ = [
     "blocked_folders",
     "isolate",
     "plan_mounts",
+    "scaffold",
     "supported",
 ]
 
@@ -68,6 +78,8 @@ _DEV_LINKS = (
 _CLONE_NEWNS = 0x00020000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_SLAVE = 32, 4096, 16384, 1 << 19
+#: the folder a private tmp is bound over
+TMP = "/tmp"
 
 
 def _libc() -> Any:
@@ -93,13 +105,14 @@ class Bind:
 
 @dataclass(frozen=True)
 class MountPlan:
-    """What :func:`isolate` does: tmpfs over ``covers``, ``binds`` back, and (``private_dev``) a /dev holding only
-    ``dev_paths`` (nodes and folders that exist on this node)."""
+    """What :func:`isolate` does: ``tmp`` (a folder) bound over /tmp, tmpfs over ``covers``, ``binds`` back, and
+    (``private_dev``) a /dev holding only ``dev_paths`` (nodes and folders that exist on this node)."""
 
     covers: tuple[str, ...] = ()
     binds: tuple[Bind, ...] = ()
     private_dev: bool = False
     dev_paths: tuple[str, ...] = ()
+    tmp: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -107,16 +120,23 @@ class MountPlan:
             "binds": [[b.path, b.writable, b.folder] for b in self.binds],
             "private_dev": self.private_dev,
             "dev_paths": list(self.dev_paths),
+            "tmp": self.tmp,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MountPlan:
+        tmp = data.get("tmp")
         return cls(
             tuple(str(c) for c in data.get("covers", ())),
             tuple(Bind(str(p), bool(w), bool(f)) for p, w, f in data.get("binds", ())),
             bool(data.get("private_dev")),
             tuple(str(d) for d in data.get("dev_paths", ())),
+            None if tmp is None else str(tmp),
         )
+
+
+def _in_tmp(path: str) -> bool:
+    return path != TMP and Path(path).is_relative_to(TMP)
 
 
 def _passable(folder: Path) -> bool:
@@ -144,29 +164,50 @@ def plan_mounts(
     write: Iterable[str | Path],
     devices: Sequence[str] | None = None,
     hide: Iterable[str | Path] = (),
+    tmp: str | Path | None = None,
 ) -> MountPlan:
     """The namespace of a rank that reads ``read`` and writes ``write`` (paths on this node; symlinks resolved)
     and may open ``devices`` besides :data:`DEV_NODES` / :data:`NVIDIA_NODES` (None: the node's /dev as it is).
     ``hide``: folders covered even where others may pass them (the node's cache: other stores' copies, other
-    gangs' working folders), their needed paths bound back like the rest."""
+    gangs' working folders), their needed paths bound back like the rest. ``tmp``: the folder that is its /tmp
+    (None: the node's); its paths below /tmp are then bound back, nothing there is covered."""
+    private_tmp = tmp is not None and os.path.realpath(TMP) == TMP  # (a /tmp that is a symlink: left alone)
     wanted: dict[str, bool] = {}
     for path, writable in [*((p, False) for p in read), *((p, True) for p in write)]:
         real = os.path.realpath(path)
         if os.path.exists(real):
             wanted[real] = wanted.get(real, False) or writable
     found = [*blocked_folders(wanted), *(os.path.realpath(h) for h in hide if os.path.isdir(h))]
+    if private_tmp:  # the whole of /tmp is replaced: covering a folder in it would cover the rank's own tmp
+        found = [c for c in found if c != TMP and not _in_tmp(c)]
     covers = sorted({c for c in found if not any(Path(c).is_relative_to(o) and c != o for o in found)})
     binds = [
         Bind(path, writable, os.path.isdir(path))
         for path, writable in sorted(wanted.items(), key=lambda item: (item[0].count("/"), item[0]))
-        if any(Path(path).is_relative_to(c) for c in covers)
+        if any(Path(path).is_relative_to(c) for c in covers) or (private_tmp and _in_tmp(path))
     ]
     dev: list[str] = []
     if devices is not None:
         for path in (*DEV_NODES, *NVIDIA_NODES, *devices, *DEV_DIRS):
             if path.startswith("/dev/") and os.path.lexists(path) and path not in dev:
                 dev.append(path)
-    return MountPlan(tuple(covers), tuple(binds), devices is not None, tuple(dev))
+    chosen = os.path.realpath(tmp) if private_tmp and tmp is not None else None
+    return MountPlan(tuple(covers), tuple(binds), devices is not None, tuple(dev), chosen)
+
+
+def scaffold(plan: MountPlan) -> None:
+    """As root in the node's namespace, before any process of the gang runs: in the plan's ``tmp``, the folders
+    (root's, 0711: passable, not listable) and empty targets of the binds below /tmp, for :func:`isolate` to
+    mount onto. Made before the gang can touch ``tmp``, so that no folder on the way is a rank's symlink."""
+    if plan.tmp is None:
+        return
+    for bind in plan.binds:
+        if not _in_tmp(bind.path):
+            continue
+        target = os.path.join(plan.tmp, os.path.relpath(bind.path, TMP))
+        os.makedirs(target if bind.folder else os.path.dirname(target), mode=0o711, exist_ok=True)
+        if not bind.folder and not os.path.lexists(target):
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
 
 
 def _check(result: int, what: str) -> None:
@@ -191,6 +232,41 @@ def _make_target(path: str, folder: bool) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
 
 
+def _existing_target(path: str) -> int:
+    """An ``O_PATH`` descriptor of ``path`` below the private /tmp, opened one component at a time without
+    following a symlink: the scaffold lies in a folder the gang's user owns, and a mount must never be steered out
+    of it (nor anything created). Raises OSError where a component is missing or a symlink."""
+    fd = os.open(TMP, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for part in Path(os.path.relpath(path, TMP)).parts:
+            step = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = step
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise OSError(f"{path}: a symlink on the way to a mount in the private /tmp")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _bind_in_tmp(source: int, bind: Bind) -> None:
+    """Bind ``source`` (a descriptor) at ``bind.path`` below the private /tmp: onto its scaffold target, and made
+    read-only through the mount just made (never by a path the gang could have redirected)."""
+    target = _existing_target(bind.path)
+    try:
+        _mount(f"/proc/self/fd/{source}", f"/proc/self/fd/{target}", None, _MS_BIND | _MS_REC)
+    finally:
+        os.close(target)
+    if not bind.writable:
+        mounted = _existing_target(bind.path)  # now the root of the bind mount
+        try:
+            flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID
+            _mount(None, f"/proc/self/fd/{mounted}", None, flags)
+        finally:
+            os.close(mounted)
+
+
 def isolate(plan: MountPlan) -> None:
     """As root in the process to confine (a forked child before exec, or a standby): a mount namespace of its own
     laid out by ``plan``. Raises OSError when the kernel refuses (the caller's spawn then fails)."""
@@ -201,10 +277,18 @@ def isolate(plan: MountPlan) -> None:
     # descriptors of what is bound back, taken before covering hides it (bound from /proc/self/fd/N)
     held = [os.open(b.path, os.O_PATH | os.O_CLOEXEC) for b in plan.binds]
     devs = [os.open(d, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW) for d in plan.dev_paths] if plan.private_dev else []
+    if plan.tmp is not None:
+        held.append(os.open(plan.tmp, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
     try:
+        if plan.tmp is not None:
+            _mount(f"/proc/self/fd/{held[-1]}", TMP, None, _MS_BIND)
+            _mount(None, TMP, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV)
         for cover in plan.covers:
             _mount("tmpfs", cover, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0711,size=1m")
-        for bind, fd in zip(plan.binds, held, strict=True):
+        for bind, fd in zip(plan.binds, held, strict=False):
+            if plan.tmp is not None and _in_tmp(bind.path):
+                _bind_in_tmp(fd, bind)
+                continue
             _make_target(bind.path, bind.folder)
             _mount(f"/proc/self/fd/{fd}", bind.path, None, _MS_BIND | _MS_REC)
             if not bind.writable:

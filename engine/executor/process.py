@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from engine.executor.rankfiles import open_log_for_append
+
 __all__ = ["set_parent_death_signal", "signal_group", "spawn", "stop_processes"]
 
 _PR_SET_PDEATHSIG = 1
@@ -80,7 +82,7 @@ def spawn(
     handle = None
     if log is not None:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
-        handle = open(log, "ab")  # noqa: SIM115 - closed below: the child holds its own copy
+        handle = os.fdopen(open_log_for_append(log), "ab")  # closed below: the child holds its own copy
     try:
         return subprocess.Popen(
             list(command),

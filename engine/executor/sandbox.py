@@ -34,11 +34,14 @@ hierarchy (v2), and runs it as the gang's own unprivileged user:
   ``USER``, ``LOGNAME`` and ``HOME`` are set, which :meth:`GangSandbox.environment` does.
 - **files**: a private ``TMPDIR`` and ``HOME`` (``<workdir>/tmp``, ``<workdir>/home``, 0700, the gang's user),
   the attempt's working folder, checkpoint folder and secret files owned by the gang's user with 0700 / 0600.
-  ``TMPDIR`` is what Python, torch and MPI honour (``/tmp`` itself stays shared, sticky).
+  In its mount namespace ``/tmp`` itself is that ``<workdir>/tmp`` too (without one, ``/tmp`` stays the node's,
+  shared and sticky, and ``TMPDIR`` is what Python, torch and MPI honour).
 - **mounts**: a mount namespace of its own (engine.executor.namespace, where the node supports one): the folders
   it must reach but others may not pass are covered and only its own paths bound back (its interpreter, code,
-  the cache of its run's store read-only; its working and checkpoint folders writable), and a private ``/dev``
-  with only its own GPUs' nodes. Its outputs go to ``<workdir>/outbox``, published by the agent.
+  the cache of its run's store read-only; its working and checkpoint folders writable), its own ``/tmp`` and a
+  private ``/dev`` with only its own GPUs' nodes. Its working directory is its code's folder (relative reads of
+  its bundled files work; writing there fails with "Read-only file system": it writes to ``TMPDIR``, ``HOME``,
+  its checkpoint folder or its outputs). Its outputs go to ``<workdir>/outbox``, published by the agent.
 
 The process joins its cgroups and drops to its user between fork and exec (:meth:`GangSandbox.preexec`), or, for a
 warm standby that already runs, when it becomes the rank (:func:`enter`). An agent not running as root, or on a
@@ -62,7 +65,7 @@ from pathlib import Path
 
 from engine.artifacts.store import OUTBOX_ENV, cache_dir
 from engine.core.protocol import hashed_user
-from engine.executor.namespace import MountPlan, isolate, plan_mounts
+from engine.executor.namespace import MountPlan, isolate, plan_mounts, scaffold
 
 __all__ = [
     "CGROUPS_ONLY",
@@ -524,7 +527,14 @@ class GangSandbox:
             writes: list[str] = [str(workdir)]
             if self.checkpoint_dir and "://" not in self.checkpoint_dir and Path(self.checkpoint_dir).is_dir():
                 writes.append(self.checkpoint_dir)
-            self.mounts = plan_mounts([*self.reads, *self.secret_dirs], writes, self.gpu_nodes, self.hides)
+            # its own GPUs' nodes where they are not in /dev (a node's odd layout): bound back like its folders
+            writes += [d for d in self.gpu_nodes if not d.startswith("/dev/")]
+            # /tmp is the attempt's <workdir>/tmp (its TMPDIR too) for a gang running as its own user: on disk with
+            # its working folder and shared by the gang's processes on this node, as Slurm's job_container/tmpfs
+            # does; not a tmpfs, which would take its size out of each rank's memory request (namespace.py)
+            tmp = workdir / "tmp" if self.user is not None else None
+            self.mounts = plan_mounts([*self.reads, *self.secret_dirs], writes, self.gpu_nodes, self.hides, tmp)
+            scaffold(self.mounts)  # before any process of the gang exists
 
     def create(self) -> None:
         """The gang's cgroup: CPU quota, pids limit, device rules and the sum of its ranks' memory."""

@@ -36,16 +36,24 @@ from collections.abc import Mapping, Sequence
 
 from engine.executor.namespace import MountPlan
 from engine.executor.process import set_parent_death_signal, spawn, stop_processes
+from engine.executor.rankfiles import open_log_for_append
 from engine.executor.sandbox import SandboxUser, enter
 
-__all__ = ["RUNNER", "StandbyPool", "become_rank", "default_warm_modules"]
+__all__ = ["RUNNER", "WARM_ENV", "StandbyPool", "become_rank", "default_warm_modules"]
 
 #: the rank runner's command line, without its arguments (see ``launcher.runner_command``)
 RUNNER = (sys.executable, "-P", "-m", "engine.executor.rank")
+#: what ``gangflow node`` without ``--warm`` reads first: comma-separated modules, empty for none (a machine
+#: whose gangs never use torch need not spend a core-second or two on each standby's torch import)
+WARM_ENV = "GANGFLOW_WARM"
 
 
 def default_warm_modules() -> tuple[str, ...]:
-    """What standbys import ahead of time when the operator does not say: torch, if it is installed."""
+    """What standbys import ahead of time when the operator does not say (no ``--warm``): ``GANGFLOW_WARM``
+    when set, else torch, if it is installed."""
+    named = os.environ.get(WARM_ENV)
+    if named is not None:
+        return tuple(m.strip() for m in named.split(",") if m.strip())
     return ("torch",) if importlib.util.find_spec("torch") is not None else ()
 
 
@@ -131,7 +139,7 @@ def become_rank(warm: str) -> list[str]:
     order = json.loads(line)
     # the log is opened while still the agent's user (a log in the store may not be the gang user's to open),
     # then the standby takes the gang's sandbox before anything of the rank is read
-    log = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = open_log_for_append(order["log"])  # (in the gang's working folder: no symlink followed)
     user = SandboxUser(order["user"][0], int(order["user"][1])) if order.get("user") else None
     mounts = MountPlan.from_json(order["mounts"]) if order.get("mounts") else None
     if order.get("cgroups") or user is not None or mounts is not None:

@@ -75,6 +75,7 @@ from engine.executor.launcher import NodeGang, RankFailure
 from engine.executor.namespace import supported as namespace_supported
 from engine.executor.plan import DeliveredNotice, LauncherRelay, LaunchRefused, NodePlan, safe_name
 from engine.executor.ports import free_port
+from engine.executor.rankfiles import read_rank_file
 from engine.executor.sandbox import (
     CGROUPS_ONLY,
     SANDBOX_ENV,
@@ -91,6 +92,7 @@ from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
 from engine.runtime.connection import CREDENTIAL_ENV
 from engine.runtime.keeper import start_scheduler
+from engine.runtime.rank_logs import RankLogs
 from engine.runtime.ranks import RankSaver, rank_details
 from engine.runtime.secrets import Redactor, materialize, resolve, task_environment
 from engine.scheduling import Preempted
@@ -221,8 +223,9 @@ class NodeActivities:
             os.makedirs(launch.checkpoint_dir, exist_ok=True)
         folder = await asyncio.to_thread(LOADER.folder_for, envelope.code, store)
         sandbox = self._sandbox(launch, envelope.run.tenant, workdir, defn.resources.mem_bytes, folder, store)
-        # a gang's own user cannot open logs in the store: they are written here and copied there at the end
+        # a gang's own user cannot open logs in the store: they are written here and mirrored there (RankLogs)
         local_logs = not store.local or (sandbox is not None and sandbox.user is not None)
+        mirror = RankLogs(store, run_id, workdir) if local_logs else None
 
         def log_path(what: str) -> str:
             name = f"{launch.log_name}.{what}.attempt{launch.attempt}.log"
@@ -291,6 +294,8 @@ class NodeActivities:
                 if noticed is not None:
                     details["preempted_for_s"] = round(time.time() - noticed.at, 1)
                 activity.heartbeat(details)
+                if mirror is not None and mirror.due():  # `gangflow logs` while the ranks run
+                    await asyncio.to_thread(mirror.sync)
                 if saver.due():  # for `gangflow status` where the heartbeats cannot be read
                     await asyncio.to_thread(saver.save, details)
                 await asyncio.sleep(0.2)
@@ -314,7 +319,12 @@ class NodeActivities:
                 await asyncio.to_thread(gang.close)
                 await asyncio.to_thread(store.publish_outbox, workdir / "outbox")
             result = workdir / "result"  # written by rank 0's runner; a plugin's own script returns None
-            return result.read_bytes() if result.exists() else pack(None)
+            if not (result.exists() or result.is_symlink()):
+                return pack(None)
+            try:  # read without following a symlink: the working folder is the gang's (engine.executor.rankfiles)
+                return read_rank_file(result)
+            except OSError as exc:  # what rank 0 left there is not its result: the task's fault, not retried
+                raise ApplicationError(str(exc), type="RankFailed", non_retryable=True) from None
         except asyncio.CancelledError:
             await asyncio.shield(asyncio.to_thread(gang.terminate, STOP_GRACE_S))
             if activity.is_worker_shutdown():  # this agent is going away, not a cancel from GangTask
@@ -329,8 +339,8 @@ class NodeActivities:
                 relay.close()
             gang.close()  # the cgroup, and anything a rank left running in it
             secrets.close()
-            if local_logs:
-                _copy_logs(store, run_id, workdir)
+            if mirror is not None:
+                mirror.finish()
             saver.save(rank_details(self.config.node_id, gang))  # the last reports, for a finished gang
             shutil.rmtree(workdir, ignore_errors=True)
 
@@ -378,17 +388,6 @@ class NodeActivities:
             gpu_nodes=tuple(devices[i] for i in launch.gpu_ids if i < len(devices)),
             hides=(str(cache_dir()),),
         )
-
-
-def _copy_logs(store: Any, run_id: str, workdir: Path) -> None:
-    """The ranks' logs, written in their working folder, into the run's store (a failure to copy is said, never
-    raised: it must not hide how the attempt ended)."""
-    try:
-        store.fs.makedirs(store.log_path(run_id), exist_ok=True)
-        for path in workdir.glob("*.log"):
-            store.fs.put_file(str(path), store.log_path(run_id, path.name))
-    except OSError as exc:
-        log.warning("could not copy the logs of run %s from %s into its store: %s", run_id, workdir, exc)
 
 
 def _deliver_inputs(defn: TaskDefinition, envelope: Envelope, store: Any) -> None:

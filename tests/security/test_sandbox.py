@@ -56,8 +56,9 @@ pytestmark = [
     ),
 ]
 
-#: the stand-ins for the nodes' two GPUs: character devices any user may open, made before the first launch
-DEVICES = Path(tempfile.gettempdir()) / f"gangflow-sandbox-gpus-{os.getpid()}"
+#: the stand-ins for the nodes' two GPUs: character devices any user may open, made before the first launch (not
+#: in /tmp, which a rank does not see: the other GPU's node must be there for the devices cgroup to refuse it)
+DEVICES = Path("/var/tmp") / f"gangflow-sandbox-gpus-{os.getpid()}"
 GPU_NODES = [str(DEVICES / "gpu0"), str(DEVICES / "gpu1")]
 
 FLOW = """
@@ -143,6 +144,56 @@ def snoop(paths: list[str]) -> File:
     with open(report, "w") as handle:
         json.dump({"uid": os.getuid(), "seen": seen, "dev": sorted(os.listdir("/dev"))}, handle)
     return File(report)
+
+
+@task(plugin=One(), resources=Resources(mem="256Mi"))
+def scratch(marker: str) -> str:
+    import json, os, time
+
+    from engine import report
+
+    with open(f"/tmp/{marker}", "w") as handle:  # the rank's own /tmp
+        handle.write("scratch of one gang")
+    try:
+        open("out.txt", "w")  # its working directory: its code's folder, read-only
+        cwd = "written"
+    except OSError as exc:
+        cwd = f"errno:{exc.errno}"
+    said = {"cwd": cwd, "tmp_is_tmpdir": os.path.samefile("/tmp", os.environ["TMPDIR"])}
+    print("scratch:", json.dumps(said), flush=True)
+    deadline = time.monotonic() + 120
+    step = 0
+    while not os.path.exists("/tmp/release") and time.monotonic() < deadline:  # the test lets it go
+        step += 1
+        report(step=step)
+        time.sleep(0.2)
+    return json.dumps(said)
+
+
+@task(plugin=One(), resources=Resources(mem="256Mi"))
+def planter(target: str) -> str:
+    import os
+    from pathlib import Path
+
+    # its working folder is its own: what the agent (root) reads there is made to point at the node's secret
+    work = Path(os.environ["GANGFLOW_PROGRESS_FILE"]).parent.parent
+    (work / "errors").mkdir(exist_ok=True)
+    os.symlink(target, work / "errors" / f"rank{os.environ['RANK']}")
+    for log in work.glob("*.log"):
+        log.unlink()
+        os.symlink(target, log)
+    os.symlink(target, work / "progress" / "rank0.json")
+    os._exit(1)  # no error report of its own: the planted one is all there is
+
+
+@workflow
+async def planter_run(target: str) -> str:
+    return await planter(target=target)
+
+
+@workflow
+async def scratch_run(marker: str) -> str:
+    return await scratch(marker=marker)
 
 
 @task
@@ -286,6 +337,54 @@ def test_a_rank_runs_as_its_gangs_user_and_reaches_nothing_else(stack: Stack, pr
     assert not any(name.startswith("nvidia") for name in got["dev"]) and "null" in got["dev"], got
     for folder in others:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_ranks_log_and_progress_show_while_it_runs_and_its_tmp_is_its_own(stack: Stack, project: Path) -> None:
+    marker = f"gangflow-scratch-{os.getpid()}"
+    host_note = Path("/tmp") / f"gangflow-host-note-{os.getpid()}"  # the node's /tmp, readable by all
+    host_note.write_text("the node's own")
+    os.chmod(host_note, 0o644)
+    run_id = start(stack, project, "scratch_run", "--marker", marker)
+    try:
+        # its log reaches `gangflow logs` while it runs (the full sandbox once showed it only at the end: the
+        # tenants demo then saw no gang start before it finished)
+        deadline = time.monotonic() + 90
+        while "scratch:" not in (logs := cli(stack, project, "logs", run_id, "--task", "scratch")).stdout:
+            assert time.monotonic() < deadline, (logs.stdout, logs.stderr)
+            time.sleep(0.5)
+        said = json.loads(logs.stdout.split("scratch:", 1)[1].splitlines()[0])
+        status = cli(stack, project, "status", run_id, "--json")
+        assert json.loads(status.stdout)["status"] == "RUNNING", status.stdout
+        assert "step" in cli(stack, project, "status", run_id).stdout  # and its engine.report progress
+        # its /tmp is <workdir>/tmp: the file is there on the node's disk, not in the node's /tmp
+        found = list((stack.root / "nodes").rglob(f"tmp/{marker}"))
+        assert len(found) == 1 and found[0].read_text() == "scratch of one gang", found
+        assert not (Path("/tmp") / marker).exists()
+        assert said == {"cwd": "errno:30", "tmp_is_tmpdir": True}, said  # EROFS: a clear "Read-only file system"
+        # another gang's rank finds neither its /tmp file nor the node's
+        targets = [f"/tmp/{marker}", str(found[0]), str(host_note)]
+        other = finished(stack, project, start(stack, project, "snoop_run", "--paths", json.dumps(targets)))
+        assert other["status"] == "COMPLETED", other
+        seen = json.loads(other["result"])["seen"]
+        assert all(not seen[path].startswith("read") for path in targets), seen
+        assert json.loads(cli(stack, project, "status", run_id, "--json").stdout)["status"] == "RUNNING"
+        (found[0].parent / "release").touch()  # from the node: only what is in <workdir>/tmp reaches it
+        done = finished(stack, project, run_id)
+        assert done["status"] == "COMPLETED", done
+    finally:
+        host_note.unlink(missing_ok=True)
+
+
+def test_symlinks_a_rank_plants_in_its_working_folder_leak_nothing_the_agent_reads(stack: Stack, project: Path) -> None:
+    secret = stack.root / "node-secret.json"  # root's only, and JSON: a progress file could have shown it
+    secret.write_text('{"step": 1, "token": "the-nodes-secret-token"}')
+    os.chmod(secret, 0o600)
+    run_id = start(stack, project, "planter_run", "--target", str(secret))
+    status = finished(stack, project, run_id)
+    assert status["status"] == "FAILED", status
+    said = json.dumps(status) + cli(stack, project, "status", run_id).stdout
+    said += cli(stack, project, "logs", run_id).stdout
+    assert "the-nodes-secret-token" not in said, said
 
 
 def test_no_cgroup_outlives_its_gang(stack: Stack) -> None:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,3 +146,90 @@ def test_in_its_namespace_an_unprivileged_rank_reaches_its_paths_and_its_own_gpu
     assert seen[fake_gpus[0]] == "read:" and seen[fake_gpus[1]] == "errno:2"  # its own GPU only
     assert os.path.basename(fake_gpus[1]) not in got["dev"] and "null" in got["dev"]
     assert os.path.exists(fake_gpus[1])  # the node's own /dev is untouched
+
+
+def test_a_private_tmp_binds_back_the_paths_below_tmp_and_covers_nothing_there(tree: Path) -> None:
+    home = tree / "home"  # below /tmp, behind a folder others cannot pass
+    workdir = home / "cache" / "nodes" / "n0" / "attempt"
+    (workdir / "tmp").mkdir()
+    plan = plan_mounts([home / "python"], [workdir], None, hide=[home / "cache"], tmp=workdir / "tmp")
+    assert plan.tmp == str(workdir / "tmp") and plan.covers == ()  # the whole of /tmp is replaced
+    assert plan.binds == (Bind(str(home / "python"), False), Bind(str(workdir), True))
+    assert MountPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    assert plan_mounts([home / "python"], [workdir]).tmp is None  # without: the node's /tmp
+
+
+TMP_PROBE = """
+import json, os, sys
+seen = {"listing": sorted(os.listdir("/tmp"))}
+with open("/tmp/x", "w") as handle:
+    handle.write("the rank's")
+for path in sys.argv[1:]:
+    try:
+        with open(path, "rb") as handle:
+            seen[path] = "read:" + handle.read(20).decode(errors="replace")
+    except OSError as exc:
+        seen[path] = f"errno:{exc.errno}"
+print(json.dumps(seen))
+"""
+
+
+def _tmp_gang(tree: Path) -> tuple[Path, MountPlan, Any]:
+    from engine.executor.namespace import scaffold
+
+    home = tree / "home"
+    workdir = home / "cache" / "nodes" / "n0" / "attempt"
+    user = gang_user("team-a", "gang-tmp")
+    (workdir / "tmp").mkdir()
+    for path in (workdir, workdir / "tmp"):
+        os.chown(path, user.uid, user.gid)
+        os.chmod(path, 0o700)
+    python = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+    plan = plan_mounts([*python, home / "cache" / "stores" / "k1"], [workdir], None, tmp=workdir / "tmp")
+    scaffold(plan)
+    return workdir, plan, user
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not supported(), reason="a mount namespace needs root (CAP_SYS_ADMIN)")
+def test_a_ranks_tmp_is_its_working_folders_tmp_and_the_nodes_tmp_is_not_there(tree: Path) -> None:
+    workdir, plan, user = _tmp_gang(tree)
+    host = Path(tempfile.mkdtemp(prefix="gangflow-host-tmp-"))  # the node's /tmp, open to all
+    os.chmod(host, 0o755)
+    (host / "note").write_text("the node's")
+    os.chmod(host / "note", 0o644)
+    mine = str(tree / "home" / "cache" / "stores" / "k1" / "input")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", TMP_PROBE, str(host / "note"), mine],
+            preexec_fn=lambda: enter([], user, None, plan),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout)
+        assert seen[str(host / "note")] == "errno:2" and host.name not in seen["listing"]  # not there at all
+        assert seen[mine] == "read:mine"  # its own paths below /tmp are bound back
+        assert (workdir / "tmp" / "x").read_text() == "the rank's"  # on disk, in its working folder
+        assert not Path("/tmp/x").exists() or Path("/tmp/x").read_text() != "the rank's"
+    finally:
+        shutil.rmtree(host, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not supported(), reason="a mount namespace needs root (CAP_SYS_ADMIN)")
+def test_a_symlink_planted_in_the_scaffold_stops_the_rank_and_creates_nothing_where_it_points(tree: Path) -> None:
+    workdir, plan, user = _tmp_gang(tree)
+    elsewhere = tree / "elsewhere"  # where a rank of the gang would have root create its folders
+    elsewhere.mkdir()
+    top = workdir / "tmp" / os.path.relpath(tree, "/tmp").split("/")[0]
+    shutil.rmtree(top)  # the gang owns <workdir>/tmp: it may rearrange it between two of its processes' starts
+    top.symlink_to(elsewhere)
+    with pytest.raises(subprocess.SubprocessError, match="preexec_fn"):  # the spawn fails: its own gang's loss
+        subprocess.run(
+            [sys.executable, "-c", "print('started')"],
+            preexec_fn=lambda: enter([], user, None, plan),
+            timeout=60,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+    assert list(elsewhere.iterdir()) == []  # nothing was created (or mounted) through the symlink

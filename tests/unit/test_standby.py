@@ -8,7 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from engine.executor.standby import RUNNER, StandbyPool
+import pytest
+
+from engine.executor.standby import RUNNER, WARM_ENV, StandbyPool, default_warm_modules
 
 _PROBE = (
     "import json, os, sys; from engine.executor.standby import become_rank; argv = become_rank('json,no_such_mod'); "
@@ -53,3 +55,14 @@ def test_the_pool_refills_hands_out_only_rank_runner_commands_and_closes():
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert pool.ready == [] and RUNNER[1:] == ("-P", "-m", "engine.executor.rank")
+
+
+def test_without_warm_the_agent_imports_what_gangflow_warm_names_else_torch(monkeypatch: pytest.MonkeyPatch):
+    import importlib.util
+
+    monkeypatch.delenv(WARM_ENV, raising=False)
+    assert default_warm_modules() == (("torch",) if importlib.util.find_spec("torch") else ())
+    monkeypatch.setenv(WARM_ENV, "")  # nothing ahead: standbys are still kept, they import only gangflow
+    assert default_warm_modules() == ()
+    monkeypatch.setenv(WARM_ENV, " jax, numpy ,")
+    assert default_warm_modules() == ("jax", "numpy")
