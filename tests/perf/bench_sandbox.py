@@ -203,6 +203,51 @@ async def standbys_ready(stack: Any) -> float:
         await asyncio.sleep(0.2)
 
 
+#: what a rank of each mode runs as, as /proc shows it: (as root, in a gangflow cgroup)
+EXPECTED_CONFINEMENT = {"none": (True, False), "cgroups": (True, True), "full": (False, True)}
+
+
+def _confinement(pid: int) -> tuple[bool, bool] | None:
+    """(runs as root, is in a gangflow cgroup) of process ``pid``; None when it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        groups = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
+    uid = next((line.split()[1] for line in status.splitlines() if line.startswith("Uid:")), "0")
+    return uid == "0", any(line.split(":", 2)[-1].startswith("/gangflow/") for line in groups.splitlines())
+
+
+async def probe_ranks(stack: Any, seen: set[tuple[bool, bool]]) -> None:
+    """Until cancelled: how the node agents' rank processes (children that are not waiting standbys) run, added
+    to ``seen``, so that a block proves its agents ran their ranks in the mode it names."""
+    import asyncio
+
+    while True:
+        agents = {node.pid for node in stack.nodes.values() if node.proc is not None}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                if int(stat[stat.rindex(")") + 2 :].split()[1]) not in agents:
+                    continue
+                if b"--standby" in (entry / "cmdline").read_bytes():
+                    continue
+            except (OSError, ValueError, IndexError):
+                continue
+            if (found := _confinement(int(entry.name))) is not None:
+                seen.add(found)
+        await asyncio.sleep(0.25)
+
+
+def check_confinement(mode: str, seen: set[tuple[bool, bool]]) -> None:
+    """Refuse a block whose ranks did not run as ``mode`` says (an agent that kept another mode's setting)."""
+    expected = EXPECTED_CONFINEMENT[mode]
+    if expected not in seen or (mode == "none" and any(in_cgroup for _root, in_cgroup in seen)):
+        raise RuntimeError(f"mode {mode}: ranks seen as (root, in a gangflow cgroup) {sorted(seen)}, not {expected}")
+
+
 def set_mode(mode: str) -> None:
     """What the node agents started from now on read: ``GANGFLOW_SANDBOX`` for ``mode``."""
     from engine.executor.sandbox import SANDBOX_ENV
@@ -234,12 +279,16 @@ async def restart_agents(stack: Any, client: Any, mode: str) -> float:
 
 async def block(stack: Any, client: Any, mode: str, args: Any, params: dict[str, Any]) -> dict[str, Any]:
     """(a), (b) and (c) in ``mode``, on agents restarted in it."""
+    import asyncio
+
     import bench_launch
     import bench_recovery
     from benchenv import log
 
     out: dict[str, Any] = {"mode": mode, "load_1min": round(os.getloadavg()[0], 2)}
     out["agents_up_s"] = round(await restart_agents(stack, client, mode), 3)
+    seen: set[tuple[bool, bool]] = set()
+    probe = asyncio.create_task(probe_ranks(stack, seen))
     _run, started, _done, _sps, stamps = await bench_launch.launch_once(client, args.launch_steps)
     out["cold_first_step_s"] = stamps["loop_start"] - started
     out["cold_phases_s"] = {  # where (a)'s time went, from rank 0's own timestamps
@@ -252,6 +301,10 @@ async def block(stack: Any, client: Any, mode: str, args: Any, params: dict[str,
     short = {**params, "total_steps": STANDBY_STEPS}
     warm = await bench_recovery.one_run(client, stack, short, kill=False, victim_rank=1)
     out["standby_first_report_s"] = warm["to_first_report_s"]
+    probe.cancel()
+    await asyncio.gather(probe, return_exceptions=True)
+    check_confinement(mode, seen)
+    out["ranks_seen_as"] = [{"root": root, "in_cgroup": in_cgroup} for root, in_cgroup in sorted(seen)]
     await standbys_ready(stack)  # the two it took are replaced on the agents' next registration tick
     killed = await bench_recovery.one_run(client, stack, params, kill=True, victim_rank=1)
     out["resume_s"] = killed["time_to_resume_s"]
