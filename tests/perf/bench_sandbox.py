@@ -30,9 +30,11 @@ The blocks run in rotating order (rep i starts with mode i mod 3), so that drift
 every mode alike; one uncounted warm-up of (a) and (b) first fills the node agents' code cache. Before the
 stack it times the bare pieces too, ``--micro-reps`` times: one process start (``python -c 'import json'``)
 per mode, ``enter`` alone in a forked child (what a standby pays when it becomes a rank) and removing a gang's
-cgroups. Prints ONE JSON line (medians per mode, ratios to ``none``, every sample with the 1-minute load
-average when its block began, the load over the run) and a table (``--markdown``: the README's rows). Not a
-test: nothing here asserts on timings. Needs root and a cgroup memory controller.
+cgroups; and the CPU weight of the machine's ``gangflow`` cgroup (:func:`cpu_weights`: under load, what a
+sandboxed rank's share is weighed by against the machine's other work). Prints ONE JSON line (medians per mode,
+ratios to ``none``, every sample with the 1-minute load average when its block began, the load over the run)
+and a table (``--markdown``: the README's rows). Not a test: nothing here asserts on timings. Needs root and a
+cgroup memory controller.
 """
 
 from __future__ import annotations
@@ -334,6 +336,29 @@ async def block(stack: Any, client: Any, mode: str, args: Any, params: dict[str,
     return out
 
 
+def cpu_weights() -> dict[str, Any]:
+    """What a sandboxed rank's CPU share is weighed against (cgroup ``cpu.shares`` / 1024, in CPUs; a process
+    outside any cgroup weighs 1): the machine's ``gangflow`` cgroup (engine.executor.cgroups.weigh_node: the sum
+    of every node cgroup below it, those of agents that ran here before included) and this stack's nodes'."""
+    import bench_recovery
+
+    from engine.executor.sandbox import SANDBOX_ENV, detect
+
+    saved = os.environ.pop(SANDBOX_ENV, None)  # the driver of this machine, whatever mode the agents run in
+    try:
+        driver = detect()
+    finally:
+        if saved is not None:
+            os.environ[SANDBOX_ENV] = saved
+    if driver is None:
+        return {}
+    return {
+        "gangflow_cpus": driver.weighed("gangflow"),
+        "node_cgroups": len(driver.children("gangflow")),
+        "stack_nodes_cpus": {node: driver.weighed(f"gangflow/{node}") for node in bench_recovery.NODE_IDS},
+    }
+
+
 def _rounded(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _rounded(v) for k, v in value.items()}
@@ -363,12 +388,14 @@ def measure(args: Any, scratch: Path) -> dict[str, Any]:
     set_mode(MODES[0])
     stack = bench_recovery.Stack(scratch / "stack")
     blocks: list[dict[str, Any]] = []
+    weights: dict[str, Any] = {}
 
     async def run_all() -> None:
         client = await stack.client()
         await stack.wait_nodes(client)
         await standbys_ready(stack)
-        log(f"stack up on {stack.server.address}; warm-up (not counted)")
+        weights.update(cpu_weights())
+        log(f"stack up on {stack.server.address}; CPU weights {weights}; warm-up (not counted)")
         await bench_launch.launch_once(client, args.launch_steps)
         await bench_recovery.one_run(client, stack, {**params, "total_steps": STANDBY_STEPS}, False, 1)
         for rep in range(args.repeats):
@@ -405,6 +432,7 @@ def measure(args: Any, scratch: Path) -> dict[str, Any]:
         "ratio_to_none": ratio,
         "goals": goals,
         "micro_median_s": {k: med(v) for k, v in bare.items()},
+        "cpu_weight": weights,
         "samples": {
             "blocks": [_rounded(b) for b in blocks],
             "micro_s": {k: [round(x, 4) for x in v] for k, v in bare.items()},
@@ -496,6 +524,13 @@ def markdown(result: dict[str, Any]) -> list[str]:
         f"{min(loads):.1f}–{max(loads):.1f}. Removing a gang's cgroups took "
         f"{micro_med['remove'] * 1000:.0f} ms (median)."
     )
+    if weight := result.get("cpu_weight"):
+        note += (
+            f" The machine's `gangflow` cgroup weighed {weight['gangflow_cpus']:.0f} CPUs (`cpu.shares`, the sum of "
+            f"its {weight['node_cgroups']} node cgroups, those of agents that ran here before included) against 1 "
+            f"for a process outside it: under load a sandboxed rank gets its CPU ahead of the machine's other work, "
+            f"an unsandboxed one competes with it."
+        )
     return [*markdown_table(header, "lrrrrrr", rows), "", note, "", caption(command_line(result), result)]
 
 
