@@ -77,6 +77,10 @@ def parse_args(argv: list[str] | None = None) -> Any:
 # ---------------------------------------------------------------------------------------------------------
 # the bare pieces: one process start, enter() in a standby, removing a gang's cgroups
 # ---------------------------------------------------------------------------------------------------------
+#: the parent of the bare pieces' cgroups
+MICRO_CGROUP = "gangflow/bench-sandbox"
+
+
 def _sandbox(name: str, full: bool) -> Any:
     from engine.executor.sandbox import GangSandbox, detect, device_rules, gang_user
 
@@ -86,7 +90,7 @@ def _sandbox(name: str, full: bool) -> Any:
     python = (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)))
     return GangSandbox(
         driver,
-        f"gangflow/bench-sandbox/{name}",
+        f"{MICRO_CGROUP}/{name}",
         gang_user("bench", name) if full else None,
         256 << 20,
         1.0,
@@ -157,6 +161,7 @@ def micro(reps: int, top: Path) -> dict[str, list[float]]:
             started = time.perf_counter()
             sandbox.remove()
             samples["remove"].append(time.perf_counter() - started)
+    sandbox.driver.remove(MICRO_CGROUP)  # their parent, empty now: nothing of the benchmark stays on the machine
     return samples
 
 
