@@ -334,13 +334,16 @@ class CgroupV2(CgroupDriver):
         return int(match.group(1)) if match else 0
 
 
-def weigh_node(driver: CgroupDriver, node_group: str, cpus: float) -> None:
+def weigh_node(driver: CgroupDriver, node_group: str, cpus: float, machine_cpus: float | None = None) -> None:
     """Weigh a node agent's cgroup (``gangflow/<node>``) as the ``cpus`` it offers and the machine's gangflow
     cgroup above it as the sum of its node cgroups (the other agents of this machine included: each one adds
-    itself when it starts; a stopped agent's stays counted, which only matters while its ranks would run). A
-    gang's share is its CPUs (engine.executor.sandbox.GangSandbox.create): its ranks then weigh against the
-    processes outside gangflow about as they would unsandboxed, and each gang's quota still caps it at what it
-    asked for."""
+    itself when it starts), at most the machine's cores (``machine_cpus``, default ``os.cpu_count()``): every
+    rank of the machine together could not keep more busy unsandboxed either, and a stopped agent's node cgroup
+    stays counted (a machine where many agents have come and gone weighed its gangflow cgroup as 130 CPUs on 2
+    cores: sandboxed ranks ran ahead of everything else). A gang's share is its CPUs
+    (engine.executor.sandbox.GangSandbox.create): its ranks then weigh against the processes outside gangflow
+    about as they would unsandboxed, and each gang's quota still caps it at what it asked for."""
     driver.weigh(node_group, cpus)
     parent = str(Path(node_group).parent)
-    driver.weigh(parent, sum(driver.weighed(child) for child in driver.children(parent)))
+    cores = float(machine_cpus if machine_cpus is not None else os.cpu_count() or 1)
+    driver.weigh(parent, min(cores, sum(driver.weighed(child) for child in driver.children(parent))))

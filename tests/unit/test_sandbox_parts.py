@@ -238,10 +238,10 @@ def test_a_nodes_cgroup_weighs_its_cpus_and_the_machines_the_sum_of_its_nodes(tm
     # with the default share (one process's) above the gangs, every rank of the machine together would get one
     # busy process's CPU against the processes outside gangflow (a restarted gang started many times slower)
     driver = _fake_v1(tmp_path)
-    weigh_node(driver, "gangflow/n0", 4)
+    weigh_node(driver, "gangflow/n0", 4, machine_cpus=64)
     assert _read(tmp_path / "cpu" / "gangflow" / "n0" / "cpu.shares") == "4096"
     assert _read(tmp_path / "cpu" / "gangflow" / "cpu.shares") == "4096"
-    weigh_node(driver, "gangflow/n1", 0.5)  # a second agent on the machine adds itself
+    weigh_node(driver, "gangflow/n1", 0.5, machine_cpus=64)  # a second agent on the machine adds itself
     assert _read(tmp_path / "cpu" / "gangflow" / "n1" / "cpu.shares") == "512"
     assert _read(tmp_path / "cpu" / "gangflow" / "cpu.shares") == "4608"
     assert not (tmp_path / "cpu" / "gangflow" / "n0" / "cpu.cfs_quota_us").exists()  # a share, no quota
@@ -250,10 +250,20 @@ def test_a_nodes_cgroup_weighs_its_cpus_and_the_machines_the_sum_of_its_nodes(tm
     assert _read(tmp_path / "cpu" / "gangflow" / "n2" / "cpu.shares") == "262144"
 
 
+def test_the_machines_gangflow_cgroup_weighs_at_most_its_cores(tmp_path: Path) -> None:
+    # node cgroups of agents long gone stay counted: without the cap, forty agents that ran on a 2-core machine
+    # made its sandboxed ranks weigh as 130 busy processes against everything else on it
+    driver = _fake_v1(tmp_path)
+    for i in range(40):
+        weigh_node(driver, f"gangflow/n{i}", 4, machine_cpus=2)
+    assert _read(tmp_path / "cpu" / "gangflow" / "cpu.shares") == "2048"
+    assert _read(tmp_path / "cpu" / "gangflow" / "n39" / "cpu.shares") == "4096"  # among its siblings: as offered
+
+
 def test_v2_weighs_a_node_with_cpu_weight(tmp_path: Path) -> None:
     driver = CgroupV2(tmp_path)
-    weigh_node(driver, "gangflow/n0", 2)
-    weigh_node(driver, "gangflow/n1", 3)
+    weigh_node(driver, "gangflow/n0", 2, machine_cpus=64)
+    weigh_node(driver, "gangflow/n1", 3, machine_cpus=64)
     assert _read(tmp_path / "gangflow" / "n0" / "cpu.weight") == "200"
     assert _read(tmp_path / "gangflow" / "cpu.weight") == "500"
     assert _read(tmp_path / "cgroup.subtree_control") == "+memory +cpu +pids"
