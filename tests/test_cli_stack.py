@@ -9,9 +9,11 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from conftest import ROOT, alive, gangflow_cli
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.runtime import free_port
 
@@ -209,12 +211,25 @@ async def waiting(marker_dir: str) -> int:
 """
 
 
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``/metrics`` read with prometheus_client's own parser: every sample by (name, sorted labels)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
 def test_sigterm_stops_the_dev_stack_and_every_child_within_seconds(tmp_path: Path) -> None:
     """What a service manager (or ``kill``) does, not Ctrl-C to the whole terminal's process group: SIGTERM to
     ``gangflow dev`` alone, while a gang's ranks run on its node agent and a plain task on its worker. It stops
-    them all at once, not one after the other (its worker's shutdown, then each node agent's: over 27 s)."""
+    them all at once, not one after the other (its worker's shutdown, then each node agent's: over 27 s).
+    Meanwhile its ``--metrics-port`` is scraped as Prometheus would (the same stack: one fewer to start)."""
     stack = DevStack(tmp_path / "state", free_port(), free_port())
-    stack.start("--nodes", "1", "--gpus-per-node", "2")
+    metrics_port = free_port()
+    stack.start("--nodes", "1", "--gpus-per-node", "2", "--metrics-port", str(metrics_port))
     (tmp_path / "flow.py").write_text(GANG)
     markers = tmp_path / "markers"
     markers.mkdir()
@@ -228,6 +243,14 @@ def test_sigterm_stops_the_dev_stack_and_every_child_within_seconds(tmp_path: Pa
         assert time.monotonic() < deadline, Path(stack.log.name).read_text()
         time.sleep(0.2)
     ranks = [int(p.name.split(".")[1]) for p in markers.glob("pid.*")]
+    scraped = _scrape(metrics_port)
+    assert scraped[("gangflow_scheduler_up", ())] == 1
+    assert scraped[("gangflow_node_gpus", (("node", "node-0"),))] == 2
+    assert scraped[("gangflow_node_allocated_gpus", (("node", "node-0"),))] == 2  # the holding gang's
+    assert scraped[("gangflow_node_alive", (("node", "node-0"),))] == 1
+    usage = ("gangflow_tenant_resource_usage", (("cohort", ""), ("resource", "gpu"), ("tenant", "default")))
+    assert scraped[usage] == 2 and scraped[("gangflow_admitted_active_gangs", (("tenant", "default"),))] == 1
+    assert any(name.startswith("temporal_") for name, _ in scraped), "the Temporal SDK's own metrics"
     assert stack.proc is not None
     before = _children(stack.proc.pid)
     assert set(ranks) <= set(before), (ranks, before)  # the ranks are the stack's own descendants

@@ -493,7 +493,9 @@ def test_cuda_image_keeps_the_base_image_torch() -> None:
 def test_deploy_docs_name_files_that_exist() -> None:
     text = (ROOT / "docs" / "deploy.md").read_text()
     # paths in this repository (`deploy/gangflow-worker` in a kubectl command is a Deployment, not a path)
-    paths = set(re.findall(r"\b((?:deploy/(?:kubernetes|docker|systemd|slurm)|examples|docs)(?:/[\w.-]*\w)*)", text))
+    paths = set(
+        re.findall(r"\b((?:deploy/(?:kubernetes|docker|systemd|slurm|grafana)|examples|docs)(?:/[\w.-]*\w)*)", text)
+    )
     paths |= {link.removeprefix("../") for link in re.findall(r"\]\((\.\./[^)#]+)", text)}
     assert paths, "docs/deploy.md names no file"
     missing = sorted(p for p in paths if not (ROOT / p).exists())

@@ -26,6 +26,7 @@ tests/test_tenancy_e2e.py and the benchmark.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from pathlib import Path
@@ -221,6 +222,19 @@ def resumed_at(stack: Stack, run_id: str, ended: str, first: int) -> None:
     assert preempted["first_step"] == 1 and 0 < preempted["last_step"] <= first, preempted
     assert resumed["first_step"] == first + 1 and resumed["last_step"] == task["ranks"]["ranks"][0]["step"], resumed
     assert all(a["duration_s"] > 0 for a in (preempted, resumed)), task["attempts"]
+    # the goodput ledger: each attempt's GPU-seconds add up; the resumed one restored from the checkpoint
+    for ledger in (preempted["ledger"], resumed["ledger"]):
+        whole = ledger["allocated_gpu_s"]
+        assert whole > 0 and abs(ledger["productive_gpu_s"] + sum(ledger["badput"].values()) - whole) <= 0.01 * whole
+    lost = preempted["ledger"]["badput"]
+    other = "lost_preemption" if "is draining" in ended else "lost_drain"  # a drain is not a reclaim
+    assert resumed["ledger"]["badput"]["restore"] > 0 and lost["lost_failure"] == lost[other] == 0, task
+    # `gangflow usage` sums the same ledgers, as a user reads them for chargeback
+    shown = gangflow_cli("usage", "--json", "--by", "run", "--since", "1h", GANGFLOW_ADDRESS=stack.server.address)
+    assert shown.returncode == 0, shown.stderr
+    (row,) = [r for r in json.loads(shown.stdout)["rows"] if r["run"] == run_id]
+    whole = preempted["ledger"]["allocated_gpu_s"] + resumed["ledger"]["allocated_gpu_s"]
+    assert row["allocated_gpu_s"] == pytest.approx(whole, abs=0.01) and row["wait_s"] >= 0, row
 
 
 async def settled(stack: Stack) -> None:

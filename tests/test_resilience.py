@@ -80,10 +80,14 @@ def _restarted_once(stack: Stack, run_id: str, ended: str, first_step: int) -> N
     assert first["first_step"] == 0 and first_step <= first["last_step"] < STEPS["total_steps"], first
     assert second["first_step"] == first_step and second["last_step"] == STEPS["total_steps"], second
     assert all(a["duration_s"] > 0 and len(a["nodes"]) == 2 for a in (first, second)), task["attempts"]
+    # the goodput ledger (CPU-only ranks: no GPU-seconds, the ratio is by seconds): the failed attempt lost the
+    # work since its last checkpoint, the next one spent time restoring
+    assert 0 <= first["ledger"]["goodput"] < 1 and 0 < second["ledger"]["goodput"] < 1, task["attempts"]
     assert [r["step"] for r in task["ranks"]["ranks"]] == [STEPS["total_steps"]] * 2, task["ranks"]
     shown = gangflow_cli("status", run_id, GANGFLOW_ADDRESS=stack.server.address, COLUMNS="200")
     assert shown.returncode == 0 and "train-1 attempts" in shown.stdout and ended in shown.stdout, shown.stdout
     assert "train ranks (attempt 1, last reports)" in shown.stdout, shown.stdout
+    assert "  goodput " in shown.stdout, shown.stdout
 
 
 def test_node_agent_killed_mid_training_resumes_from_checkpoint(stack: Stack):

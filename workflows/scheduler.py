@@ -6,15 +6,18 @@ policy returns decisions (admit, reject, preempt, a pending reason that changed)
 signalled to the GangTask workflow it concerns. The events waiting at a wake-up are decided first and their
 decisions then go out without waiting for their acknowledgements, ``MAX_IN_FLIGHT`` at most (so the next
 events are decided meanwhile, not one round trip per decision); a gang's superseded pending reasons are
-never sent. It sleeps until a signal arrives or its ticker fires (every few seconds: node registrations
-expire, a gang's wait for lost nodes runs out, a gang becomes old enough to preempt, and now and then the
-owners of allocations are checked, in the background). It continues as new when Temporal suggests it or
-after ``max_events`` events, checked after every event, carrying the policy's compact snapshot and
-everything not yet handled or delivered, so its history stays small however long it lives. Node agents
-start it on first registration (signal-with-start), so there is nothing to deploy by hand;
-``gangflow queues apply`` (the update ``apply_queues``, validated before it is accepted) sets tenants,
-cohorts, quotas and priority classes; ``gangflow node drain|undrain`` (the update ``drain_node``, validated
-the same way) takes a node out of service and back.
+never sent. It sleeps until a signal arrives or its ticker fires (every few seconds: the registrations of
+agents from before node leases expire, a gang's wait for lost nodes runs out, a gang becomes old enough to
+preempt, and now and then the owners of allocations are checked, in the background). It continues as new
+when Temporal suggests it or after ``max_events`` events, checked after every event, carrying the policy's
+compact snapshot and everything not yet handled or delivered, so its history stays small however long it
+lives. Nodes come and go through their leases (workflows.node_lease): one signal when a node registers, one
+when it is lost, none while it lives; a run started afresh (no carried state: terminated and restarted by
+the platform worker) re-learns the nodes whose leases run (``_learn_leases``). The platform worker keeps it
+running (engine.runtime.keeper), so there is nothing to deploy by hand; ``gangflow queues apply`` (the
+update ``apply_queues``, validated before it is accepted) sets tenants, cohorts, quotas and priority classes;
+``gangflow node drain|undrain`` (the update ``drain_node``, validated the same way) takes a node out of
+service and back.
 
 Nothing leaks: an allocation lives only as long as the GangTask that owns it. A GangTask releases its
 placement itself when it ends, is cancelled, preempted, or its parent run is terminated (the user-workflow
@@ -26,6 +29,7 @@ every allocation and queued request, and the closed ones are released.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from datetime import timedelta
 from typing import Any
@@ -41,7 +45,10 @@ from engine.core.protocol import (
     CLOSED_OWNERS,
     DESCRIBE_QUERY,
     DRAIN_NODE_UPDATE,
+    LEASE_CHECK_SIGNAL,
+    LEASED_NODES,
     NODE_LOST_SIGNAL,
+    NODE_QUERY,
     PENDING_SIGNAL,
     PLACEMENT_SIGNAL,
     PREEMPT_SIGNAL,
@@ -51,6 +58,7 @@ from engine.core.protocol import (
     RELEASE_SIGNAL,
     SCHEDULER_TYPE,
     SUBMIT_SIGNAL,
+    lease_id,
 )
 from engine.scheduling import (
     Admitted,
@@ -85,6 +93,9 @@ NODE_WAIT_PATCH = "wait-for-nodes"
 #: Scheduler runs recorded before a gang waiting for its victims held what they free (Policy.hold_for_victims):
 #: a gang of lower priority could take it and be preempted for it again, in a loop (issue 22)
 HOLD_PATCH = "hold-for-victims"
+#: Scheduler runs recorded before node leases: a run started afresh knew no node until agents re-registered;
+#: from this patch on it re-learns the nodes from their running leases (workflows.node_lease)
+NODE_LEASE_PATCH = "node-leases"
 #: how often the Scheduler wakes up by itself (deadlines have this granularity)
 TICK = timedelta(seconds=5)
 #: how often the owners of allocations are checked (on a tick), when there is anything to check
@@ -114,6 +125,7 @@ class Scheduler:
         self.tick_due = False
         self.sending: dict[str, asyncio.Task[None]] = {}  # gang id -> its last signal not yet acknowledged
         self.checking: asyncio.Task[None] | None = None  # the owner check in progress
+        self.learning: asyncio.Task[None] | None = None  # a fresh run's look at the running node leases
         self.owners_checked = 0.0  # workflow time of the last owner check (carried across continue-as-new)
         self.max_events = MAX_EVENTS_PER_RUN
         self.versioned = False  # whether this run's behaviour version is decided (``_step``)
@@ -217,6 +229,11 @@ class Scheduler:
     def describe(self) -> dict[str, Any]:
         return self.policy.describe()
 
+    @workflow.query(name=NODE_QUERY)
+    def node(self, node_id: Any = None) -> dict[str, Any] | None:
+        # a bad payload is no node (a query must answer, never fail the caller's look)
+        return self.policy.describe_node(node_id) if isinstance(node_id, str) else None
+
     @workflow.query(name=QUEUES_QUERY)
     def queues(self) -> dict[str, Any]:
         return {**self.policy.queues(), "config": dump_queue_config(self.policy.config)}
@@ -225,6 +242,9 @@ class Scheduler:
     @workflow.run
     async def run(self, carried: Any = None) -> None:  # the same input as __init__, which restored it
         ticker = asyncio.create_task(self._ticker())
+        fresh = not (isinstance(carried, dict) and isinstance(carried.get("policy"), dict))
+        if fresh and workflow.patched(NODE_LEASE_PATCH):  # in the background: events go on meanwhile
+            self.learning = asyncio.create_task(self._learn_leases())
         try:
             while True:
                 await workflow.wait_condition(
@@ -247,7 +267,12 @@ class Scheduler:
                 self._send()
                 if self._due():
                     await workflow.wait_condition(
-                        lambda: not self.sending and self._idle(self.checking) and workflow.all_handlers_finished()
+                        lambda: (
+                            not self.sending
+                            and self._idle(self.checking)
+                            and self._idle(self.learning)
+                            and workflow.all_handlers_finished()
+                        )
                     )
                     workflow.continue_as_new(self._carry())
         finally:
@@ -262,7 +287,14 @@ class Scheduler:
             self.versioned = True
             self.policy.wait_for_nodes = workflow.patched(NODE_WAIT_PATCH)
             self.policy.hold_for_victims = workflow.patched(HOLD_PATCH)
+        # a leased node reported lost by a gang stays lost for as long as its lease lives on (nothing else
+        # registers it again): its lease is asked to check the agent. Never on a replay of older runs: a
+        # node only has ``leased`` in runs recorded since node leases.
+        node = self.policy.inventory.nodes.get(event.node_id) if isinstance(event, NodeLost) else None
+        was_alive = node is not None and node.alive
         decisions = self.policy.step(event, workflow.now().timestamp())
+        if node is not None and was_alive and node.spec.leased and not node.alive:
+            self._check_lease(node.spec.node_id)
         self.outbox.extend(decisions)
         self.handled += 1
         return decisions
@@ -315,6 +347,46 @@ class Scheduler:
         for gang_id in closed:
             workflow.logger.warning("gang %s has no running workflow any more: releasing what it held", gang_id)
             self.inbox.append(GangReleased(gang_id=gang_id))
+
+    async def _learn_leases(self) -> None:
+        """A run started afresh: the nodes whose leases run now (their agents registered with a Scheduler
+        that is gone) are registered again. A node this run has heard of meanwhile is not: its own signal
+        is newer than the list, which comes from visibility and may lag."""
+        try:
+            specs: list[Any] = await workflow.execute_local_activity(
+                LEASED_NODES,
+                result_type=list[Any],
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=5),
+            )
+        except FailureError as exc:  # the leases' own signals still come for every node that registers anew
+            workflow.logger.warning("could not list the running node leases: %s", exc)
+            return
+        heard = {*self.policy.inventory.nodes, *(e.spec.node_id for e in self.inbox if isinstance(e, NodeRegistered))}
+        heard |= {e.node_id for e in self.inbox if isinstance(e, NodeLost)}
+        for spec in specs:
+            try:
+                event = NodeRegistered(spec=NodeSpec.model_validate(spec))
+            except (ValidationError, TypeError, ValueError) as exc:
+                workflow.logger.warning("ignoring a malformed node lease %r: %s", spec, exc)
+                continue
+            if event.spec.node_id not in heard:
+                self.inbox.append(event)
+
+    def _check_lease(self, node_id: str) -> None:
+        """Signal the node's lease to check its agent, in the background (among ``sending``: a continue-as-new
+        waits for it). A lease that ended (the loss was its own report) is gone: nothing to tell."""
+        key = lease_id(node_id)
+        if key in self.sending:
+            return
+
+        async def tell() -> None:
+            with contextlib.suppress(FailureError):
+                await workflow.get_external_workflow_handle(key).signal(LEASE_CHECK_SIGNAL, "reported lost")
+
+        task = asyncio.create_task(tell())
+        self.sending[key] = task
+        task.add_done_callback(functools.partial(self._sent, key))
 
     def _send(self) -> None:
         """Start signalling the decisions in the outbox, at most ``MAX_IN_FLIGHT`` unacknowledged at a time;

@@ -34,6 +34,7 @@ from .runs import cmd_cancel, cmd_list, cmd_plugins, cmd_run, cmd_status
 from .schedules import cmd_schedule
 from .secrets import cmd_secret
 from .serve import cmd_codec_server, cmd_demo, cmd_dev, cmd_worker
+from .usage import cmd_usage
 from .waits import cmd_approve, cmd_input
 
 __all__ = ["build_parser", "main", "run_options"]
@@ -60,6 +61,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] =
     "approve": cmd_approve,
     "input": cmd_input,
     "schedule": cmd_schedule,
+    "usage": cmd_usage,
 }
 
 

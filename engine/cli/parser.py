@@ -25,6 +25,7 @@ from .logs import add_follow_option
 from .schedules import add_schedule_parser
 from .secrets import add_secret_parser, add_secrets_dir_option
 from .serve import DEMO_NODES, add_layout_options
+from .usage import add_usage_parser
 from .waits import add_waits_parser
 
 __all__ = ["NODE_ACTIONS", "build_parser", "run_options", "workflow_help"]
@@ -74,6 +75,7 @@ def _dev(command: Command) -> None:
         help="tenants connect through a dev-only gateway that applies Temporal's JWT permissions: a namespace "
         "gf-TENANT and a token per tenant of --queues (needs gangflow[auth])",
     )
+    _metrics_option(p, "127.0.0.1")
 
 
 def _node(command: Command) -> None:
@@ -99,6 +101,7 @@ def _node(command: Command) -> None:
     p.add_argument("--mem", help="memory to offer, e.g. 64Gi (default: all)")
     p.add_argument("--advertise-addr", help="address other nodes reach this one at (default: this host's IP)")
     p.add_argument("--task-queue", default=TASK_QUEUE, help="the workflow workers' queue (default %(default)s)")
+    _metrics_option(p, "0.0.0.0")
     p.add_argument(
         "--standby",
         type=int,
@@ -178,6 +181,7 @@ def _worker(command: Command) -> None:
     p.add_argument("--task-queue", default=TASK_QUEUE, help=f"queue to poll (default {TASK_QUEUE})")
     add_secrets_dir_option(p)
     add_layout_options(p)
+    _metrics_option(p, "0.0.0.0")
 
 
 def _run(command: Command) -> None:
@@ -304,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_parser(sub)
     add_waits_parser(sub, connection_args)
     add_schedule_parser(sub, connection_args)
+    add_usage_parser(sub, connection_args)
     return parser
 
 
@@ -344,3 +349,13 @@ def run_options(parser: argparse.ArgumentParser) -> dict[str, bool]:
     """``gangflow run``'s own option strings → whether each takes a value (what ``split_run_argv`` needs)."""
     run = _subcommands(parser)["run"]
     return {option: action.nargs != 0 for action in run._actions for option in action.option_strings}
+
+
+def _metrics_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--metrics-port`` of the commands that serve Prometheus metrics (engine.runtime.metrics)."""
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="N",
+        help=f"serve Prometheus metrics on http://{what}:N/metrics (gangflow's and the Temporal SDK's)",
+    )

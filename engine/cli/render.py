@@ -20,6 +20,7 @@ from engine.client import RunInfo, to_jsonable
 from engine.core.waits import duration_text
 from engine.rank.view import format_age, format_metrics
 from engine.runtime.history import TaskRecord
+from engine.runtime.ledger import add_ledgers, goodput_line
 
 from .tracebacks import readable
 
@@ -218,6 +219,9 @@ def show_attempts(info: RunInfo) -> None:
                 escape(", ".join(str(n) for n in attempt.get("nodes") or [])),
             )
         console.print(table)
+        ledger = add_ledgers(a.get("ledger") for a in task.attempts)
+        if ledger is not None:  # the finished attempts' GPU-seconds by cause (engine.runtime.ledger)
+            console.print(f"  {goodput_line(ledger)}", markup=False)
 
 
 def show_ranks(info: RunInfo, views: Mapping[int, Mapping[str, Any]]) -> None:

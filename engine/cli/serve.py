@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,8 +38,9 @@ from engine.runtime import DevServer, Endpoint, build_worker, connect, ensure_se
 from engine.runtime.codec_server import CodecServer
 from engine.runtime.connection import CredentialsRefused
 from engine.runtime.encryption import keys_from_env
-from engine.runtime.keeper import keep_scheduler, start_scheduler
-from engine.runtime.node import DRAIN_TIMEOUT_S, NodeConfig, run_node
+from engine.runtime.keeper import kept_scheduler
+from engine.runtime.metrics import MetricsEndpoint, Source, node_source, scheduler_source, sdk_metrics_port
+from engine.runtime.node import DRAIN_TIMEOUT_S, NodeActivities, NodeConfig, run_node
 from engine.runtime.platform import artifacts_for, build_gang_workers, ensure_endpoints
 from engine.runtime.relay import GATEWAY_SOCKET_ENV, start_relay
 from engine.runtime.secrets import SECRETS_DIR_ENV
@@ -92,6 +93,44 @@ async def _connect(endpoint: Endpoint, wait: float = 30.0) -> TemporalClient:
         raise CliError(f"cannot reach Temporal at {endpoint.address}: {exc}") from None
 
 
+def _metrics_sdk(args: argparse.Namespace, host: str) -> int | None:
+    """``--metrics-port``, checked before anything starts (a port in use too: the endpoint itself listens once
+    the process is connected); with one, the Temporal SDK exports its metrics (on a loopback port of its own,
+    returned) for the endpoint to serve beside gangflow's. Must run before the process's first client."""
+    port: int | None = args.metrics_port
+    if port is None:
+        return None
+    if not 0 < port < 65536:
+        raise CliError(f"--metrics-port must be a port between 1 and 65535, got {port}", EXIT_BAD_INPUT)
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds it
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            raise CliError(f"--metrics-port {port}: cannot listen on {host}: {why}", EXIT_BAD_INPUT) from None
+    return sdk_metrics_port()
+
+
+@contextlib.asynccontextmanager
+async def _metrics(args: argparse.Namespace, host: str, sdk_port: int | None) -> AsyncIterator[list[Source]]:
+    """While inside: ``/metrics`` on ``host:--metrics-port``, serving the sources the caller adds to the list
+    (none served without the option)."""
+    if args.metrics_port is None:
+        yield []
+        return
+    try:
+        endpoint = MetricsEndpoint(args.metrics_port, host, sdk_port)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise CliError(f"--metrics-port {args.metrics_port}: cannot listen on {host}: {why}", EXIT_BAD_INPUT) from None
+    console.print(f"metrics on http://{host}:{endpoint.port}/metrics")
+    try:
+        yield endpoint.sources
+    finally:
+        endpoint.stop()
+
+
 @dataclass(frozen=True)
 class _Platform:
     """``gangflow worker --platform``: the Nexus handlers for these tenants, with the roots pinned for them."""
@@ -120,23 +159,17 @@ async def _serve(
     if platform is not None:
         await ensure_endpoints(temporal, platform.tenants)
         workers += build_gang_workers(temporal, platform.tenants, platform.artifacts)
-    keeper: asyncio.Task[None] | None = None
-    if route is None:  # the worker of the Scheduler's queue keeps it running (a tenant's worker has none)
-        await start_scheduler(temporal, task_queue)
-        keeper = asyncio.create_task(keep_scheduler(temporal, task_queue))
-    try:
-        async with contextlib.AsyncExitStack() as running:
-            for worker in workers:
-                await running.enter_async_context(worker)
-            stopped = stop_event()
-            if ready is not None:
-                await ready()
-            await stopped.wait()
-            if stopping is not None:
-                stopping()
-    finally:
-        if keeper is not None:
-            keeper.cancel()
+    async with contextlib.AsyncExitStack() as running:
+        if route is None:  # the worker of the Scheduler's queue keeps it running (a tenant's worker has none)
+            await running.enter_async_context(kept_scheduler(temporal, task_queue))
+        for worker in workers:
+            await running.enter_async_context(worker)
+        stopped = stop_event()
+        if ready is not None:
+            await ready()
+        await stopped.wait()
+        if stopping is not None:
+            stopping()
 
 
 def add_layout_options(p: argparse.ArgumentParser) -> None:
@@ -187,6 +220,7 @@ def _worker_layout(args: argparse.Namespace) -> tuple[TenantRoute | None, _Platf
 
 async def cmd_worker(args: argparse.Namespace) -> int:
     route, platform = _worker_layout(args)
+    sdk_port = _metrics_sdk(args, "0.0.0.0")
     configure_secrets_dir(args, route.tenant if route else None)
     if args.namespace is None:  # a role names its namespace (GANGFLOW_NAMESPACE is a client's, maybe a template)
         args.namespace = tenant_namespace(route.tenant) if route else PLATFORM_NAMESPACE if platform else None
@@ -204,7 +238,10 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         f"gangflow worker on {endpoint.address} (namespace {endpoint.namespace}, queue {args.task_queue}{role})"
     )
     try:
-        await _serve(temporal, args.load, args.task_queue, route=route, platform=platform)
+        async with _metrics(args, "0.0.0.0", sdk_port) as sources:
+            if route is None:  # the Scheduler's worker (a tenant's cannot read the platform's namespace)
+                sources.append(scheduler_source(temporal))
+            await _serve(temporal, args.load, args.task_queue, route=route, platform=platform)
     finally:
         if relay is not None:
             relay.close()
@@ -252,6 +289,7 @@ async def cmd_node(args: argparse.Namespace) -> int:
         config = _node_config(args)
     except ValueError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    sdk_port = _metrics_sdk(args, "0.0.0.0")
     endpoint = endpoint_for(args)
     if args.advertise_addr is None and config.address.startswith("127."):
         # e.g. Debian maps the host name to 127.0.1.1: fine on one machine, unreachable from any other
@@ -265,7 +303,10 @@ async def cmd_node(args: argparse.Namespace) -> int:
         f"reachable at {config.address}; queue node/{config.node_id}; {config.standby} standby rank process(es)"
         + (f" with {', '.join(config.warm)} imported" if config.standby and config.warm else "")
     )
-    await run_node(temporal, config, stop_event())
+    activities = NodeActivities(config)
+    async with _metrics(args, "0.0.0.0", sdk_port) as sources:
+        sources.append(node_source(activities))
+        await run_node(temporal, config, stop_event(), activities)
     return EXIT_OK
 
 
@@ -332,6 +373,7 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     # checked before anything starts: a bad file is bad input (exit 2), not a stack that half came up
     queues = read_queue_file(args.queues) if args.queues else None
     auth = dev_auth(args, queues)
+    sdk_port = _metrics_sdk(args, "127.0.0.1")
     server = DevServer(
         state,
         # --auth: clients reach Temporal through the gateway on --port, the platform directly on another
@@ -408,7 +450,9 @@ async def cmd_dev(args: argparse.Namespace) -> int:
 
         # where `gangflow secret set` / `auth token` without --state-dir find this stack
         with recorded(f"127.0.0.1:{gateway_port}" if auth else server.address, server.address, state):
-            await _serve(temporal, ready=ready, platform=platform, stopping=stopping)
+            async with _metrics(args, "127.0.0.1", sdk_port) as sources:
+                sources.append(scheduler_source(temporal))
+                await _serve(temporal, ready=ready, platform=platform, stopping=stopping)
     finally:
         # in a thread: the tenants' workers shut down through the gateway, which runs on this event loop (a
         # blocking wait here held their last calls until the grace ran out and they were killed)
@@ -492,7 +536,7 @@ async def _demo_stack(args: argparse.Namespace, state: Path, artifacts: str, pla
     try:
         temporal = await connect(Endpoint.resolve(server.address, "default"))
         client = Client(temporal, artifacts)
-        async with build_worker(temporal):
+        async with kept_scheduler(temporal), build_worker(temporal):
             console.print(
                 f"[bold]gangflow demo[/]: Temporal on {server.address}, {args.nodes} node agent(s) × {DEMO_GPUS} "
                 f"GPU slot(s), state in {state}"

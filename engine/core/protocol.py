@@ -32,10 +32,16 @@ __all__ = [
     "GANGS_QUEUE_PREFIX",
     "GANGS_SERVICE",
     "GANG_TYPE",
+    "HOLD_LEASE",
     "INPUT_UPDATE",
+    "LEASED_NODES",
+    "LEASE_CHECK_SIGNAL",
     "LEGACY_GANG_TYPE",
     "MAP_CHUNK_TYPE",
+    "NODE_LEASE_TYPE",
     "NODE_LOST_SIGNAL",
+    "NODE_MEMO",
+    "NODE_QUERY",
     "NOTICE",
     "PENDING_SIGNAL",
     "PING",
@@ -72,6 +78,7 @@ __all__ = [
     "gangs_queue",
     "hashed_user",
     "hit_id",
+    "lease_id",
     "node_queue",
     "parse_hit_id",
     "scheduler_input",
@@ -218,14 +225,30 @@ def scheduler_input(environ: Mapping[str, str] = os.environ) -> dict[str, int] |
     return {"max_events": int(events)} if events.isdigit() else None
 
 
-REGISTER_NODE_SIGNAL = "register_node"  # signal: a node agent's capacity, also its liveness
-NODE_LOST_SIGNAL = "node_lost"  # signal: a gang saw a node's activity time out
+REGISTER_NODE_SIGNAL = "register_node"  # signal: a node's capacity (from its lease; older agents: every 5 s)
+NODE_LOST_SIGNAL = "node_lost"  # signal: a gang saw a node's activity time out, or the node's lease ended
 SUBMIT_SIGNAL = "submit"  # signal: a gang request
 RELEASE_SIGNAL = "release"  # signal: free a placement or withdraw a queued request
 APPLY_QUEUES_UPDATE = "apply_queues"  # update: a new queue configuration
 DRAIN_NODE_UPDATE = "drain_node"  # update: start or end a node's drain
 DESCRIBE_QUERY = "describe"  # query: nodes, running and pending gangs
+NODE_QUERY = "node"  # query: one node's row of describe (None: never registered); what a starting agent asks
 QUEUES_QUERY = "queues"  # query: tenants' usage and the configuration
+
+# -- a node's lease (its liveness: workflows.node_lease) ---------------------------------------------
+#: one small workflow per node agent that tells the Scheduler when the node comes and goes
+NODE_LEASE_TYPE = "GangflowNodeLease"
+#: the lease's memo entry: the node's spec (what a Scheduler started afresh re-learns its nodes from)
+NODE_MEMO = "gangflow_node"
+#: signal to a lease from the Scheduler: someone else (a gang) reported the node lost while its lease still
+#: runs; the lease pings its agent and registers the node again if it answers
+LEASE_CHECK_SIGNAL = "lease_check"
+
+
+def lease_id(node_id: str) -> str:
+    """The workflow id of a node's lease: one per node id, a restarted agent replaces its old one."""
+    return f"gangflow-node-lease/{node_id}"
+
 
 # -- the gang workflow (one distributed task call) ------------------------------------------------
 #: one distributed task call: its gang request, placements and attempts, from the call to the last release
@@ -256,6 +279,8 @@ RESERVE_PORT = "gangflow.reserve_port"
 PING = "gangflow.ping"
 NOTICE = "gangflow.notice"  # hand a preemption notice to a node's ranks
 CLOSED_OWNERS = "gangflow.closed_owners"
+HOLD_LEASE = "gangflow.hold_lease"  # a node's lease, held by its agent (on the node's queue) while it lives
+LEASED_NODES = "gangflow.leased_nodes"  # the specs of the nodes whose leases are held (a fresh Scheduler's)
 CACHE_LOOKUP = "gangflow.cache.lookup"
 CACHE_RECORD = "gangflow.cache.record"
 CACHE_HIT = "gangflow.cache.hit"

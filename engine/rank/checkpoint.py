@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.atomic import write_atomic
+from engine.rank import progress
 
 __all__ = [
     "NOTICE_FILE_ENV",
@@ -140,6 +141,14 @@ def save(state: Any, *, step: int, keep: int = 3, all_ranks: bool = False) -> Pa
     that do not write."""
     if not all_ranks and _rank() != 0:
         return None
+    began = time.monotonic()
+    where = _save(state, step, keep)
+    # the goodput ledger counts the save's time as checkpoint badput, and the work before it as kept
+    progress.checkpointed(step, time.monotonic() - began)
+    return where
+
+
+def _save(state: Any, step: int, keep: int) -> Path | str:
     location = _location()
     if not _remote(location):
         folder = directory()

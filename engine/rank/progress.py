@@ -23,7 +23,7 @@ from typing import Any
 
 from engine.core.atomic import write_atomic
 
-__all__ = ["flush", "report"]
+__all__ = ["checkpointed", "flush", "report"]
 
 #: short, so that a held-back final report is written before a rank that returns soon after it has exited
 _MIN_INTERVAL = 0.02
@@ -33,8 +33,13 @@ _pending: tuple[str, int, dict[str, Any], float] | None = None
 _lock = threading.Lock()
 _due = threading.Event()  # set while a report is held back: wakes the writer thread
 _writer: threading.Thread | None = None
-#: the first step reported into each progress file by this process: one rank's one attempt
+#: the first step reported into each progress file by this process (one rank's one attempt), and when
 _first: dict[str, int] = {}
+_since: dict[str, float] = {}
+#: this process's checkpoints (``checkpointed``): the last one's step and time, and the seconds all of them
+#: took: what the goodput ledger (engine.runtime.ledger) splits an attempt's GPU-seconds by
+_checkpoints: dict[str, float] = {}
+_last: tuple[int, dict[str, Any]] | None = None  # the latest report's step and metrics (``checkpointed``)
 
 
 def _write(path: str, step: int, metrics: dict[str, Any], when: float) -> None:
@@ -42,7 +47,8 @@ def _write(path: str, step: int, metrics: dict[str, Any], when: float) -> None:
     global _last_write
     _last_write = time.monotonic()
     clean = {k: (v if isinstance(v, int | float | str | bool) or v is None else str(v)) for k, v in metrics.items()}
-    line = json.dumps({**clean, "step": step, "time": when, "pid": os.getpid(), "first_step": _first[path]})
+    fields = {"step": step, "time": when, "pid": os.getpid(), "first_step": _first[path], "since": _since[path]}
+    line = json.dumps({**clean, **fields, **_checkpoints})
     # rewritten many times a second and stale after a crash anyway: no fsync
     write_atomic(path, line.encode(), durable=False)
 
@@ -65,13 +71,15 @@ def _write_held_back() -> None:
 
 
 def report(step: int, *, force: bool = False, **metrics: Any) -> None:
-    global _pending, _writer
+    global _pending, _writer, _last
     path = os.environ.get("GANGFLOW_PROGRESS_FILE")
     if not path:
         return
+    _last = (int(step), metrics)
     now = time.monotonic()
     with _lock:
         _first.setdefault(path, int(step))
+        _since.setdefault(path, time.time())
         if not force and _last_write and now - _last_write < _MIN_INTERVAL:
             _pending = (path, int(step), metrics, time.time())
             if _writer is None:
@@ -81,6 +89,19 @@ def report(step: int, *, force: bool = False, **metrics: Any) -> None:
             return
         _pending = None  # this report is newer than the one held back
         _write(path, int(step), metrics, time.time())
+
+
+def checkpointed(step: int, seconds: float) -> None:
+    """A checkpoint of ``step`` was saved, taking ``seconds`` (``engine.checkpoint.save`` says so): the next
+    report carries it (``ckpt_step``, ``ckpt_time``, ``ckpt_s`` in all), and the last report is written again
+    with it at once, so a rank killed right after still shows its checkpoint."""
+    with _lock:
+        _checkpoints["ckpt_step"] = int(step)
+        _checkpoints["ckpt_time"] = time.time()
+        _checkpoints["ckpt_s"] = round(_checkpoints.get("ckpt_s", 0.0) + max(0.0, seconds), 6)
+    report_again = _last
+    if report_again is not None:
+        report(report_again[0], force=True, **report_again[1])
 
 
 atexit.register(flush)

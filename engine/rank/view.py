@@ -18,7 +18,7 @@ from typing import Any
 __all__ = ["RankRow", "format_age", "format_metrics", "rank_rows", "summary_line"]
 
 #: the report's own keys; everything else in a report is a metric the rank chose to report
-_REPORT_KEYS = frozenset({"step", "time", "pid", "first_step"})
+_REPORT_KEYS = frozenset({"step", "time", "pid", "first_step", "since", "ckpt_step", "ckpt_time", "ckpt_s"})
 #: metrics shown first, in this order, when a rank reports them
 _FIRST = ("loss", "val_loss", "accuracy", "lr")
 

@@ -6,13 +6,14 @@ It runs as a child process that dies with its parent (a parent-death signal), ke
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from engine.executor.ports import free_port
@@ -53,6 +54,7 @@ class DevServer:
         namespace: str = "default",
         codec_endpoint: str | None = None,
         namespaces: Sequence[str] = (),
+        dynamic_config: Mapping[str, int | str] | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
         self.port = port or free_port()
@@ -62,6 +64,8 @@ class DevServer:
         self.codec_endpoint = codec_endpoint
         #: more namespaces to create besides ``namespace`` (one per tenant, the platform's)
         self.namespaces = tuple(dict.fromkeys(n for n in namespaces if n != namespace))
+        #: server settings (``--dynamic-config-value``), e.g. a benchmark's higher limit of long polls
+        self.dynamic_config = dict(dynamic_config or {})
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -106,6 +110,8 @@ class DevServer:
         ]
         for extra in self.namespaces:
             cmd += ["--namespace", extra]
+        for key, value in self.dynamic_config.items():
+            cmd += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
         for name, kind in SEARCH_ATTRIBUTES.items():
             cmd += ["--search-attribute", f"{name}={kind}"]
         if not self.ui:

@@ -4,15 +4,17 @@ It used to start with the first node agent's registration: a gang submitted befo
 (the first seconds of ``gangflow dev --nodes 2``, a CI script, a cluster whose platform worker restarted)
 found no Scheduler and failed for good. Now the worker that serves the Scheduler's queue starts it before it
 polls and checks every few seconds that it still runs (an operator may terminate it; a start is idempotent:
-Temporal's USE_EXISTING conflict policy returns the running one). Node agents and ``queues apply`` still
-start it the same way, so any of them may come first.
+Temporal's USE_EXISTING conflict policy returns the running one). ``queues apply`` still starts it the same
+way; node agents no longer do: their leases (workflows.node_lease) run on the platform worker, which starts
+it before it polls, and a thousand agents each starting the one Scheduler made its execution "busy".
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from temporalio.client import Client
@@ -21,7 +23,7 @@ from temporalio.service import RPCError
 
 from engine.core.protocol import SCHEDULER_ID, SCHEDULER_TYPE, TASK_QUEUE, scheduler_input
 
-__all__ = ["KEEP_EVERY_S", "keep_scheduler", "start_scheduler"]
+__all__ = ["KEEP_EVERY_S", "keep_scheduler", "kept_scheduler", "start_scheduler"]
 
 log = logging.getLogger("gangflow.worker")
 #: how often the platform worker checks that the Scheduler runs (a start of a running one is a no-op)
@@ -57,3 +59,16 @@ async def keep_scheduler(client: Client, task_queue: str = TASK_QUEUE, every: fl
                 log.warning("cannot check that the Scheduler runs (%s); trying again every %.0f s", exc, every)
             failing = True
         await asyncio.sleep(every)
+
+
+@contextlib.asynccontextmanager
+async def kept_scheduler(client: Client, task_queue: str = TASK_QUEUE) -> AsyncIterator[None]:
+    """While inside: the Scheduler runs (started before the worker polls, then kept). Every process that
+    serves the Scheduler's queue uses it (``gangflow worker``/``dev``, the demo's in-process worker): with no
+    agent starting the Scheduler, a worker without it leaves every lease unregistered."""
+    await start_scheduler(client, task_queue)
+    keeper = asyncio.create_task(keep_scheduler(client, task_queue))
+    try:
+        yield
+    finally:
+        keeper.cancel()

@@ -1,7 +1,8 @@
 """The node agent (``gangflow node``): the executor on one machine.
 
-It registers the machine's capacity with the Scheduler (and re-registers periodically, which is its
-liveness signal), polls its own task queue ``node/<id>``, and runs the ranks GangTask places on it:
+It registers the machine's capacity with the Scheduler through its lease (workflows.node_lease: a heartbeated
+activity it holds on its own queue; the Scheduler hears of the node when it comes and goes, nothing
+between), polls its own task queue ``node/<id>``, and runs the ranks GangTask places on it:
 one process per rank with the plugin's environment and command, pinned GPUs, one log per rank in the
 artifact store, heartbeats while they run, and SIGTERM → grace → SIGKILL of the whole gang on cancel.
 A task's secrets are resolved here for the envelope's tenant (engine/runtime/secrets.py), given to its
@@ -18,7 +19,7 @@ without spending a restart. Ranks that had all finished before the notice came r
 
 A node agent asked to stop (SIGTERM: systemd, Kubernetes deleting its pod, a Slurm job ending) first
 *drains its own node* in the Scheduler: its gangs get that notice, checkpoint and are placed elsewhere. It
-keeps serving (notices, re-registrations) until they have left or ``drain_timeout_s`` has passed, then
+keeps serving (notices, its lease) until they have left or ``drain_timeout_s`` has passed, then
 stops. Starting again, it lifts a drain it set itself; an operator's ``gangflow node drain`` stays.
 
 An agent running as root *sandboxes* its gangs (engine.executor.sandbox): each attempt's processes in a cgroup of
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio import activity
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowQueryFailedError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, TemporalError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
@@ -56,10 +57,10 @@ from engine.core.gang import NodeLaunch, notice_of
 from engine.core.protocol import (
     DESCRIBE_QUERY,
     DRAIN_NODE_UPDATE,
+    NODE_QUERY,
     NOTICE,
     PING,
     PREEMPTED_TYPE,
-    REGISTER_NODE_SIGNAL,
     REMOTE_COMMAND,
     RESERVE_PORT,
     RUN_RANKS,
@@ -91,7 +92,7 @@ from engine.executor.sandbox import (
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
 from engine.runtime.connection import CREDENTIAL_ENV
-from engine.runtime.keeper import start_scheduler
+from engine.runtime.leases import LeaseHolder, start_lease
 from engine.runtime.rank_logs import RankLogs
 from engine.runtime.ranks import RankSaver, rank_details
 from engine.runtime.secrets import Redactor, materialize, resolve, task_environment
@@ -102,9 +103,9 @@ __all__ = ["DRAIN_TIMEOUT_S", "SELF_DRAIN_REASON", "NodeActivities", "NodeConfig
 
 log = logging.getLogger("gangflow.node")
 
-#: how often a node re-registers: its liveness signal to the Scheduler, which declares a node lost after
-#: a few missed registrations (engine.scheduling DEFAULT_NODE_TTL_S), busy or idle
-REGISTER_EVERY = timedelta(seconds=5)
+#: how often the agent looks at its lease (and fills its standby pool): a lease that ended while the agent
+#: could not heartbeat it is started again this soon (engine.runtime.leases)
+CHECK_EVERY = timedelta(seconds=5)
 #: SIGTERM means "save and exit": ranks get this long before SIGKILL
 STOP_GRACE_S = 5.0
 #: how a rank failure is reported to GangTask: a user error, or a system failure that spends restarts
@@ -134,6 +135,9 @@ class NodeConfig:
     #: on stop, how long to wait for the node's gangs to leave after draining it; 0: stop at once (their
     #: ranks are stopped with 5 s of grace, and the gangs restart elsewhere, spending a restart)
     drain_timeout_s: float = DRAIN_TIMEOUT_S
+    #: long polls the agent keeps on its queue (the SDK's default); a benchmark simulating a thousand agents
+    #: in one process gives each fewer (tests/perf/bench_liveness.py)
+    activity_polls: int = 5
 
 
 class NodeActivities:
@@ -146,6 +150,7 @@ class NodeActivities:
             self.cgroups.remove(self.cgroup_root)
             weigh_node(self.cgroups, self.cgroup_root, config.cpus)  # its ranks' CPU share on a busy machine
         self.logged: set[str] = set()  # what was said once already (why a gang is not dropped to its user)
+        self.lease = LeaseHolder()  # this node's liveness (engine.runtime.leases)
         # standbys start as ranks do: without the agent's credentials or any secrets directory
         self.standby = (
             StandbyPool(config.standby, config.warm, task_environment(_own_env(), {})) if config.standby else None
@@ -290,7 +295,7 @@ class NodeActivities:
                     await asyncio.to_thread(gang.terminate, 0.0)  # the grace is over: SIGKILL what is left
                     raise _preempted(noticed, self.config.node_id, killed=True)
                 # heartbeat details: what the Web UI and `gangflow status` show about the ranks
-                details = rank_details(self.config.node_id, gang)
+                details = rank_details(self.config.node_id, gang, len(launch.gpu_ids))
                 if noticed is not None:
                     details["preempted_for_s"] = round(time.time() - noticed.at, 1)
                 activity.heartbeat(details)
@@ -341,7 +346,7 @@ class NodeActivities:
             secrets.close()
             if mirror is not None:
                 mirror.finish()
-            saver.save(rank_details(self.config.node_id, gang))  # the last reports, for a finished gang
+            saver.save(rank_details(self.config.node_id, gang, len(launch.gpu_ids)))  # a finished gang's last reports
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _sandbox(
@@ -461,8 +466,13 @@ def _relay(plan: NodePlan, gang: NodeGang) -> LauncherRelay:
     return LauncherRelay(plan, gang, send, fetch)
 
 
-async def register(client: Client, config: NodeConfig, *, sandboxed: bool = False) -> None:
-    """Tell the Scheduler this node exists (starting the Scheduler if it is not running yet)."""
+async def register(
+    client: Client, config: NodeConfig, *, sandboxed: bool = False, lease: LeaseHolder | None = None
+) -> None:
+    """Tell the Scheduler this node exists: start its lease, which registers it (retrying until a Scheduler
+    takes it) and reports it lost when it ends. The agent no longer starts the Scheduler itself: the platform
+    worker keeps it running and runs the lease, so nothing happens before that worker is up anyway, and a
+    thousand agents starting at once each starting the one Scheduler made its execution "busy" (refused)."""
     spec: dict[str, Any] = {
         "node_id": config.node_id,
         "address": config.address,
@@ -472,18 +482,31 @@ async def register(client: Client, config: NodeConfig, *, sandboxed: bool = Fals
     }
     if sandboxed:  # only then: a Scheduler of an older version refuses an unknown key
         spec["sandboxed"] = True
-    await start_scheduler(client, config.scheduler_queue, signal=REGISTER_NODE_SIGNAL, signal_args=[spec])
+    spec["leased"] = True  # the Scheduler does not expire this node: its lease reports it lost
+    await start_lease(client, spec, config.scheduler_queue)
+    if lease is not None:  # only once started: a start refused is tried again at the next check
+        lease.started = time.monotonic()
 
 
-async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> None:
+async def run_node(
+    client: Client, config: NodeConfig, stop: asyncio.Event, activities: NodeActivities | None = None
+) -> None:
     """Serve this node's queue until ``stop`` is set; then drain the node and wait for its gangs to leave (up to
-    ``config.drain_timeout_s``) before the worker stops."""
-    activities = NodeActivities(config)
+    ``config.drain_timeout_s``) before the worker stops. ``activities``: made by the caller that also reads
+    them (the agent's metrics), else here."""
+    activities = activities or NodeActivities(config)
     worker = Worker(
         client,
         task_queue=node_queue(config.node_id),
-        activities=[activities.ping, activities.reserve_port, activities.run_ranks, activities.notice],
+        activities=[
+            activities.ping,
+            activities.reserve_port,
+            activities.run_ranks,
+            activities.notice,
+            activities.lease.hold,
+        ],
         max_concurrent_activities=64,
+        max_concurrent_activity_task_polls=config.activity_polls,
         # heartbeats carry cancellation: keep them frequent so a cancel kills the ranks within ~1 s
         max_heartbeat_throttle_interval=timedelta(seconds=1),
         default_heartbeat_throttle_interval=timedelta(seconds=1),
@@ -492,21 +515,31 @@ async def run_node(client: Client, config: NodeConfig, stop: asyncio.Event) -> N
     )
     try:
         async with worker:
-            sandboxed = activities.cgroups is not None
-            await register(client, config, sandboxed=sandboxed)
+            sandboxed, lease = activities.cgroups is not None, activities.lease
+            # Temporal refusing the first start (overloaded: a whole cluster starting) is no reason to exit
+            await _register_again(client, config, sandboxed, lease)
             await _lift_own_drain(client, config)
             while not stop.is_set():
                 if activities.standby is not None:  # on this (the event loop's) thread: see StandbyPool
                     activities.standby.fill()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), REGISTER_EVERY.total_seconds())
-                if not stop.is_set():
-                    await register(client, config, sandboxed=sandboxed)
+                    await asyncio.wait_for(stop.wait(), CHECK_EVERY.total_seconds())
+                if not stop.is_set() and lease.lapsed():  # it ended while this agent could not heartbeat it
+                    log.warning("node %s: holds no lease (it ended, or never came); registering again", config.node_id)
+                    await _register_again(client, config, sandboxed, lease)
             if config.drain_timeout_s > 0:  # also when idle: no gang is placed here while it is gone
                 await _drain_and_wait(client, config, activities)
     finally:
         if activities.standby is not None:
             activities.standby.close()
+
+
+async def _register_again(client: Client, config: NodeConfig, sandboxed: bool, lease: LeaseHolder) -> None:
+    """Start a new lease; a Temporal that does not answer now is asked again at the next check."""
+    try:
+        await register(client, config, sandboxed=sandboxed, lease=lease)
+    except (RPCError, TemporalError) as exc:
+        log.warning("node %s: could not start its lease (%s); trying again", config.node_id, exc)
 
 
 async def _set_drain(client: Client, config: NodeConfig, drained: bool) -> bool:
@@ -524,10 +557,15 @@ async def _set_drain(client: Client, config: NodeConfig, drained: bool) -> bool:
 
 
 async def _scheduler_view(client: Client, config: NodeConfig) -> dict[str, Any] | None:
-    """What the Scheduler says of this node (``gangflow queue``'s entry), or None when it cannot say."""
+    """What the Scheduler says of this node (its row of ``gangflow cluster``), or None when it cannot say.
+    One node's row (``NODE_QUERY``), not the whole cluster's view: a thousand agents start at once."""
+    handle = client.get_workflow_handle(SCHEDULER_ID)
     try:
-        handle = client.get_workflow_handle(SCHEDULER_ID)
-        described = await asyncio.wait_for(handle.query(DESCRIBE_QUERY), _DRAIN_ANSWER_S)
+        try:
+            answer = await asyncio.wait_for(handle.query(NODE_QUERY, config.node_id), _DRAIN_ANSWER_S)
+            return answer if isinstance(answer, dict) else None
+        except WorkflowQueryFailedError:  # a Scheduler from before NODE_QUERY: its whole view
+            described = await asyncio.wait_for(handle.query(DESCRIBE_QUERY), _DRAIN_ANSWER_S)
     except (TimeoutError, RPCError, TemporalError) as exc:
         log.warning("node %s: could not read the Scheduler's view of this node: %s", config.node_id, exc)
         return None
@@ -544,7 +582,7 @@ async def _lift_own_drain(client: Client, config: NodeConfig) -> None:
 
 async def _drain_and_wait(client: Client, config: NodeConfig, activities: NodeActivities) -> None:
     """Drain this node and keep serving (preemption notices reach the ranks through this worker; the node keeps
-    re-registering, so it is not declared lost) until its gangs have left or the drain timeout passes."""
+    holding its lease, so it is not declared lost) until its gangs have left or the drain timeout passes."""
     node = await _scheduler_view(client, config)
     # an operator's drain (and its reason) stays as it is: the agent must not lift it when it comes back
     if not (node is not None and node.get("drained")) and not await _set_drain(client, config, True):
@@ -555,9 +593,5 @@ async def _drain_and_wait(client: Client, config: NodeConfig, activities: NodeAc
         config.node_id,
         config.drain_timeout_s,
     )
-    next_registration = time.monotonic() + REGISTER_EVERY.total_seconds()
     while activities.running and time.monotonic() < deadline:
-        if time.monotonic() >= next_registration:
-            await register(client, config, sandboxed=activities.cgroups is not None)
-            next_registration = time.monotonic() + REGISTER_EVERY.total_seconds()
         await asyncio.sleep(0.2)

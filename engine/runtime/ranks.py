@@ -25,6 +25,7 @@ from typing import Any
 from engine.artifacts.store import ArtifactStore
 from engine.executor.launcher import NodeGang
 from engine.rank.view import rank_rows, summary_line
+from engine.runtime.ledger import attempt_ledger
 
 __all__ = [
     "SAVE_EVERY_S",
@@ -43,8 +44,9 @@ SAVE_EVERY_S = 10.0
 log = logging.getLogger(__name__)
 
 
-def rank_details(node_id: str, gang: NodeGang) -> dict[str, Any]:
-    """The heartbeat details of one node's ranks (the shape ``engine.rank.view`` reads)."""
+def rank_details(node_id: str, gang: NodeGang, gpus: int = 0) -> dict[str, Any]:
+    """The heartbeat details of one node's ranks (the shape ``engine.rank.view`` reads); ``gpus``: how many
+    the node launch holds (the goodput ledger's GPU-seconds, engine.runtime.ledger)."""
     ranks = {
         str(launch.context.rank): proc.pid
         for launch, proc in zip(gang.ranks, gang.procs, strict=False)
@@ -52,6 +54,7 @@ def rank_details(node_id: str, gang: NodeGang) -> dict[str, Any]:
     }
     now = time.time()
     details: dict[str, Any] = {"node": node_id, "pids": gang.pids, "ranks": ranks, "progress": gang.progress()}
+    details["gpus"] = gpus
     details.update(started=gang.started or None, at=now)
     details["summary"] = summary_line(rank_rows([details], now))
     return details
@@ -169,6 +172,7 @@ def merge_attempts(
         if entry.get("duration_s") is None and begin and end and entry.get("kind") != "running":
             entry["duration_s"] = round(end - begin, 3)
         entry["first_step"], entry["last_step"] = steps["first_step"], steps["last_step"]
+        entry["ledger"] = attempt_ledger(entry, saved.get(number, []))
         if entry.get("ended") is None and entry.get("reason"):
             entry["ended"] = entry["reason"]
         if entry.get("kind") is None and number == numbers[-1] and status in ("completed", "cancelled", "failed"):

@@ -15,10 +15,12 @@ from engine.runtime import logs
 from engine.runtime.activities import configure_threads, run_task
 from engine.runtime.caching import CACHE_ACTIVITIES
 from engine.runtime.guard import GuardedWorkflowRunner
+from engine.runtime.leases import leased_nodes
 from engine.runtime.owners import closed_owners
 from engine.runtime.prefetch import prefetching_client, prefetching_converter
 from workflows.gang import GangTask, LegacyGangRun
 from workflows.mapping import MapChunk
+from workflows.node_lease import NodeLease
 from workflows.platform import TenantView
 from workflows.scheduler import Scheduler
 from workflows.shell import UserWorkflow, configure
@@ -26,7 +28,7 @@ from workflows.shell import UserWorkflow, configure
 __all__ = ["WORKFLOWS", "build_replayer", "build_worker", "preload"]
 
 #: the workflows every gangflow worker runs (a replay of their histories needs the same set)
-WORKFLOWS: tuple[type, ...] = (UserWorkflow, GangTask, LegacyGangRun, Scheduler, MapChunk, TenantView)
+WORKFLOWS: tuple[type, ...] = (UserWorkflow, GangTask, LegacyGangRun, Scheduler, MapChunk, TenantView, NodeLease)
 
 
 def preload(modules: Sequence[str]) -> None:
@@ -59,7 +61,7 @@ def build_worker(
         task_queue=task_queue,
         workflows=list(WORKFLOWS),
         unsandboxed_workflow_runner=GuardedWorkflowRunner(),
-        activities=[run_task, closed_owners, *CACHE_ACTIVITIES],
+        activities=[run_task, closed_owners, leased_nodes, *CACHE_ACTIVITIES],
         max_concurrent_activities=max_concurrent_activities,
         max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
         # A dead worker's sticky queue holds the next workflow task until this expires; the default

@@ -1,7 +1,7 @@
 """JSON-able views of the policy: ``describe`` for ``gangflow cluster``, ``queues`` for ``gangflow queues show``.
 
 Only plain str / int / float / bool / None / list / dict values, so ``json.dumps`` takes them as they are.
-Both are O(gangs): they answer queries, never run per event.
+Both are O(gangs): they answer queries, never run per event; ``describe_node`` is one node's row of ``describe``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from engine.scheduling.tenancy import RESOURCES
 from engine.scheduling.units import cpus_of
 
 if TYPE_CHECKING:
+    from engine.scheduling.inventory import Node
     from engine.scheduling.policy import Policy
 
-__all__ = ["describe", "queues"]
+__all__ = ["describe", "describe_node", "queues"]
 
 
 def _resources(values: tuple[int | None, ...]) -> dict[str, int | float | None]:
@@ -57,34 +58,43 @@ def queues(policy: Policy) -> dict[str, Any]:
     return {"tenants": tenants, "cohorts": cohorts, "resources": list(RESOURCES)}
 
 
+def _node_row(node_id: str, node: Node) -> dict[str, Any]:
+    """One node's entry in ``describe`` (and the whole answer of ``describe_node``)."""
+    spec = node.spec
+    offered = node.offered
+    held_gpus = sorted(i for hold in node.held.values() for i in hold.gpu_ids)
+    return {
+        "node_id": node_id,
+        "address": spec.address,
+        "sandboxed": spec.sandboxed,
+        "alive": node.alive,
+        "drained": node.drained,
+        "drain_reason": node.drain_reason,
+        "gpus_total": spec.gpus,
+        "gpus_free": len(node.free_gpus) if offered else 0,
+        "free_gpu_ids": list(node.free_gpus) if offered else [],
+        "used_gpu_ids": held_gpus,
+        "cpus_total": spec.cpus,
+        "cpus_free": cpus_of(node.free_mc) if offered else 0,
+        "mem_total": spec.mem,
+        "mem_free": node.free_mem if offered or node.free_mem is None else 0,
+        "gangs": sorted(node.held),
+    }
+
+
+def describe_node(policy: Policy, node_id: str) -> dict[str, Any] | None:
+    """``node_id``'s entry of ``describe``, or None for a node never registered: what an agent asks when it
+    starts (its own drain), O(1) where ``describe`` is O(cluster): a thousand agents starting at once must
+    not each have the whole cluster's view built, sent and parsed."""
+    node = policy.inventory.nodes.get(node_id)
+    return None if node is None else _node_row(node_id, node)
+
+
 def describe(policy: Policy) -> dict[str, Any]:
     """Nodes (sorted by id) with capacity, whether they are drained and the gangs on them, running gangs
     (with the preemption in progress, if any), and the queue in order."""
     default_class = policy.config.priority(None).name
-    nodes: list[dict[str, Any]] = []
-    for node_id, node in sorted(policy.inventory.nodes.items()):
-        spec = node.spec
-        offered = node.offered
-        held_gpus = sorted(i for hold in node.held.values() for i in hold.gpu_ids)
-        nodes.append(
-            {
-                "node_id": node_id,
-                "address": spec.address,
-                "sandboxed": spec.sandboxed,
-                "alive": node.alive,
-                "drained": node.drained,
-                "drain_reason": node.drain_reason,
-                "gpus_total": spec.gpus,
-                "gpus_free": len(node.free_gpus) if offered else 0,
-                "free_gpu_ids": list(node.free_gpus) if offered else [],
-                "used_gpu_ids": held_gpus,
-                "cpus_total": spec.cpus,
-                "cpus_free": cpus_of(node.free_mc) if offered else 0,
-                "mem_total": spec.mem,
-                "mem_free": node.free_mem if offered or node.free_mem is None else 0,
-                "gangs": sorted(node.held),
-            }
-        )
+    nodes = [_node_row(node_id, node) for node_id, node in sorted(policy.inventory.nodes.items())]
     running = []
     for gang_id, entry in sorted(policy.running.items()):
         request = entry.request
@@ -124,6 +134,7 @@ def describe(policy: Policy) -> dict[str, Any]:
     for q in policy.pending.values():
         by_tenant.setdefault(q.request.tenant, []).append(q)
     tiers = {tenant: policy.tiers(tenant, gangs) for tenant, gangs in by_tenant.items()}
+
     def rank(q: Any) -> tuple[bool, int, float, int]:
         borrows, share = tiers[q.request.tenant][-q.prio]
         return (borrows, -q.prio, share, q.seq)  # the admission cycle's order (engine.scheduling.policy)

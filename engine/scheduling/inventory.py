@@ -119,7 +119,8 @@ class Inventory:
     def register(self, spec: NodeSpec, now: float) -> bool:
         """A node (re)registered; True when that changed what it offers (new, revived, other capacity)."""
         node = self.nodes.get(spec.node_id)
-        heapq.heappush(self._expiry, (now + self.node_ttl_s, spec.node_id))
+        if not spec.leased:  # a leased node is declared lost by its lease (NodeLost), never by a missed deadline
+            heapq.heappush(self._expiry, (now + self.node_ttl_s, spec.node_id))
         if node is not None and node.alive and node.spec == spec:
             node.last_seen = now
             return False
@@ -155,12 +156,12 @@ class Inventory:
         return True
 
     def expire(self, now: float) -> list[str]:
-        """Declare lost the nodes that have not re-registered for ``node_ttl_s``."""
+        """Declare lost the unleased nodes that have not re-registered for ``node_ttl_s``."""
         lost = []
         while self._expiry and self._expiry[0][0] < now:
             _, node_id = heapq.heappop(self._expiry)
             node = self.nodes.get(node_id)
-            if node is not None and node.alive and now - node.last_seen > self.node_ttl_s:
+            if node is not None and node.alive and not node.spec.leased and now - node.last_seen > self.node_ttl_s:
                 self.set_offered(node_id, alive=False)
                 lost.append(node_id)
         return lost
@@ -169,7 +170,12 @@ class Inventory:
         while self._expiry:
             deadline, node_id = self._expiry[0]
             node = self.nodes.get(node_id)
-            if node is not None and node.alive and node.last_seen + self.node_ttl_s == deadline:
+            if (
+                node is not None
+                and node.alive
+                and not node.spec.leased
+                and node.last_seen + self.node_ttl_s == deadline
+            ):
                 return deadline
             heapq.heappop(self._expiry)  # a later registration superseded it, or the node is lost already
         return None

@@ -22,7 +22,8 @@ __all__ = [
 ]
 
 
-#: node agents re-register every 5 s; three missed registrations and a margin make a node lost
+#: a node is lost after this long without a sign of life: its lease's heartbeat timeout (workflows.node_lease),
+#: and for agents from before leases, which re-register every 5 s, three missed registrations and a margin
 DEFAULT_NODE_TTL_S = 20.0
 #: how long a gang waits for lost nodes (a cluster restarting after maintenance) before it is rejected
 DEFAULT_LOST_NODE_WAIT_S = 600.0
@@ -42,6 +43,9 @@ class NodeSpec(Frozen):
     ``mem`` is bytes; ``None`` means the agent does not report memory and memory is not checked on it.
     ``sandboxed``: the agent confines its gangs' ranks (their own user and cgroup: engine.executor.sandbox);
     agents that do not say so (older ones, or not running as root) do not.
+    ``leased``: the node's liveness is its lease (workflows.node_lease), which tells the Scheduler when the
+    node is lost; the Scheduler never expires it itself. Agents from before leases re-register every 5 s and
+    expire after ``DEFAULT_NODE_TTL_S`` without one.
     """
 
     node_id: str = Field(min_length=1)
@@ -50,6 +54,7 @@ class NodeSpec(Frozen):
     cpus: float = Field(ge=0)
     mem: int | None = Field(default=None, ge=0)
     sandboxed: bool = False
+    leased: bool = False
 
 
 class GangRequest(Frozen):

@@ -583,6 +583,10 @@ class Policy:
         """Nodes, running gangs, the queue in order with reasons, and the tenants (``gangflow cluster``)."""
         return views.describe(self)
 
+    def describe_node(self, node_id: str) -> dict[str, Any] | None:
+        """``node_id``'s row of ``describe`` (None: never registered), O(1): what a starting agent asks."""
+        return views.describe_node(self, node_id)
+
     def queues(self) -> dict[str, Any]:
         """Per tenant: nominal, used, borrowed, lent, pending and share (``gangflow queues show``)."""
         return views.queues(self)

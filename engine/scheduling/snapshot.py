@@ -74,6 +74,7 @@ def take(policy: Policy) -> dict[str, Any]:
                 n.drained,
                 sid(n.drain_reason),
                 n.spec.sandboxed,
+                n.spec.leased,
             ]
             for n in policy.inventory.nodes.values()
         ],
@@ -142,11 +143,14 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
     policy = cls(load_queue_config(data["config"]), node_ttl_s=data["ttl"])
     policy._now, policy._seq = data["now"], data["seq"]
     inventory = policy.inventory
-    # Rows grew at their end over time (the drain reason, sandboxed, the preemption notice): a snapshot from before
-    # a field was added still restores (runs in flight carry one across an upgrade).
+    # Rows grew at their end over time (the drain reason, sandboxed, leased, the preemption notice): a snapshot
+    # from before a field was added still restores (runs in flight carry one across an upgrade).
     for node_id, address, gpus, cpus, mem, alive, last_seen, drained, *more in data["nodes"]:
         sandboxed = bool(more[1]) if len(more) > 1 else False  # a row from before it carried ``sandboxed``
-        spec = NodeSpec(node_id=node_id, address=address, gpus=gpus, cpus=cpus, mem=mem, sandboxed=sandboxed)
+        leased = bool(more[2]) if len(more) > 2 else False  # a row from before node leases: its agent re-registers
+        spec = NodeSpec(
+            node_id=node_id, address=address, gpus=gpus, cpus=cpus, mem=mem, sandboxed=sandboxed, leased=leased
+        )
         inventory.register(spec, last_seen)
         reason = strings[more[0]] if more else ""
         inventory.set_offered(node_id, alive=alive, drained=drained, reason=reason)

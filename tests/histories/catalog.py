@@ -68,6 +68,8 @@ SCENARIOS: dict[str, str] = {
     "waits": "examples/approval_pipeline.py: an input and an approval answered, an approval rejected, an input "
     "timed out",
     "scheduled": "examples/scheduled_report.py started by a Temporal schedule (the run takes its own id)",
+    "node_lease": "node leases: a node reported lost by a gang while its lease lives (the lease pings the agent "
+    "and registers it again), then its agent SIGKILLed (the lease times out and reports it lost)",
     "isolated": "the isolated layout: team-a's runs in gf-team-a, their gangs in gangflow-system through Nexus "
     "(one completes, one is cancelled while its ranks run)",
 }
@@ -112,7 +114,8 @@ class Recorded:
 
 
 def workflow_id_of(path: Path) -> str:
-    return path.stem.split("~", 1)[0]
+    """A history file's workflow id: ``~N`` numbers the runs of one id, ``+`` stands for ``/`` (node leases)."""
+    return path.stem.split("~", 1)[0].replace("+", "/")
 
 
 def recorded(root: Path = HERE) -> list[Recorded]:

@@ -66,8 +66,12 @@ from engine.client import (  # noqa: E402
 )
 from engine.client._schedules import ScheduleOptions, Schedules  # noqa: E402
 from engine.core.protocol import (  # noqa: E402
+    NODE_LEASE_TYPE,
+    NODE_LOST_SIGNAL,
+    PING,
     PLATFORM_NAMESPACE,
     SCHEDULER_ID,
+    lease_id,
     tenant_namespace,
 )
 from engine.runtime import DevServer, Endpoint, connect  # noqa: E402
@@ -446,6 +450,31 @@ async def _cached(ctx: Context) -> None:
         _check(ran == executed, f"cached: {run_id} left {ran} task executions, not {executed}")
 
 
+async def _node_alive(client: Client, node_id: str, alive: bool, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while [n["alive"] for n in (await client.queue())["nodes"] if n["node_id"] == node_id] != [alive]:
+        _check(time.monotonic() < deadline, f"{node_id} not {'alive' if alive else 'lost'} within {timeout:.0f} s")
+        await asyncio.sleep(0.2)
+
+
+@scenario("node_lease", nodes=2)
+async def _node_lease(ctx: Context) -> None:
+    await _node_alive(ctx.client, "node-1", True, 60)
+    # as a gang whose activities on node-1 timed out (its agent was frozen a while) would report it
+    scheduler = ctx.client.temporal.get_workflow_handle(SCHEDULER_ID)
+    await scheduler.signal(NODE_LOST_SIGNAL, "node-1")
+    lease = ctx.client.temporal.get_workflow_handle(lease_id("node-1"))
+    deadline = time.monotonic() + 30
+    while PING not in [
+        e.activity_task_scheduled_event_attributes.activity_type.name async for e in lease.fetch_history_events()
+    ]:
+        _check(time.monotonic() < deadline, "node_lease: the lease never pinged its agent")
+        await asyncio.sleep(0.2)
+    await _node_alive(ctx.client, "node-1", True, 30)  # it answered: registered again
+    ctx.stack.nodes["node-1"].stop(signal.SIGKILL)
+    await _node_alive(ctx.client, "node-1", False, 60)  # its lease timed out (20 s) and said so
+
+
 async def _until_waiting(ctx: Context, run_id: str, kind: str) -> None:
     deadline = time.monotonic() + 60
     while not any(w["kind"] == kind for w in await waiting(ctx.client, run_id)):
@@ -524,7 +553,9 @@ async def _settle(ctx: Context) -> None:
     for temporal in await _clients(ctx):
         while True:
             query = "ExecutionStatus = 'Running'"
-            open_ = [wf.id async for wf in temporal.list_workflows(query) if wf.id != SCHEDULER_ID]
+            # the Scheduler and the node leases run for as long as the stack does
+            running = [wf async for wf in temporal.list_workflows(query)]
+            open_ = [wf.id for wf in running if wf.id != SCHEDULER_ID and wf.workflow_type != NODE_LEASE_TYPE]
             if not open_:
                 break
             _check(time.monotonic() < deadline, f"still running {SETTLE_TIMEOUT_S:.0f} s after the scenario: {open_}")
@@ -553,11 +584,12 @@ async def _export(ctx: Context, folder: Path) -> dict[str, str]:
             runs.setdefault(wf.id, []).append((wf.start_time, wf.run_id))
         for workflow_id, found in sorted(runs.items()):
             found.sort()
-            _check(not set(workflow_id) & set("/~\\"), f"workflow id {workflow_id!r} cannot be a file name here")
+            _check(not set(workflow_id) & set("+~\\"), f"workflow id {workflow_id!r} cannot be a file name here")
+            stem = workflow_id.replace("/", "+")  # a node lease's (catalog.workflow_id_of reads it back)
             for n, (_, run_id) in enumerate(found, start=1):
                 history = await temporal.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
                 _check(bool(history.events), f"{workflow_id} ({run_id}) has an empty history")
-                name = workflow_id if len(found) == 1 else f"{workflow_id}~{n}"
+                name = stem if len(found) == 1 else f"{stem}~{n}"
                 (folder / f"{name}.json").write_text(history.to_json())
                 bundles.update(catalog.bundle_refs(history))
     return bundles

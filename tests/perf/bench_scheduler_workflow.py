@@ -9,9 +9,10 @@
 A load test of ``workflows/scheduler.py`` itself, not of the pure policy (``bench_scheduler.py`` does that):
 a Temporal dev server, the Scheduler in a real ``gangflow worker`` process, and in this process
 
-* **simulated node agents**: ``--nodes`` nodes of ``--gpus-per-node`` GPUs register as ``gangflow node`` does
-  (``engine.runtime.node.register``: signal-with-start of the Scheduler) and re-register every 5 s, their
-  liveness signal, for the whole run; no rank processes;
+* **simulated node agents**: ``--nodes`` nodes of ``--gpus-per-node`` GPUs register as agents from before node
+  leases did (signal-with-start of the Scheduler) and re-register every 5 s, their liveness signal then, for
+  the whole run: the Scheduler's worst case (agents now hold a lease instead: ``bench_liveness.py``); no rank
+  processes;
 * **stand-in gangs** (:class:`BenchGang`, a workflow of this file on its own task queue): each signals
   ``submit`` to the Scheduler with its own workflow id as the gang id, waits for ``placement`` (or
   ``rejected``), holds it for a short simulated run, signals ``release`` and ends. It counts ``pending``
@@ -115,7 +116,7 @@ GANG_TYPE = "BenchGang"
 ECHO_TYPE = "BenchEchoScheduler"
 #: the stand-in gangs' own task queue: the Scheduler's worker never runs them
 GANG_QUEUE = "bench-gangs"
-#: simulated node agents re-register this often, as ``gangflow node`` does (engine.runtime.node.REGISTER_EVERY)
+#: simulated node agents re-register this often, as ``gangflow node`` did before node leases
 REGISTER_EVERY_S = 5.0
 #: Temporal warns at this many events in one history (limit.historyCount.warn); a Scheduler run must stay below
 HISTORY_WARN_EVENTS = 10_240
@@ -446,14 +447,16 @@ class LoadRun:
 
 
 async def _register(client: Any, nodes: list[str], gpus: int, cpus: int, queue: str) -> None:
-    """One registration of every simulated node, as ``gangflow node`` sends it (signal-with-start)."""
-    from engine.runtime.node import NodeConfig, register
+    """One registration of every simulated node, as ``gangflow node`` sent it before node leases (signal-with-start;
+    no ``leased``: the Scheduler expires a node that stops re-registering)."""
+    from engine.core.protocol import REGISTER_NODE_SIGNAL
+    from engine.runtime.keeper import start_scheduler
+
+    def spec(n: str) -> dict[str, Any]:
+        return {"node_id": n, "address": f"{n}.bench", "gpus": gpus, "cpus": cpus, "mem": None}
 
     await asyncio.gather(
-        *(
-            register(client, NodeConfig(node_id=n, address=f"{n}.bench", gpus=gpus, cpus=cpus, scheduler_queue=queue))
-            for n in nodes
-        )
+        *(start_scheduler(client, queue, signal=REGISTER_NODE_SIGNAL, signal_args=[spec(n)]) for n in nodes)
     )
 
 
@@ -478,21 +481,19 @@ async def query_scheduler(client: Any, name: str, timeout_s: float = 30.0) -> di
 async def _start_scheduler(
     client: Any, workload: Any, queue_config: dict[str, Any] | None, max_events: int | None, queue: str
 ) -> str:
-    """Start the Scheduler as the first node agent does, register every node, apply the queue configuration;
-    returns the first run's id."""
+    """Start the Scheduler with ``max_events``, register every node, apply the queue configuration; returns
+    the first run's id. The gangflow worker has already started a Scheduler of its own (its keeper, with the
+    default input) on this fresh server: that empty one is replaced, or ``max_events`` would not apply."""
     from temporalio.common import WorkflowIDConflictPolicy
 
     nodes = workload.node_ids()
     gpus, cpus = workload.gpus_per_node, workload.cpus_per_node
-    spec = {"node_id": nodes[0], "address": f"{nodes[0]}.bench", "gpus": gpus, "cpus": cpus, "mem": None}
     handle = await client.start_workflow(
         SCHEDULER_TYPE,
         {"max_events": max_events} if max_events else None,
         id=SCHEDULER_ID,
         task_queue=queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        start_signal="register_node",
-        start_signal_args=[spec],
+        id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
     )
     first_run_id: str | None = handle.result_run_id
     if not first_run_id:  # pragma: no cover - a signal-with-start always names the run

@@ -7,7 +7,9 @@ tenants are in ``test_scheduling_tenants.py``, random event streams in ``test_sc
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 
 import pytest
 from hypothesis import given, settings
@@ -273,6 +275,45 @@ def test_a_node_that_stops_registering_expires_even_when_idle() -> None:
     assert policy.next_deadline() == 30.0
     policy.step(node("a", gpus=2, cpus=8), now=21.0)  # re-registration revives it
     assert node_view(policy, "a")["alive"] and policy.inventory.nodes["a"].last_seen == 21.0
+
+
+def leased(node_id: str, *, sandboxed: bool = False) -> NodeRegistered:
+    spec = NodeSpec(node_id=node_id, address=f"{node_id}.local", gpus=2, cpus=8, sandboxed=sandboxed, leased=True)
+    return NodeRegistered(spec=spec)
+
+
+def test_a_leased_node_never_expires_only_its_lease_reports_it_lost() -> None:
+    # its agent heartbeats a lease instead of re-registering (workflows.node_lease): no deadline to miss
+    policy, _ = run_last([leased("a"), node("b", gpus=2, cpus=8)], now=0.0)
+    assert policy.next_deadline() == 20.0  # b's, the unleased one's
+    policy.step(Tick(), now=3600.0)
+    assert node_view(policy, "a")["alive"] and not node_view(policy, "b")["alive"]
+    assert policy.next_deadline() is None
+    policy.step(NodeLost(node_id="a"), now=3601.0)  # the lease ended
+    assert not node_view(policy, "a")["alive"]
+    policy.step(leased("a"), now=3700.0)  # a new lease registers it again
+    assert node_view(policy, "a")["alive"] and policy.next_deadline() is None
+
+
+def test_a_snapshot_keeps_whether_a_node_is_leased_and_sandboxed() -> None:
+    # a leased node never registers again after a continue-as-new: what it said must survive the snapshot
+    policy, _ = run_last([leased("a", sandboxed=True), node("b")], now=0.0)
+    restored = Policy.restore(json.loads(json.dumps(policy.snapshot())))
+    assert restored.inventory.nodes["a"].spec == policy.inventory.nodes["a"].spec
+    assert restored.inventory.nodes["a"].spec.leased and restored.inventory.nodes["a"].spec.sandboxed
+    assert not restored.inventory.nodes["b"].spec.leased
+    restored.step(Tick(), now=3600.0)
+    assert node_view(restored, "a")["alive"]
+
+
+def test_a_snapshot_from_before_leases_restores_its_nodes_unleased() -> None:
+    policy, _ = run_last([node("a")], now=0.0)
+    snapshot = policy.snapshot()
+    data = json.loads(zlib.decompress(base64.b64decode(snapshot["zlib"])))
+    data["nodes"] = [row[:9] for row in data["nodes"]]  # the rows ended at the drain reason then
+    blob = base64.b64encode(zlib.compress(json.dumps(data).encode())).decode()
+    restored = Policy.restore({**snapshot, "zlib": blob})
+    assert restored.inventory.nodes["a"].spec == policy.inventory.nodes["a"].spec
 
 
 def test_without_a_clock_nothing_expires() -> None:

@@ -1,0 +1,170 @@
+"""``gangflow usage``: where the GPU-hours went, from the goodput ledger of every gang attempt.
+
+    gangflow usage [--tenant T] [--since 7d] [--by tenant|run|cause] [--json | --csv] [--limit N]
+
+Each run's distributed task calls are read as ``gangflow status`` reads them (``Client.status``: the
+attempts, their ledgers, engine.runtime.ledger), and summed per tenant, per run, or per cause. ``wait_s`` is
+how long the task calls waited for their first placement (queueing is time, not GPU-seconds). The CSV has
+one column per cause, for chargeback. Only runs that started within ``--since`` count, newest first, at
+most ``--limit`` of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from engine.errors import GangflowError
+from engine.runtime.history import TaskRecord
+from engine.runtime.ledger import BADPUT, add_ledgers
+
+from .common import EXIT_BAD_INPUT, EXIT_OK, CliError, client_for
+from .render import console, print_json
+
+__all__ = ["add_usage_parser", "cmd_usage", "parse_since", "usage_rows"]
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+GROUPS = ("tenant", "run", "cause")
+
+
+def parse_since(text: str) -> float:
+    """``7d``, ``12h``, ``30m``, ``90s``, ``2w`` as seconds; ValueError naming the problem otherwise."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text or "")
+    if not found or float(found.group(1)) <= 0:
+        raise ValueError(f"--since must be a positive duration such as 7d, 12h or 30m, got {text!r}")
+    return float(found.group(1)) * _UNITS[found.group(2)]
+
+
+def add_usage_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], connection: Callable[..., Any]) -> None:
+    p = sub.add_parser(
+        "usage",
+        help="GPU-seconds by tenant, run or cause: productive and badput (the goodput ledger), and queue wait",
+        allow_abbrev=False,
+    )
+    connection(p)  # its --tenant also narrows the rows to that tenant's runs
+    p.add_argument("--since", default="7d", help="only runs started within this long, e.g. 24h (default 7d)")
+    p.add_argument("--by", choices=GROUPS, default="tenant", help="one row per tenant, run or cause (default tenant)")
+    p.add_argument("--limit", type=int, default=1000, help="at most this many runs, newest first (default 1000)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help='print {"rows": [...]}')
+    shape.add_argument("--csv", action="store_true", help="print CSV: one column per cause (chargeback)")
+
+
+def _wait_s(task: TaskRecord) -> float:
+    """How long the call waited for its first placement: scheduled → its first attempt's start."""
+    first = task.attempts[0].get("started_at") if task.attempts else None
+    if task.scheduled is None or not isinstance(first, int | float):
+        return 0.0
+    return max(0.0, float(first) - task.scheduled.timestamp())
+
+
+def usage_rows(entries: Sequence[Mapping[str, Any]], by: str) -> list[dict[str, Any]]:
+    """Rows of ``gangflow usage`` from its entries (one per distributed task call: ``tenant``, ``run``,
+    ``ledger``, ``wait_s``), biggest first. Pure: the unit tests call it."""
+    if by == "cause":
+        total = add_ledgers(e.get("ledger") for e in entries)
+        if total is None:
+            return []
+        whole = total["allocated_gpu_s"]
+        parts = [("productive", total["productive_gpu_s"]), *total["badput"].items()]
+        return [{"cause": c, "gpu_s": v, "share": round(v / whole, 4) if whole else None} for c, v in parts]
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for entry in entries:
+        groups.setdefault(str(entry[by]), []).append(entry)
+    rows: list[dict[str, Any]] = []
+    for key, members in groups.items():
+        total = add_ledgers(m.get("ledger") for m in members)
+        row: dict[str, Any] = {"tenant": str(members[0]["tenant"])}
+        if by == "run":
+            row["run"] = key
+        row.update(
+            allocated_gpu_s=total["allocated_gpu_s"] if total else 0.0,
+            productive_gpu_s=total["productive_gpu_s"] if total else 0.0,
+            badput=total["badput"] if total else dict.fromkeys(BADPUT, 0.0),
+            goodput=total["goodput"] if total else None,
+            wait_s=round(sum(float(m.get("wait_s") or 0.0) for m in members), 3),
+        )
+        rows.append(row)
+    return sorted(rows, key=lambda r: (-r["allocated_gpu_s"], str(r.get("run", r["tenant"]))))
+
+
+async def cmd_usage(args: argparse.Namespace) -> int:
+    try:
+        since = parse_since(args.since)
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    if args.limit < 1:
+        raise CliError(f"--limit must be at least 1, got {args.limit}", EXIT_BAD_INPUT)
+    client = await client_for(args)
+    cutoff = time.time() - since
+    entries: list[dict[str, Any]] = []
+    try:
+        for run in await client.runs(limit=args.limit):
+            if run.start_time is None or run.start_time.timestamp() < cutoff:
+                continue
+            if args.tenant and run.tenant != args.tenant:
+                continue
+            info = await client.status(run.run_id)
+            for task in info.tasks:
+                if task.kind == "gang" and task.attempts:
+                    ledger = add_ledgers(a.get("ledger") for a in task.attempts)
+                    entries.append({"tenant": run.tenant, "run": run.run_id, "ledger": ledger, "wait_s": _wait_s(task)})
+    except GangflowError as exc:
+        raise CliError(str(exc)) from None
+    rows = usage_rows(entries, args.by)
+    if args.json:
+        print_json({"rows": rows})
+    elif args.csv:
+        _csv(rows, args.by)
+    else:
+        _table(rows, args.by)
+    return EXIT_OK
+
+
+def _csv(rows: list[dict[str, Any]], by: str) -> None:
+    out = csv.writer(sys.stdout)
+    if by == "cause":
+        out.writerow(["cause", "gpu_s", "share"])
+        out.writerows([r["cause"], r["gpu_s"], r["share"]] for r in rows)
+        return
+    keys = ["tenant", "run"] if by == "run" else ["tenant"]
+    out.writerow([*keys, "allocated_gpu_s", "productive_gpu_s", *BADPUT, "wait_s"])
+    for r in rows:
+        out.writerow(
+            [*(r[k] for k in keys), r["allocated_gpu_s"], r["productive_gpu_s"], *r["badput"].values(), r["wait_s"]]
+        )
+
+
+def _table(rows: list[dict[str, Any]], by: str) -> None:
+    from rich.table import Table
+
+    if not rows:
+        console.print("no gang attempts in that window")
+        return
+    table = Table(show_edge=False, header_style="bold")
+    if by == "cause":
+        for column in ("cause", "GPU-hours", "share"):
+            table.add_column(column)
+        for r in rows:
+            share = "" if r["share"] is None else f"{r['share'] * 100:.1f} %"
+            table.add_row(r["cause"], f"{r['gpu_s'] / 3600:.3f}", share)
+    else:
+        keys = ["tenant", "run"] if by == "run" else ["tenant"]
+        for column in (*keys, "GPU-hours", "goodput", "biggest badput", "wait"):
+            table.add_column(column)
+        for r in rows:
+            worst = max(r["badput"].items(), key=lambda kv: kv[1])
+            goodput = "" if r["goodput"] is None else f"{r['goodput'] * 100:.0f} %"
+            table.add_row(
+                *(str(r[k]) for k in keys),
+                f"{r['allocated_gpu_s'] / 3600:.3f}",
+                goodput,
+                f"{worst[0]} {worst[1] / 3600:.3f} h" if worst[1] else "",
+                f"{r['wait_s']:.0f} s",
+            )
+    console.print(table)

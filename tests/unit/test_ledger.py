@@ -1,0 +1,145 @@
+"""The goodput ledger (engine.runtime.ledger): an attempt's allocated GPU-seconds split by cause, from its
+record and what its ranks reported, the parts always adding up to the whole."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from engine.runtime.ledger import BADPUT, add_ledgers, attempt_ledger, goodput_line
+
+
+def attempt(kind: str, placed: float, ended: float | None, reason: str = "") -> dict[str, Any]:
+    return {"attempt": 0, "kind": kind, "reason": reason, "started_at": placed, "ended_at": ended}
+
+
+def node(gpus: int, started: float, **report: Any) -> dict[str, Any]:
+    return {"node": "n", "gpus": gpus, "started": started, "progress": {"0": report} if report else {}}
+
+
+def parts(ledger: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in ledger["badput"].items() if v}
+
+
+def test_a_completed_attempt_launch_checkpoints_steps_and_the_tail() -> None:
+    # placed at 100, ranks up at 102, first step at 105, 2 s of saves, last step at 150, released at 152; 2 x 2 GPUs
+    nodes = [node(2, 102, since=105, time=150, first_step=1, ckpt_time=140, ckpt_s=2.0)] * 2
+    ledger = attempt_ledger(attempt("completed", 100, 152), nodes)
+    assert ledger is not None
+    assert ledger["gpus"] == 4 and ledger["allocated_gpu_s"] == 52 * 4
+    assert parts(ledger) == {"launch": 20.0, "checkpoint": 8.0, "idle": 8.0}
+    assert ledger["productive_gpu_s"] == (52 - 5 - 2 - 2) * 4 and ledger["goodput"] == pytest.approx(43 / 52, abs=1e-4)
+
+
+def test_a_preempted_attempt_resumed_from_a_checkpoint_loses_the_work_since_its_last_one() -> None:
+    nodes = [node(1, 102, since=110, time=149, first_step=41, ckpt_time=140, ckpt_s=1.0)]
+    ledger = attempt_ledger(attempt("preempted", 100, 150, "preempted by b.train-1 of team-b (reclaim)"), nodes)
+    assert ledger is not None
+    assert parts(ledger) == {"launch": 2.0, "restore": 8.0, "checkpoint": 1.0, "lost_preemption": 10.0}
+
+
+def test_a_drain_and_a_failure_are_their_own_causes() -> None:
+    nodes = [node(1, 100, since=101, time=120, first_step=1)]  # no checkpoint: every step is lost
+    drained = attempt_ledger(attempt("preempted", 100, 121, "node n1 is draining"), nodes)
+    failed = attempt_ledger(attempt("system", 100, 121, "node n1 lost (heartbeat timeout)"), nodes)
+    assert drained is not None and failed is not None
+    assert parts(drained) == {"launch": 1.0, "lost_drain": 20.0}
+    assert parts(failed) == {"launch": 1.0, "lost_failure": 20.0}
+    assert drained["productive_gpu_s"] == failed["productive_gpu_s"] == 0
+
+
+def test_a_hung_rank_is_hang_until_detected_and_lost_since_the_checkpoint_before() -> None:
+    nodes = [node(1, 100, since=101, time=130, first_step=1, ckpt_time=120, ckpt_s=0.5)]
+    ledger = attempt_ledger(attempt("system", 100, 160, "rank 0 (node n1) (hung): no report for 30 s"), nodes)
+    assert ledger is not None
+    assert parts(ledger) == {"launch": 1.0, "checkpoint": 0.5, "hang": 30.0, "lost_failure": 10.0}
+
+
+def test_an_attempt_with_no_step_and_a_running_one() -> None:
+    never = attempt_ledger(attempt("system", 100, 130, "node n1 lost"), [node(2, 101)])
+    assert never is not None and parts(never) == {"lost_failure": 60.0} and never["goodput"] == 0
+    assert attempt_ledger(attempt("running", 100, None), [node(2, 101, since=102, time=110)]) is None
+    assert attempt_ledger({"kind": "completed"}, []) is None  # times unknown (an agent from before them)
+
+
+def test_the_parts_always_add_up_to_the_allocated_gpu_seconds() -> None:
+    rng = random.Random(7)
+    for _ in range(2000):
+        placed = rng.uniform(0, 100)
+        end = placed + rng.uniform(0, 500)
+        times = sorted(rng.uniform(placed - 10, end + 10) for _ in range(4))
+        report = {"since": times[1], "time": times[3], "first_step": rng.choice([0, 1, 50])}
+        if rng.random() < 0.7:
+            report.update(ckpt_time=times[2], ckpt_s=rng.uniform(0, 50))
+        kind = rng.choice(["completed", "cancelled", "preempted", "user", "system"])
+        reason = rng.choice(["", "node n1 is draining", "rank 0 (node n1) (hung): no report", "preempted by x"])
+        ledger = attempt_ledger(attempt(kind, placed, end, reason), [node(rng.randint(0, 8), times[0], **report)])
+        assert ledger is not None
+        whole = ledger["allocated_gpu_s"]
+        assert all(v >= 0 for v in ledger["badput"].values()) and ledger["productive_gpu_s"] >= 0
+        assert ledger["productive_gpu_s"] + sum(ledger["badput"].values()) == pytest.approx(whole, abs=0.01)
+
+
+def test_attempts_add_up_and_the_line_names_the_biggest_causes_first() -> None:
+    first = attempt_ledger(
+        attempt("system", 0, 10, "node n1 lost"), [node(1, 0, since=1, time=10, first_step=1, ckpt_time=8)]
+    )
+    second = attempt_ledger(attempt("completed", 10, 100), [node(1, 10, since=13, time=99, first_step=8)])
+    total = add_ledgers([first, None, second])
+    assert total is not None and total["allocated_gpu_s"] == 100
+    assert total["badput"]["lost_failure"] == 2 and total["badput"]["launch"] == 1
+    assert sum(total["badput"].values()) + total["productive_gpu_s"] == pytest.approx(100)
+    assert goodput_line(total) == "goodput 93 %: 3 % restore, 2 % lost to failures, 1 % launch, 1 % idle"
+    assert add_ledgers([None]) is None
+    assert set(BADPUT) == set(total["badput"])
+
+
+def test_usage_rows_by_tenant_run_and_cause() -> None:
+    from engine.cli.usage import usage_rows
+
+    def ledger(alloc: float, productive: float, **badput: float) -> dict[str, Any]:
+        full = dict.fromkeys(BADPUT, 0.0) | badput
+        return {
+            "gpus": 1,
+            "allocated_s": alloc,
+            "allocated_gpu_s": alloc,
+            "productive_gpu_s": productive,
+            "badput": full,
+            "goodput": productive / alloc,
+        }
+
+    entries = [
+        {"tenant": "a", "run": "r1", "ledger": ledger(100, 90, launch=10), "wait_s": 5},
+        {"tenant": "a", "run": "r2", "ledger": ledger(50, 25, lost_preemption=25), "wait_s": 1},
+        {"tenant": "b", "run": "r3", "ledger": None, "wait_s": 2},  # a gang that never started
+    ]
+    by_tenant = usage_rows(entries, "tenant")
+    assert [(r["tenant"], r["allocated_gpu_s"], r["wait_s"]) for r in by_tenant] == [("a", 150, 6), ("b", 0, 2)]
+    assert by_tenant[0]["badput"]["lost_preemption"] == 25 and by_tenant[0]["goodput"] == pytest.approx(115 / 150, abs=1e-4)
+    assert [r["run"] for r in usage_rows(entries, "run")] == ["r1", "r2", "r3"]
+    causes = {r["cause"]: r["gpu_s"] for r in usage_rows(entries, "cause")}
+    assert causes["productive"] == 115 and causes["launch"] == 10 and sum(causes.values()) == 150
+
+
+@pytest.mark.parametrize("text, seconds", [("7d", 7 * 86400), ("12h", 43200), ("30m", 1800), ("1.5h", 5400)])
+def test_since_reads_durations(text: str, seconds: float) -> None:
+    from engine.cli.usage import parse_since
+
+    assert parse_since(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "7", "0d", "-1h", "1y", "abc"])
+def test_a_bad_since_is_refused_naming_it(text: str) -> None:
+    from engine.cli.usage import parse_since
+
+    with pytest.raises(ValueError, match="--since must be a positive duration such as 7d, 12h or 30m, got"):
+        parse_since(text)
+
+
+def test_gangflow_usage_refuses_a_bad_since_with_exit_2() -> None:
+    from conftest import gangflow_cli
+
+    done = gangflow_cli("usage", "--since", "soon", "--address", "127.0.0.1:1")
+    assert done.returncode == 2 and "--since must be a positive duration" in done.stderr, done.stderr
