@@ -399,14 +399,15 @@ def measure(args: Any, scratch: Path) -> dict[str, Any]:
         client = await stack.client()
         await stack.wait_nodes(client)
         await standbys_ready(stack)
-        weights.update(cpu_weights())
-        log(f"stack up on {stack.server.address}; CPU weights {weights}; warm-up (not counted)")
+        log(f"stack up on {stack.server.address}; warm-up (not counted)")
         await bench_launch.launch_once(client, args.launch_steps)
         await bench_recovery.one_run(client, stack, {**params, "total_steps": STANDBY_STEPS}, False, 1)
         for rep in range(args.repeats):
             log(f"repeat {rep + 1}/{args.repeats}")
             for k in range(len(MODES)):
                 blocks.append(await block(stack, client, MODES[(rep + k) % len(MODES)], args, params))
+        # read once sandboxed agents have run: each weighs the machine's gangflow cgroup as it starts
+        weights.update(cpu_weights())
 
     try:
         asyncio.run(run_all())
@@ -531,10 +532,10 @@ def markdown(result: dict[str, Any]) -> list[str]:
     )
     if weight := result.get("cpu_weight"):
         note += (
-            f" The machine's `gangflow` cgroup weighed {weight['gangflow_cpus']:.0f} CPUs (`cpu.shares`, the sum of "
-            f"its {weight['node_cgroups']} node cgroups, those of agents that ran here before included) against 1 "
-            f"for a process outside it: under load a sandboxed rank gets its CPU ahead of the machine's other work, "
-            f"an unsandboxed one competes with it."
+            f" The machine's `gangflow` cgroup weighed {weight['gangflow_cpus']:g} CPUs (`cpu.shares`: its node "
+            f"cgroups' sum, at most the machine's cores) against 1 for a process outside it, and each gang's cgroup "
+            f"caps its ranks at the CPUs they asked for (`examples/resilient_training.py`: 1 per rank), which an "
+            f"unsandboxed rank may exceed."
         )
     return [*markdown_table(header, "lrrrrrr", rows), "", note, "", caption(command_line(result), result)]
 
