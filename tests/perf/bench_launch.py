@@ -65,6 +65,38 @@ SETTINGS = ("cold", "warm")
 LAUNCHERS = ("torchrun", "gangflow")
 
 
+def parse_rank0(text: str, where: str, steps: int) -> tuple[float, dict[str, float]]:
+    """Rank 0's steps per second and its ``PHASES`` timestamps (ddp_steps.py's last lines), from its output."""
+    import json
+    import re
+
+    found = re.search(r"^STEPS_PER_SEC ([0-9.]+)$", text, re.MULTILINE)
+    ran = re.search(r" after (\d+) steps ", text)
+    phases = re.search(r"^PHASES (\{.*\})$", text, re.MULTILINE)
+    if not (found and ran and phases):
+        raise RuntimeError(f"{where}: no STEPS_PER_SEC / PHASES line from rank 0:\n{text[-3000:]}")
+    if int(ran.group(1)) != steps:
+        raise RuntimeError(f"{where}: ran {ran.group(1)} steps, expected {steps}")
+    return float(found.group(1)), json.loads(phases.group(1))
+
+
+async def launch_once(client: Any, steps: int) -> tuple[str, float, float, float, dict[str, float]]:
+    """One gangflow run of ``bench`` on a stack that is up: (run id, ``time.time()`` before ``Client.start``,
+    after ``Client.wait``, rank 0's steps per second, its ``PHASES`` timestamps). Its ranks run the script,
+    so they are always new processes, never a node agent's warm standbys (those take rank runners only)."""
+    import time
+
+    started = time.time()
+    run_id = await client.start(bench)
+    await client.wait(run_id)
+    done = time.time()
+    logs = await client.logs(run_id, TASK, rank=0)
+    if not logs:
+        raise RuntimeError(f"gangflow run {run_id}: no rank-0 log")
+    sps, stamps = parse_rank0(logs[-1][1], f"gangflow run {run_id}", steps)
+    return run_id, started, done, sps, stamps
+
+
 def parse_args(argv: list[str] | None = None) -> Any:
     from benchenv import arguments, at_least_one, output_options
 
@@ -143,8 +175,6 @@ def table(result: dict[str, Any]) -> list[str]:
 
 def main(args: Any) -> None:
     import asyncio
-    import json
-    import re
     import shutil
     import statistics
     import subprocess
@@ -243,16 +273,6 @@ def main(args: Any) -> None:
             await asyncio.to_thread(stack.stop)
             raise
 
-    def parse_rank0(text: str, where: str) -> tuple[float, dict[str, float]]:
-        found = re.search(r"^STEPS_PER_SEC ([0-9.]+)$", text, re.MULTILINE)
-        steps = re.search(r" after (\d+) steps ", text)
-        phases = re.search(r"^PHASES (\{.*\})$", text, re.MULTILINE)
-        if not (found and steps and phases):
-            raise RuntimeError(f"{where}: no STEPS_PER_SEC / PHASES line from rank 0:\n{text[-3000:]}")
-        if int(steps.group(1)) != args.steps:
-            raise RuntimeError(f"{where}: ran {steps.group(1)} steps, expected {args.steps}")
-        return float(found.group(1)), json.loads(phases.group(1))
-
     def rank_breakdown(t0: float, t1: float, stamps: dict[str, float]) -> dict[str, float]:
         """Seconds of each stretch of one run, from the launcher's start (t0) to its return (t1)."""
         return {
@@ -280,20 +300,13 @@ def main(args: Any) -> None:
         t1 = time.time()
         if proc.returncode != 0:
             raise RuntimeError(f"torchrun exited with {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-        sps, stamps = parse_rank0(proc.stdout, "torchrun")
+        sps, stamps = parse_rank0(proc.stdout, "torchrun", args.steps)
         return sample(t0, t1, sps, stamps)
 
     # -- (b) gangflow --------------------------------------------------------------------------------
     async def gangflow_once(client: Client, t0: float | None = None, history: bool = True) -> dict[str, Any]:
         """One run on a stack that is up; ``t0`` (when the stack start began) for a cold run."""
-        started = time.time()
-        run_id = await client.start(bench)
-        await client.wait(run_id)
-        t1 = time.time()
-        logs = await client.logs(run_id, TASK, rank=0)
-        if not logs:
-            raise RuntimeError(f"gangflow run {run_id}: no rank-0 log")
-        sps, stamps = parse_rank0(logs[-1][1], f"gangflow run {run_id}")
+        run_id, started, t1, sps, stamps = await launch_once(client, args.steps)
         result = sample(started if t0 is None else t0, t1, sps, stamps)
         if history:
             try:

@@ -18,7 +18,7 @@ from benchenv import markdown_table, read_result
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = HERE.parents[1] / "README.md"
-BENCHMARKS = ["orchestration", "launch", "scheduler", "scheduler_workflow", "preemption", "isolation", "map"]
+BENCHMARKS = ["orchestration", "launch", "scheduler", "scheduler_workflow", "preemption", "isolation", "map", "sandbox"]
 #: the benchmarks that repeat their measurement (``--reps``); the scheduler's is one deterministic simulation
 REPEATED = ["orchestration", "launch", "preemption", "isolation", "map"]
 
@@ -101,6 +101,22 @@ def test_zero_reps_are_refused_before_anything_starts(benchmark: str) -> None:
     done = bench(benchmark, "--reps", "0")
     assert done.returncode == 2
     assert "--reps must be at least 1, got 0" in done.stderr
+
+
+def test_sandbox_compares_every_mode_against_no_sandbox() -> None:
+    """One run measured launch (cold, from standbys) and kill → next step in each mode, with the load."""
+    result = read_result(RESULTS / "sandbox.json", "sandbox")
+    for mode in ("none", "cgroups", "full"):
+        assert {"cold_first_step_s", "standby_first_report_s", "resume_s"} <= result["median_s"][mode].keys()
+    blocks = result["samples"]["blocks"]
+    assert {b["mode"] for b in blocks} == {"none", "cgroups", "full"}
+    assert all(isinstance(b["load_1min"], float) for b in blocks)
+
+
+def test_sandbox_zero_repeats_are_refused_before_anything_starts() -> None:
+    done = bench("sandbox", "--repeats", "0")
+    assert done.returncode == 2
+    assert "--repeats must be at least 1, got 0" in done.stderr
 
 
 def test_abbreviated_flags_are_not_guessed() -> None:

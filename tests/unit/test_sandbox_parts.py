@@ -11,23 +11,25 @@ from pathlib import Path
 
 import pytest
 
+from engine.executor.cgroups import (
+    CgroupV1,
+    CgroupV2,
+    DeviceRule,
+    DeviceRules,
+    Limits,
+    device_rules,
+    gpu_devices,
+    weigh_node,
+)
 from engine.executor.launcher import RankFailure
 from engine.executor.sandbox import (
     PIDS_PER_PROCESS,
     UID_BASE,
     UID_SPAN,
-    CgroupV1,
-    CgroupV2,
-    DeviceRule,
-    DeviceRules,
     GangSandbox,
-    Limits,
-    device_rules,
     gang_user,
-    gpu_devices,
     memory_text,
     unreachable,
-    weigh_node,
 )
 
 
@@ -236,10 +238,10 @@ def test_a_nodes_cgroup_weighs_its_cpus_and_the_machines_the_sum_of_its_nodes(tm
     # with the default share (one process's) above the gangs, every rank of the machine together would get one
     # busy process's CPU against the processes outside gangflow (a restarted gang started many times slower)
     driver = _fake_v1(tmp_path)
-    weigh_node(driver, "gangflow/n0", 4)
+    weigh_node(driver, "gangflow/n0", 4, machine_cpus=64)
     assert _read(tmp_path / "cpu" / "gangflow" / "n0" / "cpu.shares") == "4096"
     assert _read(tmp_path / "cpu" / "gangflow" / "cpu.shares") == "4096"
-    weigh_node(driver, "gangflow/n1", 0.5)  # a second agent on the machine adds itself
+    weigh_node(driver, "gangflow/n1", 0.5, machine_cpus=64)  # a second agent on the machine adds itself
     assert _read(tmp_path / "cpu" / "gangflow" / "n1" / "cpu.shares") == "512"
     assert _read(tmp_path / "cpu" / "gangflow" / "cpu.shares") == "4608"
     assert not (tmp_path / "cpu" / "gangflow" / "n0" / "cpu.cfs_quota_us").exists()  # a share, no quota
@@ -248,10 +250,20 @@ def test_a_nodes_cgroup_weighs_its_cpus_and_the_machines_the_sum_of_its_nodes(tm
     assert _read(tmp_path / "cpu" / "gangflow" / "n2" / "cpu.shares") == "262144"
 
 
+def test_the_machines_gangflow_cgroup_weighs_at_most_its_cores(tmp_path: Path) -> None:
+    # node cgroups of agents long gone stay counted: without the cap, forty agents that ran on a 2-core machine
+    # made its sandboxed ranks weigh as 130 busy processes against everything else on it
+    driver = _fake_v1(tmp_path)
+    for i in range(40):
+        weigh_node(driver, f"gangflow/n{i}", 4, machine_cpus=2)
+    assert _read(tmp_path / "cpu" / "gangflow" / "cpu.shares") == "2048"
+    assert _read(tmp_path / "cpu" / "gangflow" / "n39" / "cpu.shares") == "4096"  # among its siblings: as offered
+
+
 def test_v2_weighs_a_node_with_cpu_weight(tmp_path: Path) -> None:
     driver = CgroupV2(tmp_path)
-    weigh_node(driver, "gangflow/n0", 2)
-    weigh_node(driver, "gangflow/n1", 3)
+    weigh_node(driver, "gangflow/n0", 2, machine_cpus=64)
+    weigh_node(driver, "gangflow/n1", 3, machine_cpus=64)
     assert _read(tmp_path / "gangflow" / "n0" / "cpu.weight") == "200"
     assert _read(tmp_path / "gangflow" / "cpu.weight") == "500"
     assert _read(tmp_path / "cgroup.subtree_control") == "+memory +cpu +pids"
@@ -276,3 +288,11 @@ def test_a_ranks_outbox_is_published_only_where_each_file_has_the_sha256_it_is_n
     assert Path(uri).read_bytes() == b"rank 0's output"
     assert not Path(store.object_uri(forged)).exists()
     assert not Path(store.object_uri(hashlib.sha256(b"the agent's own file").hexdigest())).exists()
+
+
+def test_the_sandbox_still_names_the_cgroup_drivers_it_uses() -> None:
+    """The cgroup files moved to engine.executor.cgroups; code importing them from the sandbox keeps working."""
+    from engine.executor import cgroups, sandbox
+
+    for name in cgroups.__all__:
+        assert name in sandbox.__all__ and getattr(sandbox, name) is getattr(cgroups, name)
