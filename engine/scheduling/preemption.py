@@ -164,11 +164,13 @@ def _ranking(
     tenant, root = request.tenant, policy.tenancy.root(request.tenant)
     counts = policy._prio_counts.get(tenant, {})
     lower = knobs.within_tenant == "lower_priority" and any(n for p, n in counts.items() if p < queued.prio)
-    borrowers = {
-        t.name
-        for t in policy.config.tenants
-        if t.name != tenant and policy.tenancy.root(t.name) == root and policy.tenancy.borrowing(t.name)
-    }
+    # the other tenants of its cohort that borrow (the configured ones without a cohort, when it has none)
+    members = (
+        policy.tenancy.members.get(root, [])
+        if root is not None
+        else [t.name for t in policy.config.tenants if policy.tenancy.root(t.name) is None]
+    )
+    borrowers = {name for name in members if name != tenant and policy.tenancy.borrowing(name)}
     reclaim = (
         bool(borrowers)
         and knobs.reclaim_within_cohort != "never"
@@ -181,27 +183,31 @@ def _ranking(
     routes: dict[str, Cause] = {}
     comes_of_age: list[float] = []
 
+    # read once: a search ranks every gang on the nodes it looks at
+    running, prio, seq, gpus, now = policy.running, queued.prio, queued.seq, queued.vec[0], policy._now
+    any_prio, min_runtime = knobs.reclaim_within_cohort == "any", knobs.min_runtime
+
     def route(r: Running) -> Cause | None:
         other = r.request.tenant
-        if reclaim and other in borrowers and (knobs.reclaim_within_cohort == "any" or r.prio < queued.prio):
+        if reclaim and other in borrowers and (any_prio or r.prio < prio):
             return "reclaim"
-        if lower and other == tenant and r.prio < queued.prio:
+        if lower and other == tenant and r.prio < prio:
             return "priority"
-        if backfilled and r.backfill and r.admit_seq > queued.seq and r.prio <= queued.prio:
+        if backfilled and r.backfill and r.admit_seq > seq and r.prio <= prio:
             return "backfill"
-        if defrag and r.prio <= queued.prio and r.vec[0] < queued.vec[0]:
+        if defrag and r.prio <= prio and r.vec[0] < gpus:
             return "defrag"
         return None
 
     def rank(gang_id: str) -> tuple[bool, int, int] | None:
-        r = policy.running[gang_id]
+        r = running[gang_id]
         if not r.preemptible or r.preemption is not None or gang_id in forbidden:
             return None
         cause = route(r)
         if cause is None:
             return None
-        of_age = r.admitted_at + knobs.min_runtime  # the same sum as the deadline it gives
-        if timed and of_age > policy._now:
+        of_age = r.admitted_at + min_runtime  # the same sum as the deadline it gives
+        if timed and of_age > now:
             comes_of_age.append(of_age)
             return None
         routes[gang_id] = cause
@@ -230,9 +236,9 @@ def reclaimable(policy: Policy, queued: Queued) -> bool:
         return False
     return any(
         n and (rule == "any" or prio < queued.prio)
-        for name, counts in policy._prio_counts.items()
-        if name != tenant and policy.tenancy.root(name) == root and policy.tenancy.borrowing(name)
-        for prio, n in counts.items()
+        for name in policy.tenancy.members.get(root, [])
+        if name != tenant and policy.tenancy.borrowing(name)
+        for prio, n in policy._prio_counts.get(name, {}).items()
     )
 
 
@@ -297,11 +303,13 @@ def choose_victims(
     None when none are found."""
     gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
     ranks: dict[str, Any] = {}
+    unranked = object()
 
     def ranked(gang_id: str) -> Any:
-        if gang_id not in ranks:
-            ranks[gang_id] = rank(gang_id)
-        return ranks[gang_id]
+        r = ranks.get(gang_id, unranked)
+        if r is unranked:
+            r = ranks[gang_id] = rank(gang_id)
+        return r
 
     options: list[tuple[int, Any, str, list[str]]] = []  # (victims, worst victim's rank, node id, victims)
     budget = request.nnodes + NODES_LOOKED_AT
