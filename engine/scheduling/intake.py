@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine.scheduling import node_waits
 from engine.scheduling.config import QueueConfig
 from engine.scheduling.events import Decision, GangRejected
 from engine.scheduling.model import GangRequest
@@ -51,7 +52,7 @@ def refusal(policy: Policy, request: GangRequest, *, arriving: bool) -> str | No
     cap = policy.config.max_pending(request.tenant)
     if arriving and gang_id not in policy._requeue and policy._pending_counts.get(request.tenant, 0) >= cap:
         return max_pending_reason(request, cap, policy.config.tenant(request.tenant))
-    if policy._fit(request) == "never" and not policy.wait_for_nodes:
+    if node_waits.fit(policy, request) == "never" and not policy.wait_for_nodes:
         return never_fits_reason(request, policy.inventory, count_lost=True)
     vec = demand(request)
     blocked = policy.tenancy.blocked(request.tenant, vec, not (cls.preemptible and request.preemptible))

@@ -70,14 +70,15 @@ as the order is walked, and ``Pending`` for a gang whose reason changed (a new g
 
 **Where.** This module holds the state, the events and the admission cycle. The victim search is
 ``engine.scheduling.preemption``, the waits for lost and drained nodes ``engine.scheduling.node_waits``, the
-lenders waiting ``engine.scheduling.lenders``,
-the continue-as-new encoding ``engine.scheduling.snapshot``, the per-gang records they share
-``engine.scheduling.state``; they read and update the policy's state, which stays this class's.
+lenders waiting ``engine.scheduling.lenders``, the requests rejected at once and a new configuration
+``engine.scheduling.intake``, the continue-as-new encoding ``engine.scheduling.snapshot``, the per-gang
+records they share ``engine.scheduling.state``; they read and update the policy's state, which stays this class's.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -111,7 +112,7 @@ from engine.scheduling.reasons import (
     quota_reason,
 )
 from engine.scheduling.state import Fit, Queued, QueueKey, Running, Shape, shape_of
-from engine.scheduling.tenancy import Tenancy, Vec, demand
+from engine.scheduling.tenancy import Blocked, Tenancy, Vec, demand
 
 __all__ = ["Policy"]
 
@@ -153,9 +154,11 @@ class Policy:
         self._tier_cache: dict[str, tuple[Any, dict[int, tuple[bool, float]]]] = {}
         # caches of pure functions of the state, keyed on what they read (a restored policy, with them empty,
         # decides the same): per tenant its entries in the order (``_cycle``), and per gang its quota reason
-        self._queue_changes: dict[str, int] = {}  # per tenant, how many times its pending gangs changed
-        self._entries: dict[str, tuple[tuple[Any, ...], list[Any]]] = {}
-        self._quota_texts: dict[str, tuple[list[int], int, int, str, bool]] = {}
+        self._touched: set[str] = set()  # the tenants whose pending gangs changed since the last cycle
+        self._entries: dict[str, list[Any]] = {}
+        self._entries_for: tuple[int, Tenancy | None] = (-1, None)  # the topology and ledger they were made with
+        self._quota_texts: dict[str, tuple[list[int], int, int, str, bool, Blocked]] = {}
+        self._admitted_latest: float | None = None  # see ``preemption._latest_admission``
         self._searches_left = 1
         self._pending_counts: dict[str, int] = {}  # tenant -> its gangs waiting (``max_pending``)
         self.lenders = Lenders()  # nothing borrows from a cohort while a lender waits there (module docstring)
@@ -214,7 +217,7 @@ class Policy:
         self.pending[queued.request.gang_id] = queued
         tenant = queued.request.tenant
         self._pending_counts[tenant] = self._pending_counts.get(tenant, 0) + 1
-        self._queue_changes[tenant] = self._queue_changes.get(tenant, 0) + 1
+        self._touched.add(tenant)
         heap = self._queues.setdefault(queued.request.tenant, {}).setdefault(queued.key, [])
         heapq.heappush(heap, (queued.seq, queued.request.gang_id))
 
@@ -254,40 +257,24 @@ class Policy:
             heapq.heappop(heap)  # withdrawn, admitted or re-queued: a stale entry
         return None
 
-    def _fit(self, request: GangRequest, shape: Shape | None = None) -> Fit:
-        """Whether the request fits the offered nodes when idle, else what it waits for (``Fit``), cached per
-        shape until the nodes change. Drained nodes are "not usable now but not gone": a gang that only
-        they could hold waits for an operator, however long, and never for a lost node's deadline."""
-        shape = shape or shape_of(request)
-        cached = self._fits.get(shape)
-        if cached is None or cached[0] != self.inventory.topology:
-            n = request.nnodes
-            offered, alive, undrained, every = self.inventory.fit_counts(request)
-            fit: Fit
-            if offered >= n:
-                fit = "now"
-            elif every < n:
-                fit = "never"
-            elif undrained >= n and alive < n:
-                fit = "lost"  # lost nodes would do, and undraining would not be enough
-            else:
-                fit = "drained"
-            cached = self._fits[shape] = (self.inventory.topology, fit)
-        return cached[1]
-
     def _cycle(self, decisions: list[Decision], *, timed: bool, searches: int) -> None:
         node_waits.revive_lost_waiters(self)
         if not self.pending:
             return
-        order: list[tuple[bool, int, float, int, int, str, str, QueueKey]] = []
-        tenancy, topology = self.tenancy, self.inventory.topology
-        for tenant, queues in self._queues.items():
-            # the same pending gangs, usage and capacity as at the last event (most events touch one tenant):
-            # the same entries
-            stamp = (self._queue_changes.get(tenant, 0), tenancy.changes.get(tenant, 0), topology)
-            cached = self._entries.get(tenant)
-            if cached is not None and cached[0] == stamp:
-                order += cached[1]
+        # a tenant's entries in the order change with its pending gangs, its usage and the capacity only: most
+        # events touch one tenant, and the others' entries are the same as at the last event
+        tenancy, made_for = self.tenancy, (self.inventory.topology, self.tenancy)
+        if self._entries_for != made_for:
+            self._entries.clear()
+            self._entries_for = made_for
+            touched = set(self._queues)
+        else:
+            touched = self._touched | tenancy.touched
+        self._touched.clear()
+        tenancy.touched.clear()
+        for tenant in touched:
+            queues = self._queues.get(tenant)
+            if queues is None:
                 continue
             heads = []
             for key, heap in list(queues.items()):
@@ -301,8 +288,8 @@ class Policy:
             for key, head in heads:
                 borrows, share = tiers[key[0]]
                 entries.append((borrows, key[0], share, head.seq, 0, head.request.gang_id, tenant, key))
-            self._entries[tenant] = (stamp, entries)
-            order += entries
+            self._entries[tenant] = entries
+        order: list[Any] = list(itertools.chain.from_iterable(self._entries.values()))
         heapq.heapify(order)
         if self.inventory.topology != self._topology_seen:
             self._topology_seen = self.inventory.topology
@@ -374,7 +361,8 @@ class Policy:
                     continue
             request = queued.request
             heap = self._queues[tenant][key]
-            fit = self._fit(request, queued.shape)
+            cached = self._fits.get(queued.shape)  # ``node_waits.fit``'s answer, read as it keeps it
+            fit = cached[1] if cached and cached[0] == topology else node_waits.fit(self, request, queued.shape)
             if fit != "now":  # it waits for nodes, not for what its tenant lent: no longer a lender waiting
                 self.lenders.forget(self.tenancy.root(tenant), request.gang_id)
             if fit == "drained":
@@ -425,16 +413,19 @@ class Policy:
                     self._say(queued, nominated_reason(request, sorted(queued.victims), queued.cause), decisions)
                     held = preemption.hold(self, queued, holds, held)
                 else:
-                    # what it reads moves with its pool's usage (``_prio_counts`` with its tenants' usage)
+                    # what it reads moves with its pool's usage (``_prio_counts`` with its tenants' usage), and
+                    # beyond nominal (no reclaim) the same stop says the same
                     counter = self.tenancy.pool_counter(tenant)
-                    if quick is not None and quick[1] == counter[0]:
+                    if quick is not None and (
+                        quick[1] == counter[0] or (blocked == quick[5] and not blocked.within_nominal)
+                    ):
                         text = quick[3]
                     else:
                         reclaim = blocked.within_nominal and preemption.reclaimable(self, queued)
                         tkey = ("quota", tenant, blocked, queued.shape, reclaim)
                         text = self._text(tkey, quota_reason, tenant, blocked, root, request, reclaim)
                     protected = blocked.kind == "protected"
-                    self._quota_texts[gang_id] = (counter, counter[0], self.inventory.topology, text, protected)
+                    self._quota_texts[gang_id] = (counter, counter[0], topology, text, protected, blocked)
                     self._say(queued, text, decisions)
                 continue
             shape = queued.shape
@@ -531,6 +522,8 @@ class Policy:
         self._count_prio(running, 1)
         if backfill:
             self._backfill_seq = running.admit_seq
+        if self._admitted_latest is not None:
+            self._admitted_latest = max(self._admitted_latest, running.admitted_at)
         self._forget(gang_id)
         decisions.append(Admitted(placement=placement))
 
@@ -545,7 +538,7 @@ class Policy:
         if queued is not None:
             tenant = queued.request.tenant
             self._pending_counts[tenant] -= 1
-            self._queue_changes[tenant] = self._queue_changes.get(tenant, 0) + 1
+            self._touched.add(tenant)
             self._quota_texts.pop(gang_id, None)
             self.lenders.forget(self.tenancy.root(tenant), gang_id)
         self._reserved.pop(gang_id, None)

@@ -76,7 +76,16 @@ def preempt_for(
         return False
     policy._searches_left -= 1
     rank, more, routes, young = _ranking(policy, queued, timed=timed, defrag=defrag)
-    chosen = choose_victims(policy.inventory, policy.tenancy, queued.request, queued.vec, policy.running, rank, more)
+    chosen = choose_victims(
+        policy.inventory,
+        policy.tenancy,
+        queued.request,
+        queued.vec,
+        policy.running,
+        rank,
+        more,
+        lazy=not timed or (policy.config.policy.min_runtime <= 0 and _latest_admission(policy) <= policy._now),
+    )
     victims, nodes = chosen if chosen is not None else ([], frozenset[str]())
     comes_of_age = min(young, default=float("inf"))
     moved = [policy.running[v.request.gang_id] for v in victims if routes[v.request.gang_id] == "defrag"]
@@ -124,6 +133,14 @@ def preempt_for(
     queued.failed_search = None
     policy._reserved[gang_id] = nodes
     return True
+
+
+def _latest_admission(policy: Policy) -> float:
+    """No running gang was admitted later than this (the latest admission since it was worked out from the
+    running gangs, a restored policy's included): with no minimum runtime, no gang is too young to go."""
+    if policy._admitted_latest is None:
+        policy._admitted_latest = max((r.admitted_at for r in policy.running.values()), default=float("-inf"))
+    return policy._admitted_latest
 
 
 def _can_move(policy: Policy, queued: Queued, victims: Sequence[Victim], moved: list[Running]) -> bool:
@@ -298,9 +315,12 @@ def choose_victims(
     running: Mapping[str, Victim],
     rank: Callable[[str], Any],
     more: Callable[[], Iterable[str]],
+    *,
+    lazy: bool = False,
 ) -> tuple[list[Victim], frozenset[str]] | None:
     """The victims to preempt so that ``request`` fits and the nodes it will take once they are gone, or
-    None when none are found."""
+    None when none are found. ``lazy``: ``rank`` has no effect that matters beyond its answer (it notes no
+    gang too young to go), so a node is left at the first gang it may not preempt that keeps it too full."""
     gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
     ranks: dict[str, Any] = {}
     unranked = object()
@@ -323,7 +343,22 @@ def choose_victims(
             continue
         if not node.fits_idle(gpus, mc, mem):
             continue
-        held = sorted((r, g) for g in node.held if (r := ranked(g)) is not None)
+        if lazy:
+            # the GPUs gangs it may not preempt can keep on the node, and it still fits
+            slack = len(node.free_gpus) - gpus + sum(len(h.gpu_ids) for h in node.held.values())
+            scored = []
+            for g, h in node.held.items():
+                if (r := ranked(g)) is not None:
+                    scored.append((r, g))
+                else:
+                    slack -= len(h.gpu_ids)
+                    if slack < 0:
+                        break
+            if slack < 0:
+                continue
+            held = sorted(scored)
+        else:
+            held = sorted((r, g) for g in node.held if (r := ranked(g)) is not None)
         free_gpus, free_mc, free_mem = len(node.free_gpus), node.free_mc, node.free_mem
         chosen: list[str] = []
         for r, gang_id in held:

@@ -94,6 +94,7 @@ class Tenancy:
         self.pool_used: dict[str, list[int]] = {}
         self.borrowers: set[str] = set()  # tenants above their nominal quota of some resource, kept by ``add``
         self.changes: dict[str, int] = {}  # per tenant, how many times its usage changed: a cache stamp
+        self.touched: set[str] = set()  # the tenants whose usage changed since the policy last looked
         #: ``blocked``'s answers, (tenant, demand, protected) -> (its pool's version then, answer): a pure
         #: function of the pool's usage, asked again for every waiting head at every event
         self._blocked: dict[tuple[str, Vec, bool], tuple[int, Blocked | None]] = {}
@@ -151,6 +152,7 @@ class Tenancy:
         """Count (``sign=1``) or uncount (``-1``) a gang's demand; ``protected``: a gang not preemptible."""
         t = self._get(tenant)
         self.changes[tenant] = self.changes.get(tenant, 0) + 1
+        self.touched.add(tenant)
         t.pool_version[0] += 1
         if protected:
             for r in range(3):
