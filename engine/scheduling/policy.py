@@ -330,13 +330,13 @@ class Policy:
             quick = quotas.get(gang_id)
             if (
                 quick is not None
-                and quick[1] == quick[0][0]  # its pool's usage as when its quota stopped it: stopped the same
                 and quick[2] == topology  # the same nodes: it fits them, as then
                 and queued.reason == quick[3]
                 and not queued.victims
                 and (blocker is None or (policy.backfill and queued.preemptible))
+                and (quick[1] == quick[0][0] or self._stopped_alike(queued, quick))
             ):
-                # the quota stops it as last time, and it would say the same: only the cheap effects of a
+                # its quota stops it as last time, and it would say the same: only the cheap effects of a
                 # look (``refused``, a victim search that fails fast or is put off) are left to do; the same
                 # tests as below, in the same order
                 vec = queued.vec
@@ -459,6 +459,15 @@ class Policy:
             nxt = self._head(heap)
             if nxt is not None:  # ranked again when it comes up, as the tenant's share moved
                 heapq.heappush(order, (False, key[0], 0.0, nxt.seq, -1, nxt.request.gang_id, tenant, key))
+
+    def _stopped_alike(self, queued: Queued, quick: tuple[list[int], int, int, str, bool, Blocked]) -> bool:
+        """Whether its pool's usage moved but its quota stops it as before (``blocked`` is pure), above nominal
+        (its reason names no reclaim): it says the same; then the cache says so for its pool's usage now."""
+        blocked = self.tenancy.blocked(queued.request.tenant, queued.vec, not queued.preemptible)
+        if blocked is None or blocked != quick[5] or blocked.within_nominal:
+            return False
+        self._quota_texts[queued.request.gang_id] = (quick[0], quick[0][0], *quick[2:])
+        return True
 
     def tiers(self, tenant: str, heads: list[Queued]) -> dict[int, tuple[bool, float]]:
         """Per priority value, how the tenant's heads rank against other tenants': (whether its next gang in
