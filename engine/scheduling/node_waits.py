@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.scheduling.events import Decision, GangRejected, NodeDrained, Preempted
+from engine.scheduling.model import GangRequest
 from engine.scheduling.reasons import (
     drained_wait_reason,
     draining_reason,
@@ -19,12 +20,34 @@ from engine.scheduling.reasons import (
     node_wait_expired_reason,
     node_wait_reason,
 )
-from engine.scheduling.state import Notice, Queued
+from engine.scheduling.state import Fit, Notice, Queued, Shape, shape_of
 
 if TYPE_CHECKING:
     from engine.scheduling.policy import Policy
 
-__all__ = ["drain", "drain_report", "revive_lost_waiters", "wait_for_drain", "wait_for_lost"]
+__all__ = ["drain", "drain_report", "fit", "revive_lost_waiters", "wait_for_drain", "wait_for_lost"]
+
+
+def fit(policy: Policy, request: GangRequest, shape: Shape | None = None) -> Fit:
+    """Whether the request fits the offered nodes when idle, else what it waits for (``Fit``), cached per
+    shape until the nodes change. Drained nodes are "not usable now but not gone": a gang that only
+    they could hold waits for an operator, however long, and never for a lost node's deadline."""
+    shape = shape or shape_of(request)
+    cached = policy._fits.get(shape)
+    if cached is None or cached[0] != policy.inventory.topology:
+        n = request.nnodes
+        offered, alive, undrained, every = policy.inventory.fit_counts(request)
+        fit: Fit
+        if offered >= n:
+            fit = "now"
+        elif every < n:
+            fit = "never"
+        elif undrained >= n and alive < n:
+            fit = "lost"  # lost nodes would do, and undraining would not be enough
+        else:
+            fit = "drained"
+        cached = policy._fits[shape] = (policy.inventory.topology, fit)
+    return cached[1]
 
 
 # -- lost nodes ------------------------------------------------------------------------------------------
@@ -39,7 +62,7 @@ def wait_for_lost(policy: Policy, heap: list[tuple[int, str]], decisions: list[D
         if queued is None or queued.seq != seq:
             continue
         request = queued.request
-        unregistered = policy._fit(request, queued.shape) == "never"
+        unregistered = fit(policy, request, queued.shape) == "never"
         if queued.lost_wait_since is None and timed:
             queued.lost_wait_since = policy._now
         policy._lost_waiters.add(gang_id)
@@ -58,7 +81,7 @@ def revive_lost_waiters(policy: Policy) -> None:
         queued = policy.pending.get(gang_id)
         if queued is None:
             policy._lost_waiters.discard(gang_id)
-        elif policy._fit(queued.request) in ("now", "drained"):  # no deadline while an operator decides
+        elif fit(policy, queued.request) in ("now", "drained"):  # no deadline while an operator decides
             queued.lost_wait_since = None
             policy._lost_waiters.discard(gang_id)
 

@@ -70,19 +70,20 @@ as the order is walked, and ``Pending`` for a gang whose reason changed (a new g
 
 **Where.** This module holds the state, the events and the admission cycle. The victim search is
 ``engine.scheduling.preemption``, the waits for lost and drained nodes ``engine.scheduling.node_waits``, the
-lenders waiting ``engine.scheduling.lenders``,
-the continue-as-new encoding ``engine.scheduling.snapshot``, the per-gang records they share
-``engine.scheduling.state``; they read and update the policy's state, which stays this class's.
+lenders waiting ``engine.scheduling.lenders``, the requests rejected at once and a new configuration
+``engine.scheduling.intake``, the continue-as-new encoding ``engine.scheduling.snapshot``, the per-gang
+records they share ``engine.scheduling.state``; they read and update the policy's state, which stays this class's.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable
 from typing import Any
 
 from engine.scheduling import describe as views
-from engine.scheduling import node_waits, preemption
+from engine.scheduling import intake, node_waits, preemption
 from engine.scheduling import snapshot as snapshots
 from engine.scheduling.config import DEFAULT_QUEUE_CONFIG, QueueConfig
 from engine.scheduling.counters import Counters
@@ -106,17 +107,13 @@ from engine.scheduling.model import DEFAULT_NODE_TTL_S, GangRequest, Placement
 from engine.scheduling.reasons import (
     behind_reason,
     capacity_reason,
-    class_not_allowed_reason,
     lender_waiting_reason,
-    malformed_reason,
-    max_pending_reason,
-    never_fits_reason,
     nominated_reason,
     queued_reason,
     quota_reason,
 )
 from engine.scheduling.state import Fit, Queued, QueueKey, Running, Shape, shape_of
-from engine.scheduling.tenancy import Tenancy, Vec, demand
+from engine.scheduling.tenancy import Blocked, Tenancy, Vec, demand
 
 __all__ = ["Policy"]
 
@@ -156,6 +153,13 @@ class Policy:
         self._topology_seen = 0
         self._texts: dict[tuple[Any, ...], str] = {}
         self._tier_cache: dict[str, tuple[Any, dict[int, tuple[bool, float]]]] = {}
+        # caches of pure functions of the state, keyed on what they read (a restored policy, with them empty,
+        # decides the same): per tenant its entries in the order (``_cycle``), and per gang its quota reason
+        self._touched: set[str] = set()  # the tenants whose pending gangs changed since the last cycle
+        self._entries: dict[str, list[Any]] = {}
+        self._entries_for: tuple[int, Tenancy | None] = (-1, None)  # the topology and ledger they were made with
+        self._quota_texts: dict[str, tuple[list[int], int, int, str, bool, Blocked]] = {}
+        self._admitted_latest: float | None = None  # see ``preemption._latest_admission``
         self._searches_left = 1
         self._pending_counts: dict[str, int] = {}  # tenant -> its gangs waiting (``max_pending``)
         self.lenders = Lenders()  # nothing borrows from a cohort while a lender waits there (module docstring)
@@ -183,7 +187,7 @@ class Policy:
         elif isinstance(event, GangReleased):
             self._release(event.gang_id)
         elif isinstance(event, ConfigApplied):
-            self._apply(event.config, decisions)
+            intake.reconfigure(self, event.config, decisions)
         if now is not None and self.inventory.expire(now):
             changed = True
         if changed:
@@ -199,7 +203,7 @@ class Policy:
         return decisions
 
     def _submit(self, request: GangRequest, decisions: list[Decision]) -> bool:
-        refusal = self._refusal(request, arriving=True)
+        refusal = intake.refusal(self, request, arriving=True)
         if refusal is not None:
             decisions.append(GangRejected(gang_id=request.gang_id, reason=refusal))
             return False
@@ -216,40 +220,9 @@ class Policy:
         self.pending[queued.request.gang_id] = queued
         tenant = queued.request.tenant
         self._pending_counts[tenant] = self._pending_counts.get(tenant, 0) + 1
+        self._touched.add(tenant)
         heap = self._queues.setdefault(queued.request.tenant, {}).setdefault(queued.key, [])
         heapq.heappush(heap, (queued.seq, queued.request.gang_id))
-
-    def _refusal(self, request: GangRequest, *, arriving: bool) -> str | None:
-        """Why the request is rejected at once, or None. ``arriving``: a new submission (not a queued gang
-        looked at again under a new configuration), which ``max_pending`` counts unless it comes back from
-        a preemption."""
-        malformed = malformed_reason(request)
-        if malformed is not None:
-            return malformed
-        gang_id = request.gang_id
-        if gang_id in self.running:
-            return f"rejected: gang id {gang_id!r} is already running; release it before submitting it again"
-        if gang_id in self.pending:
-            return f"rejected: gang id {gang_id!r} is already queued"
-        if not self.config.tenant(request.tenant):
-            known = ", ".join(t.name for t in self.config.tenants)
-            return f"rejected: unknown tenant {request.tenant!r} (tenants: {known})"
-        try:
-            cls = self.config.priority(request.priority)
-        except KeyError as exc:
-            return f"rejected: {exc.args[0]}"
-        if not self.config.allows(request.tenant, request.priority):
-            return class_not_allowed_reason(request, self.config.tenant(request.tenant))
-        cap = self.config.max_pending(request.tenant)
-        if arriving and gang_id not in self._requeue and self._pending_counts.get(request.tenant, 0) >= cap:
-            return max_pending_reason(request, cap, self.config.tenant(request.tenant))
-        if self._fit(request) == "never" and not self.wait_for_nodes:
-            return never_fits_reason(request, self.inventory, count_lost=True)
-        vec = demand(request)
-        blocked = self.tenancy.blocked(request.tenant, vec, not (cls.preemptible and request.preemptible))
-        if blocked is not None and blocked.kind in ("never", "never_protected"):
-            return quota_reason(request.tenant, blocked, None, request, False)
-        return None
 
     def _release(self, gang_id: str) -> None:
         running = self.running.pop(gang_id, None)
@@ -273,41 +246,6 @@ class Policy:
             self._requeue.pop(gang_id, None)
             self._evicted_for.pop(gang_id, None)
 
-    def _apply(self, config: QueueConfig, decisions: list[Decision]) -> None:
-        """A new configuration: rebuild the tenant ledger from the running gangs; pending gangs whose tenant
-        or priority class is gone are rejected, the others are re-ranked under the new classes."""
-        self.config = config
-        self.tenancy = Tenancy(config)
-        self._tier_cache.clear()
-        self._prio_counts.clear()
-        for running in self.running.values():
-            try:  # a class made non-preemptible protects its running gangs too; a class gone keeps the old
-                cls = config.priority(running.request.priority)
-                running.prio, running.preemptible = cls.value, cls.preemptible and running.request.preemptible
-            except KeyError:
-                pass
-            self.tenancy.add(running.request.tenant, running.vec, protected=not running.preemptible)
-            self._count_prio(running, 1)
-        old = sorted(self.pending.values(), key=lambda q: q.seq)
-        self.pending, self._queues = {}, {}
-        self._pending_counts.clear()
-        self.lenders.clear()
-        self._lost_waiters.clear()
-        self._reserved.clear()
-        self._retry.clear()
-        self._pversion += 1
-        for queued in old:
-            request = queued.request
-            refusal = self._refusal(request, arriving=False)
-            if refusal is not None:
-                decisions.append(GangRejected(gang_id=request.gang_id, reason=refusal))
-                continue
-            cls = config.priority(request.priority)
-            queued.prio, queued.preemptible = cls.value, cls.preemptible and request.preemptible
-            queued.victims.clear()
-            queued.failed_search = None
-            self._enqueue(queued)
-
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
@@ -322,33 +260,25 @@ class Policy:
             heapq.heappop(heap)  # withdrawn, admitted or re-queued: a stale entry
         return None
 
-    def _fit(self, request: GangRequest, shape: Shape | None = None) -> Fit:
-        """Whether the request fits the offered nodes when idle, else what it waits for (``Fit``), cached per
-        shape until the nodes change. Drained nodes are "not usable now but not gone": a gang that only
-        they could hold waits for an operator, however long, and never for a lost node's deadline."""
-        shape = shape or shape_of(request)
-        cached = self._fits.get(shape)
-        if cached is None or cached[0] != self.inventory.topology:
-            n = request.nnodes
-            offered, alive, undrained, every = self.inventory.fit_counts(request)
-            fit: Fit
-            if offered >= n:
-                fit = "now"
-            elif every < n:
-                fit = "never"
-            elif undrained >= n and alive < n:
-                fit = "lost"  # lost nodes would do, and undraining would not be enough
-            else:
-                fit = "drained"
-            cached = self._fits[shape] = (self.inventory.topology, fit)
-        return cached[1]
-
     def _cycle(self, decisions: list[Decision], *, timed: bool, searches: int) -> None:
         node_waits.revive_lost_waiters(self)
         if not self.pending:
             return
-        order: list[tuple[bool, int, float, int, int, str, str, QueueKey]] = []
-        for tenant, queues in self._queues.items():
+        # a tenant's entries in the order change with its pending gangs, its usage and the capacity only: most
+        # events touch one tenant, and the others' entries are the same as at the last event
+        tenancy, made_for = self.tenancy, (self.inventory.topology, self.tenancy)
+        if self._entries_for != made_for:
+            self._entries.clear()
+            self._entries_for = made_for
+            touched = set(self._queues)
+        else:
+            touched = self._touched | tenancy.touched
+        self._touched.clear()
+        tenancy.touched.clear()
+        for tenant in touched:
+            queues = self._queues.get(tenant)
+            if queues is None:
+                continue
             heads = []
             for key, heap in list(queues.items()):
                 head = self._head(heap)
@@ -357,9 +287,12 @@ class Policy:
                 else:
                     heads.append((key, head))
             tiers = self.tiers(tenant, [h for _, h in heads])
+            entries = []
             for key, head in heads:
                 borrows, share = tiers[key[0]]
-                order.append((borrows, key[0], share, head.seq, 0, head.request.gang_id, tenant, key))
+                entries.append((borrows, key[0], share, head.seq, 0, head.request.gang_id, tenant, key))
+            self._entries[tenant] = entries
+        order: list[Any] = list(itertools.chain.from_iterable(self._entries.values()))
         heapq.heapify(order)
         if self.inventory.topology != self._topology_seen:
             self._topology_seen = self.inventory.topology
@@ -387,6 +320,7 @@ class Policy:
         failed_shapes: set[Shape] = set()
         reserved = frozenset().union(*self._reserved.values()) if self._reserved else frozenset()
         held: frozenset[str] = frozenset()  # the nodes of the gangs that hold what their victims free
+        pending, quotas, topology, now = self.pending, self._quota_texts, self.inventory.topology, self._now
         while order:
             entry = heapq.heappop(order)
             _, _, _, seq, version, gang_id, tenant, key = entry
@@ -395,10 +329,43 @@ class Policy:
                 borrows, share = self.tiers(tenant, current)[key[0]]
                 heapq.heappush(order, (borrows, key[0], share, seq, changed[tenant], gang_id, tenant, key))
                 continue
-            queued = self.pending[gang_id]
+            queued = pending[gang_id]
+            quick = quotas.get(gang_id)
+            if (
+                quick is not None
+                and quick[2] == topology  # the same nodes: it fits them, as then
+                and queued.reason == quick[3]
+                and not queued.victims
+                and (blocker is None or (policy.backfill and queued.preemptible))
+                and (quick[1] == quick[0][0] or self._stopped_alike(queued, quick))
+            ):
+                # its quota stops it as last time, and it would say the same: only the cheap effects of a
+                # look (``refused``, a victim search that fails fast or is put off) are left to do; the same
+                # tests as below, in the same order
+                vec = queued.vec
+                if (
+                    blocker is not None
+                    and not self._searches_left
+                    and (queued.shape in failed_shapes or self.inventory.free_gpus < vec[0])
+                ):
+                    continue
+                refusals = refused.get(tenant)
+                if quick[4] or (
+                    refusals and any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refusals)
+                ):
+                    continue  # stopped as a protected gang (it searches no victims), or a smaller gang was refused
+                failed = queued.failed_search
+                if failed is not None and failed[0] == self._pversion and now < failed[1]:
+                    refused.setdefault(tenant, []).append(vec)
+                    continue
+                if self._searches_left <= 0:
+                    refused.setdefault(tenant, []).append(vec)
+                    self._retry[gang_id] = now + preemption.SEARCH_PUT_OFF_S
+                    continue
             request = queued.request
             heap = self._queues[tenant][key]
-            fit = self._fit(request, queued.shape)
+            cached = self._fits.get(queued.shape)  # ``node_waits.fit``'s answer, read as it keeps it
+            fit = cached[1] if cached and cached[0] == topology else node_waits.fit(self, request, queued.shape)
             if fit != "now":  # it waits for nodes, not for what its tenant lent: no longer a lender waiting
                 self.lenders.forget(self.tenancy.root(tenant), request.gang_id)
             if fit == "drained":
@@ -449,10 +416,19 @@ class Policy:
                     self._say(queued, nominated_reason(request, sorted(queued.victims), queued.cause), decisions)
                     held = preemption.hold(self, queued, holds, held)
                 else:
-                    reclaim = blocked.within_nominal and preemption.reclaimable(self, queued)
-                    cohort = self.tenancy.root(tenant)
-                    tkey = ("quota", tenant, blocked, queued.shape, reclaim)
-                    text = self._text(tkey, quota_reason, tenant, blocked, cohort, request, reclaim)
+                    # what it reads moves with its pool's usage (``_prio_counts`` with its tenants' usage), and
+                    # beyond nominal (no reclaim) the same stop says the same
+                    counter = self.tenancy.pool_counter(tenant)
+                    if quick is not None and (
+                        quick[1] == counter[0] or (blocked == quick[5] and not blocked.within_nominal)
+                    ):
+                        text = quick[3]
+                    else:
+                        reclaim = blocked.within_nominal and preemption.reclaimable(self, queued)
+                        tkey = ("quota", tenant, blocked, queued.shape, reclaim)
+                        text = self._text(tkey, quota_reason, tenant, blocked, root, request, reclaim)
+                    protected = blocked.kind == "protected"
+                    self._quota_texts[gang_id] = (counter, counter[0], topology, text, protected, blocked)
                     self._say(queued, text, decisions)
                 continue
             shape = queued.shape
@@ -486,6 +462,15 @@ class Policy:
             nxt = self._head(heap)
             if nxt is not None:  # ranked again when it comes up, as the tenant's share moved
                 heapq.heappush(order, (False, key[0], 0.0, nxt.seq, -1, nxt.request.gang_id, tenant, key))
+
+    def _stopped_alike(self, queued: Queued, quick: tuple[list[int], int, int, str, bool, Blocked]) -> bool:
+        """Whether its pool's usage moved but its quota stops it as before (``blocked`` is pure), above nominal
+        (its reason names no reclaim): it says the same; then the cache says so for its pool's usage now."""
+        blocked = self.tenancy.blocked(queued.request.tenant, queued.vec, not queued.preemptible)
+        if blocked is None or blocked != quick[5] or blocked.within_nominal:
+            return False
+        self._quota_texts[queued.request.gang_id] = (quick[0], quick[0][0], *quick[2:])
+        return True
 
     def tiers(self, tenant: str, heads: list[Queued]) -> dict[int, tuple[bool, float]]:
         """Per priority value, how the tenant's heads rank against other tenants': (whether its next gang in
@@ -549,6 +534,8 @@ class Policy:
         self._count_prio(running, 1)
         if backfill:
             self._backfill_seq = running.admit_seq
+        if self._admitted_latest is not None:
+            self._admitted_latest = max(self._admitted_latest, running.admitted_at)
         self._forget(gang_id)
         decisions.append(Admitted(placement=placement))
 
@@ -563,6 +550,8 @@ class Policy:
         if queued is not None:
             tenant = queued.request.tenant
             self._pending_counts[tenant] -= 1
+            self._touched.add(tenant)
+            self._quota_texts.pop(gang_id, None)
             self.lenders.forget(self.tenancy.root(tenant), gang_id)
         self._reserved.pop(gang_id, None)
         self._lost_waiters.discard(gang_id)

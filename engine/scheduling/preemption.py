@@ -76,7 +76,16 @@ def preempt_for(
         return False
     policy._searches_left -= 1
     rank, more, routes, young = _ranking(policy, queued, timed=timed, defrag=defrag)
-    chosen = choose_victims(policy.inventory, policy.tenancy, queued.request, queued.vec, policy.running, rank, more)
+    chosen = choose_victims(
+        policy.inventory,
+        policy.tenancy,
+        queued.request,
+        queued.vec,
+        policy.running,
+        rank,
+        more,
+        lazy=not timed or (policy.config.policy.min_runtime <= 0 and _latest_admission(policy) <= policy._now),
+    )
     victims, nodes = chosen if chosen is not None else ([], frozenset[str]())
     comes_of_age = min(young, default=float("inf"))
     moved = [policy.running[v.request.gang_id] for v in victims if routes[v.request.gang_id] == "defrag"]
@@ -126,6 +135,14 @@ def preempt_for(
     return True
 
 
+def _latest_admission(policy: Policy) -> float:
+    """No running gang was admitted later than this (the latest admission since it was worked out from the
+    running gangs, a restored policy's included): with no minimum runtime, no gang is too young to go."""
+    if policy._admitted_latest is None:
+        policy._admitted_latest = max((r.admitted_at for r in policy.running.values()), default=float("-inf"))
+    return policy._admitted_latest
+
+
 def _can_move(policy: Policy, queued: Queued, victims: Sequence[Victim], moved: list[Running]) -> bool:
     """Whether, with ``victims`` gone and ``queued`` placed, every gang ``moved`` for defragmentation fits
     the idle capacity left at once (else moving it would only trade one waiting gang for another)."""
@@ -164,11 +181,13 @@ def _ranking(
     tenant, root = request.tenant, policy.tenancy.root(request.tenant)
     counts = policy._prio_counts.get(tenant, {})
     lower = knobs.within_tenant == "lower_priority" and any(n for p, n in counts.items() if p < queued.prio)
-    borrowers = {
-        t.name
-        for t in policy.config.tenants
-        if t.name != tenant and policy.tenancy.root(t.name) == root and policy.tenancy.borrowing(t.name)
-    }
+    # the other tenants of its cohort that borrow (the configured ones without a cohort, when it has none)
+    members = (
+        policy.tenancy.members.get(root, [])
+        if root is not None
+        else [t.name for t in policy.config.tenants if policy.tenancy.root(t.name) is None]
+    )
+    borrowers = {name for name in members if name != tenant and policy.tenancy.borrowing(name)}
     reclaim = (
         bool(borrowers)
         and knobs.reclaim_within_cohort != "never"
@@ -181,27 +200,31 @@ def _ranking(
     routes: dict[str, Cause] = {}
     comes_of_age: list[float] = []
 
+    # read once: a search ranks every gang on the nodes it looks at
+    running, prio, seq, gpus, now = policy.running, queued.prio, queued.seq, queued.vec[0], policy._now
+    any_prio, min_runtime = knobs.reclaim_within_cohort == "any", knobs.min_runtime
+
     def route(r: Running) -> Cause | None:
         other = r.request.tenant
-        if reclaim and other in borrowers and (knobs.reclaim_within_cohort == "any" or r.prio < queued.prio):
+        if reclaim and other in borrowers and (any_prio or r.prio < prio):
             return "reclaim"
-        if lower and other == tenant and r.prio < queued.prio:
+        if lower and other == tenant and r.prio < prio:
             return "priority"
-        if backfilled and r.backfill and r.admit_seq > queued.seq and r.prio <= queued.prio:
+        if backfilled and r.backfill and r.admit_seq > seq and r.prio <= prio:
             return "backfill"
-        if defrag and r.prio <= queued.prio and r.vec[0] < queued.vec[0]:
+        if defrag and r.prio <= prio and r.vec[0] < gpus:
             return "defrag"
         return None
 
     def rank(gang_id: str) -> tuple[bool, int, int] | None:
-        r = policy.running[gang_id]
+        r = running[gang_id]
         if not r.preemptible or r.preemption is not None or gang_id in forbidden:
             return None
         cause = route(r)
         if cause is None:
             return None
-        of_age = r.admitted_at + knobs.min_runtime  # the same sum as the deadline it gives
-        if timed and of_age > policy._now:
+        of_age = r.admitted_at + min_runtime  # the same sum as the deadline it gives
+        if timed and of_age > now:
             comes_of_age.append(of_age)
             return None
         routes[gang_id] = cause
@@ -230,9 +253,9 @@ def reclaimable(policy: Policy, queued: Queued) -> bool:
         return False
     return any(
         n and (rule == "any" or prio < queued.prio)
-        for name, counts in policy._prio_counts.items()
-        if name != tenant and policy.tenancy.root(name) == root and policy.tenancy.borrowing(name)
-        for prio, n in counts.items()
+        for name in policy.tenancy.members.get(root, [])
+        if name != tenant and policy.tenancy.borrowing(name)
+        for prio, n in policy._prio_counts.get(name, {}).items()
     )
 
 
@@ -292,16 +315,21 @@ def choose_victims(
     running: Mapping[str, Victim],
     rank: Callable[[str], Any],
     more: Callable[[], Iterable[str]],
+    *,
+    lazy: bool = False,
 ) -> tuple[list[Victim], frozenset[str]] | None:
     """The victims to preempt so that ``request`` fits and the nodes it will take once they are gone, or
-    None when none are found."""
+    None when none are found. ``lazy``: ``rank`` has no effect that matters beyond its answer (it notes no
+    gang too young to go), so a node is left at the first gang it may not preempt that keeps it too full."""
     gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
     ranks: dict[str, Any] = {}
+    unranked = object()
 
     def ranked(gang_id: str) -> Any:
-        if gang_id not in ranks:
-            ranks[gang_id] = rank(gang_id)
-        return ranks[gang_id]
+        r = ranks.get(gang_id, unranked)
+        if r is unranked:
+            r = ranks[gang_id] = rank(gang_id)
+        return r
 
     options: list[tuple[int, Any, str, list[str]]] = []  # (victims, worst victim's rank, node id, victims)
     budget = request.nnodes + NODES_LOOKED_AT
@@ -315,7 +343,22 @@ def choose_victims(
             continue
         if not node.fits_idle(gpus, mc, mem):
             continue
-        held = sorted((r, g) for g in node.held if (r := ranked(g)) is not None)
+        if lazy:
+            # the GPUs gangs it may not preempt can keep on the node, and it still fits
+            slack = len(node.free_gpus) - gpus + sum(len(h.gpu_ids) for h in node.held.values())
+            scored = []
+            for g, h in node.held.items():
+                if (r := ranked(g)) is not None:
+                    scored.append((r, g))
+                else:
+                    slack -= len(h.gpu_ids)
+                    if slack < 0:
+                        break
+            if slack < 0:
+                continue
+            held = sorted(scored)
+        else:
+            held = sorted((r, g) for g in node.held if (r := ranked(g)) is not None)
         free_gpus, free_mc, free_mem = len(node.free_gpus), node.free_mc, node.free_mem
         chosen: list[str] = []
         for r, gang_id in held:

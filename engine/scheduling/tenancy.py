@@ -79,6 +79,9 @@ class _Tenant:
     used: list[int]
     ceilings: tuple[float, float, float] = (_INF, _INF, _INF)  # see ``ceiling``: fixed per configuration
     protected: list[int] = field(default_factory=lambda: [0, 0, 0])  # what its gangs not preemptible use
+    #: how many times the usage of its pool (its root cohort's tenants, or itself alone without one) changed,
+    #: shared by the pool's tenants: what ``blocked`` reads cannot have moved while it stays the same
+    pool_version: list[int] = field(default_factory=lambda: [0])
 
 
 class Tenancy:
@@ -91,6 +94,13 @@ class Tenancy:
         self.pool_used: dict[str, list[int]] = {}
         self.borrowers: set[str] = set()  # tenants above their nominal quota of some resource, kept by ``add``
         self.changes: dict[str, int] = {}  # per tenant, how many times its usage changed: a cache stamp
+        self.touched: set[str] = set()  # the tenants whose usage changed since the policy last looked
+        #: ``blocked``'s answers, (tenant, demand, protected) -> (its pool's version then, answer): a pure
+        #: function of the pool's usage, asked again for every waiting head at every event
+        self._blocked: dict[tuple[str, Vec, bool], tuple[int, Blocked | None]] = {}
+        versions: dict[str, list[int]] = {}
+        #: per root cohort, its tenants in the configuration's order
+        self.members: dict[str, list[str]] = {}
         for t in config.tenants:
             nominal = _amounts(t.quota)
             lending = _amounts(t.lending_limit)
@@ -108,8 +118,10 @@ class Tenancy:
                 weight=t.weight,
                 root=root,
                 used=[0, 0, 0],
+                pool_version=[0] if root is None else versions.setdefault(root, [0]),
             )
             if root is not None:
+                self.members.setdefault(root, []).append(t.name)
                 total = self.pool_total.setdefault(root, [0, 0, 0])
                 self.pool_used.setdefault(root, [0, 0, 0])
                 for r in range(3):
@@ -140,6 +152,8 @@ class Tenancy:
         """Count (``sign=1``) or uncount (``-1``) a gang's demand; ``protected``: a gang not preemptible."""
         t = self._get(tenant)
         self.changes[tenant] = self.changes.get(tenant, 0) + 1
+        self.touched.add(tenant)
+        t.pool_version[0] += 1
         if protected:
             for r in range(3):
                 t.protected[r] += sign * vec[r]
@@ -158,6 +172,22 @@ class Tenancy:
         """None when ``tenant`` may take ``vec`` now, else the first resource that stops it. A ``protected``
         gang (not preemptible) must also keep the tenant's protected gangs within its nominal quota."""
         t = self._get(tenant)
+        key = (tenant, vec, protected)
+        cached = self._blocked.get(key)
+        if cached is not None and cached[0] == t.pool_version[0]:
+            return cached[1]
+        if len(self._blocked) > 10_000:
+            self._blocked.clear()
+        answer = self._blocked_now(t, vec, protected)
+        self._blocked[key] = (t.pool_version[0], answer)
+        return answer
+
+    def pool_counter(self, tenant: str) -> list[int]:
+        """The counter of the tenant's pool's usage changes (see ``_Tenant.pool_version``), itself: a cache
+        keeps it with the count it read, and compares them later without asking again."""
+        return self._get(tenant).pool_version
+
+    def _blocked_now(self, t: _Tenant, vec: Vec, protected: bool) -> Blocked | None:
         for r in range(3):  # "never" first: such a gang is rejected, whatever else stops it now
             nominal = t.nominal[r]
             if nominal is not None and vec[r] > t.ceilings[r]:
@@ -183,7 +213,8 @@ class Tenancy:
             if not within and limit is not None and after - nominal > limit:
                 return Blocked("borrowing_limit", r, nominal, limit, 0, False)
             total, used = self.pool_total[t.root][r], self.pool_used[t.root][r]
-            draw_before, draw_after = self._draw(t, r, t.used[r]), self._draw(t, r, after)
+            guaranteed = t.guaranteed[r]  # ``_draw``, inlined (the nominal quota is set): asked at every event
+            draw_before, draw_after = max(0, t.used[r] - guaranteed), max(0, after - guaranteed)
             if used - draw_before + draw_after > total:
                 idle = max(0, t.guaranteed[r] - t.used[r]) + max(0, total - used)
                 return Blocked("cohort", r, nominal, limit, idle, within)
