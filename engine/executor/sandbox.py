@@ -11,7 +11,7 @@ unprivileged user:
   The leaf's ``oom_kill`` counter tells that kill from any other SIGKILL: the attempt then fails as a user
   error naming the limit.
 - **CPU**: a CFS quota and a share from the gang's CPUs on the node. The levels above weigh what they hold
-  (:func:`weigh_node`, as the kubelet weighs ``kubepods``): ``gangflow/<node>`` the CPUs the agent offers,
+  (:func:`engine.executor.cgroups.weigh_node`, as the kubelet weighs ``kubepods``): ``gangflow/<node>`` the CPUs the agent offers,
   ``gangflow`` the sum of its nodes'. With the default share (one process's) there, every rank on the machine
   together would get one busy process's share of the CPU against the processes outside gangflow: on a loaded
   machine a restarted gang's ranks then start many times slower than the same ranks unsandboxed.
@@ -60,47 +60,23 @@ from pathlib import Path
 from engine.artifacts.store import OUTBOX_ENV, cache_dir
 from engine.core.protocol import hashed_user
 
-# the cgroup v1 / v2 files and device rules live in engine.executor.cgroups; named here too (and in __all__) so
-# that the sandbox stays one import for the node agent, the tests and the benchmarks
-from engine.executor.cgroups import (
-    CGROUP_ROOT_ENV,
-    GPU_DEVICES_ENV,
-    CgroupDriver,
-    CgroupV1,
-    CgroupV2,
-    DeviceRule,
-    DeviceRules,
-    Limits,
-    device_rules,
-    gpu_devices,
-    weigh_node,
-)
+# the cgroup v1 / v2 files and device rules live in engine.executor.cgroups (import them from there)
+from engine.executor.cgroups import CGROUP_ROOT_ENV, CgroupDriver, CgroupV1, CgroupV2, DeviceRules, Limits
 from engine.executor.namespace import MountPlan, isolate, plan_mounts, scaffold
 
 __all__ = [
     "CGROUPS_ONLY",
-    "CGROUP_ROOT_ENV",
-    "GPU_DEVICES_ENV",
     "PIDS_PER_PROCESS",
     "SANDBOX_ENV",
     "UID_BASE",
     "UID_SPAN",
-    "CgroupDriver",
-    "CgroupV1",
-    "CgroupV2",
-    "DeviceRule",
-    "DeviceRules",
     "GangSandbox",
-    "Limits",
     "SandboxUser",
     "detect",
-    "device_rules",
     "enter",
     "gang_user",
-    "gpu_devices",
     "memory_text",
     "unreachable",
-    "weigh_node",
 ]
 
 log = logging.getLogger("gangflow.sandbox")

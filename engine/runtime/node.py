@@ -72,23 +72,13 @@ from engine.core.secrets import VALUES_ENV, SecretError
 from engine.core.wire import Envelope
 from engine.errors import InputUnavailableError
 from engine.executor.body import deliver_code
+from engine.executor.cgroups import CgroupDriver, device_rules, gpu_devices, weigh_node
 from engine.executor.launcher import NodeGang, RankFailure
 from engine.executor.namespace import supported as namespace_supported
 from engine.executor.plan import DeliveredNotice, LauncherRelay, LaunchRefused, NodePlan, safe_name
 from engine.executor.ports import free_port
 from engine.executor.rankfiles import read_rank_file
-from engine.executor.sandbox import (
-    CGROUPS_ONLY,
-    SANDBOX_ENV,
-    CgroupDriver,
-    GangSandbox,
-    detect,
-    device_rules,
-    gang_user,
-    gpu_devices,
-    unreachable,
-    weigh_node,
-)
+from engine.executor.sandbox import CGROUPS_ONLY, SANDBOX_ENV, GangSandbox, detect, gang_user, unreachable
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
 from engine.runtime.connection import CREDENTIAL_ENV

@@ -82,7 +82,8 @@ MICRO_CGROUP = "gangflow/bench-sandbox"
 
 
 def _sandbox(name: str, full: bool) -> Any:
-    from engine.executor.sandbox import GangSandbox, detect, device_rules, gang_user
+    from engine.executor.cgroups import device_rules
+    from engine.executor.sandbox import GangSandbox, detect, gang_user
 
     driver = detect()
     if driver is None:

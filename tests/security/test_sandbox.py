@@ -34,19 +34,10 @@ from typing import Any
 import pytest
 from conftest import Stack, gangflow_cli, stack_fixture
 
+from engine.executor.cgroups import CgroupV1, Limits, device_rules
 from engine.executor.namespace import plan_mounts
 from engine.executor.process import spawn
-from engine.executor.sandbox import (
-    PIDS_PER_PROCESS,
-    UID_BASE,
-    CgroupV1,
-    GangSandbox,
-    Limits,
-    detect,
-    device_rules,
-    enter,
-    gang_user,
-)
+from engine.executor.sandbox import PIDS_PER_PROCESS, UID_BASE, GangSandbox, detect, enter, gang_user
 
 CGROUP = Path("/sys/fs/cgroup")
 pytestmark = [

@@ -288,11 +288,3 @@ def test_a_ranks_outbox_is_published_only_where_each_file_has_the_sha256_it_is_n
     assert Path(uri).read_bytes() == b"rank 0's output"
     assert not Path(store.object_uri(forged)).exists()
     assert not Path(store.object_uri(hashlib.sha256(b"the agent's own file").hexdigest())).exists()
-
-
-def test_the_sandbox_still_names_the_cgroup_drivers_it_uses() -> None:
-    """The cgroup files moved to engine.executor.cgroups; code importing them from the sandbox keeps working."""
-    from engine.executor import cgroups, sandbox
-
-    for name in cgroups.__all__:
-        assert name in sandbox.__all__ and getattr(sandbox, name) is getattr(cgroups, name)
