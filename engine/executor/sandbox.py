@@ -11,10 +11,11 @@ unprivileged user:
   The leaf's ``oom_kill`` counter tells that kill from any other SIGKILL: the attempt then fails as a user
   error naming the limit.
 - **CPU**: a CFS quota and a share from the gang's CPUs on the node. The levels above weigh what they hold
-  (:func:`engine.executor.cgroups.weigh_node`, as the kubelet weighs ``kubepods``): ``gangflow/<node>`` the CPUs the agent offers,
-  ``gangflow`` the sum of its nodes'. With the default share (one process's) there, every rank on the machine
-  together would get one busy process's share of the CPU against the processes outside gangflow: on a loaded
-  machine a restarted gang's ranks then start many times slower than the same ranks unsandboxed.
+  (``engine.executor.cgroups.weigh_node``, as the kubelet weighs ``kubepods``): ``gangflow/<node>`` the CPUs
+  the agent offers, ``gangflow`` the sum of its nodes' (at most the machine's cores). With the default share
+  (one process's) there, every rank on the machine together would get one busy process's share of the CPU
+  against the processes outside gangflow: on a loaded machine a restarted gang's ranks then start many times
+  slower than the same ranks unsandboxed.
 - **pids**: ``pids.max`` per gang (a fork bomb stops there).
 - **devices**: the gang's GPUs only. Every GPU device node of the node that is not the gang's is denied (v1's
   devices controller; on v2 the same :class:`DeviceRules` is recorded for an eBPF program, not attached: see
