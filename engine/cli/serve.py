@@ -119,11 +119,7 @@ async def _metrics(args: argparse.Namespace, host: str, sdk_port: int | None) ->
     if args.metrics_port is None:
         yield []
         return
-    try:
-        endpoint = MetricsEndpoint(args.metrics_port, host, sdk_port)
-    except OSError as exc:
-        why = exc.strerror or str(exc)
-        raise CliError(f"--metrics-port {args.metrics_port}: cannot listen on {host}: {why}", EXIT_BAD_INPUT) from None
+    endpoint = MetricsEndpoint(args.metrics_port, host, sdk_port)  # the port was checked free (_metrics_sdk)
     console.print(f"metrics on http://{host}:{endpoint.port}/metrics")
     try:
         yield endpoint.sources
