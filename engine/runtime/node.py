@@ -50,6 +50,8 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, Te
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
+import engine
+import plugins
 from engine.artifacts.loader import LOADER
 from engine.artifacts.store import cache_dir
 from engine.core.definitions import TaskDefinition
@@ -350,7 +352,11 @@ class NodeActivities:
             return None
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p]
         python = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))]
-        reads: list[str] = [*python, *paths, str(store.cache_path("bundles", "0" * 64).parent.parent)]
+        # gangflow's own packages, where this agent imports them from: an editable install's source tree may lie
+        # below /tmp (a clone there), hidden by the rank's private /tmp, and a standby imports most of them only
+        # once it is in the sandbox (`make demo` from a clone in /tmp: "No module named 'plugins'")
+        own = [os.path.dirname(str(m.__file__)) for m in (engine, plugins)]
+        reads: list[str] = [*python, *paths, str(store.cache_path("bundles", "0" * 64).parent.parent), *own]
         if folder is not None:
             reads.append(str(folder))
         devices = gpu_devices(self.config.gpus)
