@@ -14,7 +14,8 @@ and ``step``; ``engine.checkpoint.save``: the last checkpoint's ``ckpt_time`` an
   (since its first step when it saved none), thrown away by a failure, a preemption or a drain;
 * ``hang`` — a hung rank's attempt, from the last report to the end (when the hang was detected);
 * ``idle`` — allocated with no step to show: after the last report of an attempt that completed or was
-  cancelled (the ranks exiting, the placement being released);
+  cancelled (the ranks exiting, the placement being released), or the whole of one whose ranks never reported
+  (``reported`` False: its goodput cannot be told);
 * ``productive`` — the rest: steps that counted.
 
 The parts add up to the whole (each is clamped to what is left of it). Queueing is not GPU time: a gang task's
@@ -77,8 +78,8 @@ def attempt_ledger(attempt: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]
 
     kind, reason = attempt.get("kind"), str(attempt.get("reason") or attempt.get("ended") or "")
     lost = _lost_cause(kind, reason)
-    if not firsts:  # not one step: the whole attempt was launching (or hung before its first step)
-        take("hang" if "(hung)" in reason else lost or "launch", total)
+    if not firsts:  # not one step: launching until it failed or hung, or (it ended well) ranks that never report
+        take("hang" if "(hung)" in reason else lost or "idle", total)
     else:
         first, last = min(firsts), max(lasts or firsts)
         resumed = bool(first_steps) and min(first_steps) > 1 and bool(started)
@@ -106,6 +107,7 @@ def attempt_ledger(attempt: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]
         "productive_gpu_s": round(left * scale, 3),
         "badput": {cause: round(seconds * scale, 3) for cause, seconds in parts.items()},
         "goodput": round(left / total, 4) if total > 0 else None,
+        "reported": bool(firsts),  # False: its ranks never called engine.report, so no step could count
     }
 
 
@@ -125,6 +127,7 @@ def add_ledgers(ledgers: Iterable[Mapping[str, Any] | None]) -> dict[str, Any] |
         "allocated_gpu_s": round(allocated, 3),
         "productive_gpu_s": round(productive, 3),
         "badput": badput,
+        "reported": any(x.get("reported", True) for x in known),
         # by GPU-seconds where there are GPUs, by seconds for CPU-only gangs
         "goodput": round(productive / allocated, 4)
         if allocated > 0
@@ -147,6 +150,8 @@ _WORDS = {
 def goodput_line(ledger: Mapping[str, Any]) -> str:
     """``goodput 94 %: 3 % launch, 2 % lost to failures, 1 % checkpoints`` (causes of 0.5 % or more)."""
     goodput = ledger.get("goodput")
+    if not ledger.get("reported", True):
+        return "goodput unknown: the ranks reported no step (engine.report(step=...) counts them)"
     if goodput is None:
         return "goodput unknown"
     allocated = float(ledger.get("allocated_gpu_s") or 0.0)

@@ -60,6 +60,9 @@ def test_a_hung_rank_is_hang_until_detected_and_lost_since_the_checkpoint_before
 def test_an_attempt_with_no_step_and_a_running_one() -> None:
     never = attempt_ledger(attempt("system", 100, 130, "node n1 lost"), [node(2, 101)])
     assert never is not None and parts(never) == {"lost_failure": 60.0} and never["goodput"] == 0
+    silent = attempt_ledger(attempt("completed", 100, 130), [node(2, 101)])  # ranks that never call report
+    assert silent is not None and parts(silent) == {"idle": 60.0} and silent["reported"] is False
+    assert goodput_line(silent).startswith("goodput unknown: the ranks reported no step")
     assert attempt_ledger(attempt("running", 100, None), [node(2, 101, since=102, time=110)]) is None
     assert attempt_ledger({"kind": "completed"}, []) is None  # times unknown (an agent from before them)
 
