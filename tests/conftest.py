@@ -114,6 +114,26 @@ async def make_client(server: DevServer, artifacts: str, queue: str = "gangflow"
     return client
 
 
+# -- where the suite's time goes ---------------------------------------------------------------
+#: seconds per test file: its tests' setup, call and teardown (a shared stack's start counts for the first
+#: file that uses it). The suite has a 30-minute budget: the summary names the files that spend it.
+_file_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    ranked = sorted(_file_seconds.items(), key=lambda kv: -kv[1])
+    if len(ranked) > 1:
+        terminalreporter.section("slowest test files (setup + call + teardown)")
+        for path, seconds in ranked[:20]:
+            terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
+        terminalreporter.write_line(f"{sum(_file_seconds.values()):8.1f} s  in all {len(ranked)} files")
+
+
 # -- exit status (see module docstring) --------------------------------------------------------
 _exit_status: list[int] = []
 
