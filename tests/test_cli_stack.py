@@ -250,6 +250,9 @@ def test_sigterm_stops_the_dev_stack_and_every_child_within_seconds(tmp_path: Pa
     assert scraped[("gangflow_node_alive", (("node", "node-0"),))] == 1
     usage = ("gangflow_tenant_resource_usage", (("cohort", ""), ("resource", "gpu"), ("tenant", "default")))
     assert scraped[usage] == 2 and scraped[("gangflow_admitted_active_gangs", (("tenant", "default"),))] == 1
+    # the holding gang's admission, in the Scheduler's own histogram (its wait is under a minute)
+    wait = ("gangflow_admission_wait_seconds_bucket", (("le", "60.0"), ("tenant", "default")))
+    assert scraped[wait] >= 1 and scraped[("gangflow_admission_wait_seconds_count", (("tenant", "default"),))] >= 1
     assert any(name.startswith("temporal_") for name, _ in scraped), "the Temporal SDK's own metrics"
     assert stack.proc is not None
     before = _children(stack.proc.pid)

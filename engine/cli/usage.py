@@ -1,12 +1,13 @@
 """``gangflow usage``: where the GPU-hours went, from the goodput ledger of every gang attempt.
 
-    gangflow usage [--tenant T] [--since 7d] [--by tenant|run|cause] [--json | --csv] [--limit N]
+    gangflow usage [--tenant T] [--since 7d] [--by tenant|run|cause] [--json | --csv] [--limit N] [--plot F.png]
 
 Each run's distributed task calls are read as ``gangflow status`` reads them (``Client.status``: the
 attempts, their ledgers, engine.runtime.ledger), and summed per tenant, per run, or per cause. ``wait_s`` is
 how long the task calls waited for their first placement (queueing is time, not GPU-seconds). The CSV has
 one column per cause, for chargeback. Only runs that started within ``--since`` count, newest first, at
-most ``--limit`` of them.
+most ``--limit`` of them. ``--plot`` also draws GPU use by tenant over time and badput by cause
+(engine.cli.usage_plot, the ``plots`` extra), beside the rows printed as usual.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from engine.runtime.ledger import BADPUT, add_ledgers
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError, client_for
 from .render import console, print_json
+from .usage_plot import PLOTS_MISSING, matplotlib_missing, plot_usage
 
 __all__ = ["add_usage_parser", "cmd_usage", "parse_since", "usage_rows"]
 
@@ -50,6 +52,12 @@ def add_usage_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], c
     p.add_argument("--since", default="7d", help="only runs started within this long, e.g. 24h (default 7d)")
     p.add_argument("--by", choices=GROUPS, default="tenant", help="one row per tenant, run or cause (default tenant)")
     p.add_argument("--limit", type=int, default=1000, help="at most this many runs, newest first (default 1000)")
+    p.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="also draw GPU use by tenant over time and badput by cause into FILE (e.g. usage.png; needs "
+        "gangflow[plots])",
+    )
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--json", action="store_true", help='print {"rows": [...]}')
     shape.add_argument("--csv", action="store_true", help="print CSV: one column per cause (chargeback)")
@@ -61,6 +69,16 @@ def _wait_s(task: TaskRecord) -> float:
     if task.scheduled is None or not isinstance(first, int | float):
         return 0.0
     return max(0.0, float(first) - task.scheduled.timestamp())
+
+
+def _spans(task: TaskRecord) -> list[tuple[float, float, int]]:
+    """Each finished attempt's (placement, release, GPUs): what ``--plot`` draws over time."""
+    spans: list[tuple[float, float, int]] = []
+    for attempt in task.attempts:
+        start, end, ledger = attempt.get("started_at"), attempt.get("ended_at"), attempt.get("ledger")
+        if isinstance(start, int | float) and isinstance(end, int | float) and isinstance(ledger, Mapping):
+            spans.append((float(start), float(end), int(ledger.get("gpus") or 0)))
+    return spans
 
 
 def usage_rows(entries: Sequence[Mapping[str, Any]], by: str) -> list[dict[str, Any]]:
@@ -100,6 +118,8 @@ async def cmd_usage(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
     if args.limit < 1:
         raise CliError(f"--limit must be at least 1, got {args.limit}", EXIT_BAD_INPUT)
+    if args.plot and matplotlib_missing():
+        raise CliError(PLOTS_MISSING, EXIT_BAD_INPUT)
     client = await client_for(args)
     cutoff = time.time() - since
     entries: list[dict[str, Any]] = []
@@ -113,10 +133,24 @@ async def cmd_usage(args: argparse.Namespace) -> int:
             for task in info.tasks:
                 if task.kind == "gang" and task.attempts:
                     ledger = add_ledgers(a.get("ledger") for a in task.attempts)
-                    entries.append({"tenant": run.tenant, "run": run.run_id, "ledger": ledger, "wait_s": _wait_s(task)})
+                    entries.append(
+                        {
+                            "tenant": run.tenant,
+                            "run": run.run_id,
+                            "ledger": ledger,
+                            "wait_s": _wait_s(task),
+                            "spans": _spans(task),
+                        }
+                    )
     except GangflowError as exc:
         raise CliError(str(exc)) from None
     rows = usage_rows(entries, args.by)
+    if args.plot:
+        try:
+            written = plot_usage(entries, args.plot)
+        except (OSError, ValueError) as exc:  # an unwritable path, a suffix matplotlib has no format for
+            raise CliError(f"--plot {args.plot}: {exc}", EXIT_BAD_INPUT) from None
+        print(f"plot: {written} ({len(entries)} gang task call(s))", file=sys.stderr)
     if args.json:
         print_json({"rows": rows})
     elif args.csv:

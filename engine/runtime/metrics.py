@@ -8,13 +8,20 @@ and Kueue's words where Kueue has the same thing (``nominal_quota``, ``resource_
 * the platform's worker (the one that keeps the Scheduler running) asks the Scheduler at each scrape for its
   ``queues`` and ``describe`` views: per tenant its nominal quota, usage, borrowed and lent resources, pending
   and running gangs and fair share; per node its GPUs, allocated GPUs, whether it is alive, drained and
-  sandboxed; ``gangflow_scheduler_up`` says whether the Scheduler answered (0: every other family is absent,
+  sandboxed; since the cluster began (engine.scheduling.counters, carried across continue-as-new), admissions,
+  preemptions by cause, the admission wait (``gangflow_admission_wait_seconds``, a histogram) and gang restarts
+  by cause; ``gangflow_scheduler_up`` says whether the Scheduler answered (0: every other family is absent,
   not zero: an alert on ``gangflow_scheduler_up == 0`` is the one to write);
 * a node agent says what it runs itself: its GPUs, the gang attempts running there, whether it holds its
   lease, whether it sandboxes;
 * both add the Temporal SDK's own metrics (``temporal_*``: workflow and activity task latencies, poll
   failures, sticky cache), which the SDK exports on a loopback port of its own: the scrape reads them from
   there and serves them beside gangflow's, so one target per process is enough.
+
+The goodput ratio is not a family here: the Scheduler sees placements and releases, not the steps and
+checkpoints the ranks report (those reach the node activities' heartbeats and the artifact store), so what it
+could export is allocated time, which ``gangflow_tenant_resource_usage`` already is. ``gangflow usage`` reads
+the ledger of every attempt (engine.runtime.ledger) for goodput.
 
 A scrape is answered from the process's event loop (the Scheduler's views are two queries); one that takes
 longer than ``SCRAPE_TIMEOUT_S`` or fails answers what it has, with ``gangflow_scheduler_up 0``. Nothing is
@@ -24,12 +31,13 @@ kept between scrapes: the Scheduler's state is the one source of truth, and Prom
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 from temporalio.client import Client
@@ -131,6 +139,14 @@ def scheduler_families(queues: dict[str, Any], described: dict[str, Any]) -> lis
     )
     for tenant, cause, count in counters.get("preempted") or []:
         preempted.add_metric([str(tenant), str(cause)], float(count))
+    restarts = CounterMetricFamily(
+        "gangflow_gang_restarts",
+        "gang attempts of the tenant that ended early and were followed by another, by cause "
+        "(node_lost, preemption, drain, rank_failure)",
+        labels=["tenant", "cause"],
+    )
+    for tenant, cause, count in counters.get("restarts") or []:
+        restarts.add_metric([str(tenant), str(cause)], float(count))
     return [
         *families.values(),
         pending,
@@ -144,7 +160,26 @@ def scheduler_families(queues: dict[str, Any], described: dict[str, Any]) -> lis
         sandboxed,
         admitted,
         preempted,
+        _wait_histogram(counters),
+        restarts,
     ]
+
+
+def _wait_histogram(counters: dict[str, Any]) -> HistogramMetricFamily:
+    """Admission wait per tenant (submission to admission, the Scheduler's clock: engine.scheduling.counters),
+    from its per-bucket counts (made cumulative here, as Prometheus's ``le`` buckets are)."""
+    family = HistogramMetricFamily(
+        "gangflow_admission_wait_seconds",
+        "how long the tenant's gangs waited from their submission to their admission (each attempt counts)",
+        labels=["tenant"],
+    )
+    bounds = [str(float(b)) for b in counters.get("wait_buckets") or []] + ["+Inf"]  # le="60.0", as the client's
+    for tenant, total, counts in counters.get("waits") or []:
+        if len(counts) != len(bounds):
+            continue  # a view from another version's buckets: not misread
+        cumulative = list(itertools.accumulate(int(n) for n in counts))
+        family.add_metric([str(tenant)], list(zip(bounds, map(float, cumulative), strict=True)), float(total))
+    return family
 
 
 def scheduler_source(client: Client) -> Source:

@@ -68,11 +68,10 @@ the node's re-registrations, its loss and ``snapshot``.
 **Decisions**, in order: what the event itself caused (``GangRejected``), then ``Admitted`` / ``Preempted``
 as the order is walked, and ``Pending`` for a gang whose reason changed (a new gang always gets one).
 
-**Where.** This module holds the state, the events and the admission cycle. The victim search is
-``engine.scheduling.preemption``, the waits for lost and drained nodes ``engine.scheduling.node_waits``, the
-lenders waiting ``engine.scheduling.lenders``, the requests rejected at once and a new configuration
-``engine.scheduling.intake``, the continue-as-new encoding ``engine.scheduling.snapshot``, the per-gang
-records they share ``engine.scheduling.state``; they read and update the policy's state, which stays this class's.
+**Where.** This module: the state, the events, the admission cycle. Victim search ``engine.scheduling.preemption``,
+waits for lost and drained nodes ``.node_waits``, lenders waiting ``.lenders``, requests rejected at once and a
+new configuration ``.intake``, continue-as-new ``.snapshot``, what is counted (metrics) ``.counters``, the
+per-gang records they share ``.state``; they read and update the policy's state, which stays this class's.
 """
 
 from __future__ import annotations
@@ -163,7 +162,7 @@ class Policy:
         self._searches_left = 1
         self._pending_counts: dict[str, int] = {}  # tenant -> its gangs waiting (``max_pending``)
         self.lenders = Lenders()  # nothing borrows from a cohort while a lender waits there (module docstring)
-        self.counters = Counters()  # admissions and preemptions so far (Prometheus counters)
+        self.counters = Counters()  # admissions, waits, preemptions, restarts so far (Prometheus)
 
     # -- events ------------------------------------------------------------------------------------
     def step(self, event: Event, now: float | None = None) -> list[Decision]:
@@ -185,6 +184,7 @@ class Policy:
         elif isinstance(event, GangSubmitted):
             changed = self._submit(event.request, decisions)
         elif isinstance(event, GangReleased):
+            self.counters.released(event.gang_id, self)  # why the attempt ended, before it is gone
             self._release(event.gang_id)
         elif isinstance(event, ConfigApplied):
             intake.reconfigure(self, event.config, decisions)
@@ -199,7 +199,7 @@ class Policy:
                 request = queued.request
                 key = ("queued", request.tenant, queued.shape)
                 self._say(queued, self._text(key, queued_reason, request), decisions)
-        self.counters.observe(decisions, self.running)
+        self.counters.observe(event, decisions, self)
         return decisions
 
     def _submit(self, request: GangRequest, decisions: list[Decision]) -> bool:

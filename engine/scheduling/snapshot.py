@@ -105,6 +105,7 @@ def take(policy: Policy) -> dict[str, Any]:
                 sorted(q.victims),
                 q.cause,
                 _failed(q.failed_search),
+                policy.counters.waited(q.request.gang_id, policy._now),  # its wait so far (the histogram's)
             ]
             for q in sorted(policy.pending.values(), key=lambda q: q.seq)
         ],
@@ -115,7 +116,7 @@ def take(policy: Policy) -> dict[str, Any]:
         "retry": policy._retry,
         "evicted_for": {k: sorted(v) for k, v in policy._evicted_for.items()},
         "lenders": policy.lenders.rows(),
-        "counters": policy.counters.rows(),
+        "counters": policy.counters.carried(),
         "strings": list(strings),
     }
     blob = zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 6)
@@ -181,8 +182,11 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
         policy.running[request.gang_id] = running
         policy._by_tenant.setdefault(request.tenant, {})[request.gang_id] = running
         policy._count_prio(running, 1)
-    for r, seq, prio, preemptible, reason, since, victims, cause, failed in data["pending"]:
+    waited: dict[str, float] = {}  # the waits so far (rows from before them have none: unknown)
+    for r, seq, prio, preemptible, reason, since, victims, cause, failed, *later in data["pending"]:
         request = req(r)
+        if later and later[0] is not None:
+            waited[request.gang_id] = later[0]
         vec = demand(request)
         queued = Queued(
             request, seq, prio, preemptible, vec, shape_of(request), strings[reason], since, set(victims), cause
@@ -201,7 +205,7 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
     policy._evicted_for = {k: set(v) for k, v in data["evicted_for"].items()}
     # keys added later are absent from older snapshots: their default is what a policy of then did
     policy.lenders = Lenders({k: set(v) for k, v in data.get("lenders", {}).items()})
-    policy.counters = Counters.from_rows(data.get("counters"))
+    policy.counters = Counters.from_rows(data.get("counters"), waited, policy._now)
     for gang_id, running in policy.running.items():
         notice = notices[gang_id]
         if notice is not None:

@@ -70,6 +70,10 @@ from dataclasses import dataclass, replace
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
+from sim_ledger import SimLedger, TimedCounters
+
+from engine.runtime.ledger import BADPUT
+
 BASELINE_COMMIT = "8de69f7"
 BASELINE_FILES = ("__init__", "model", "events", "capacity", "reasons", "describe", "policy")
 #: the simulation does not model node heartbeats: a node registered at time 0 never expires
@@ -105,6 +109,7 @@ GOALS = {
     "gpu_allocated_under_backlog": "≥ 90%",
     "jain": "≥ 0.95",
     "preemptions_per_gang": "≤ 3",
+    "counters_us_per_event": "≤ 1 ms",
 }
 
 
@@ -436,6 +441,7 @@ class PolicyAdapter(Adapter):
             Tick=Tick,
         )
         self.policy = Policy(load_queue_config(config), node_ttl_s=NODE_TTL_S)
+        self.policy.counters = TimedCounters()  # the same counting, timed apart (counters_us_per_event)
 
     def _step(self, event: Any, now: float) -> list[Outcome]:
         return self._timed(lambda: self.policy.step(event, now), now)
@@ -580,6 +586,7 @@ class GangTask:
     first_admitted: float | None = None
     placement: Nodes = ()
     preemptions: int = 0
+    cause: str = ""  # the cause of its latest preemption
 
     @property
     def remaining(self) -> float:
@@ -621,6 +628,7 @@ class Simulation:
         self.measuring_s = 0.0
         # what went wrong
         self.violations: list[str] = []
+        self.ledger = SimLedger([t.name for t in workload.tenants])  # where the GPU-seconds went (sim_ledger)
         self.double_allocations = 0
         self.inconsistent = 0
         self.cycles = 0
@@ -689,6 +697,7 @@ class Simulation:
         self.handle(self.adapter.submit(replace(run.gang, duration=run.remaining), self.clock))
 
     def finish(self, run: GangTask) -> None:
+        self.ledger.completed(run.gang.tenant, run.gang.gpus, run.started, self.clock)
         self.free(run)
         run.state, run.done_work = "finished", run.gang.duration
         self.finished += 1
@@ -700,6 +709,10 @@ class Simulation:
         progress = run.done_work + (run.stopped - run.started)
         kept = math.floor(progress / CHECKPOINT_EVERY_S + 1e-9) * CHECKPOINT_EVERY_S
         self.lost_gpu_s += run.gang.gpus * (progress - kept + self.save_s)
+        gang, drain = run.gang, run.cause == "drain"
+        self.ledger.preempted(
+            gang.tenant, gang.gpus, kept - run.done_work, progress - kept, self.clock - run.stopped, drain
+        )
         run.done_work = kept
         self.free(run)
         self.handle(self.adapter.release(run.gang.gang_id, self.clock))
@@ -776,7 +789,7 @@ class Simulation:
         self.preempted_by.add((victim, outcome.by))
         self.causes[outcome.cause] = self.causes.get(outcome.cause, 0) + 1
         run.preemptions += 1
-        run.state, run.stopped = "saving", self.clock
+        run.state, run.stopped, run.cause = "saving", self.clock, outcome.cause
         if self.clock + self.save_s < run.started + run.remaining:
             self.push(self.clock + self.save_s, SAVED, victim, run.attempt)
         # else it finishes before its save would: nothing is lost, its own release follows
@@ -888,6 +901,8 @@ class Simulation:
             "snapshot_bytes_at_peak": self.snapshot_bytes,
             "decisions": dict(sorted(self.adapter.counts.items())),
             "decision_hash": self.adapter.decision_hash,
+            "ledger": self.ledger.result(),
+            **self.counter_costs(),
             "checks": {
                 "no_double_allocation": self.double_allocations == 0,
                 "consistent_decisions": self.inconsistent == 0,
@@ -896,6 +911,19 @@ class Simulation:
                 "all_finished": self.finished == len(self.runs),
             },
             "violations": self.violations,
+        }
+
+    def counter_costs(self) -> dict[str, Any]:
+        """What the Policy's counters (engine.scheduling.counters: admission waits, restarts, admissions,
+        preemptions) took per scheduler call, timed apart (sim_ledger.TimedCounters); FIFO has none."""
+        counters = getattr(getattr(self.adapter, "policy", None), "counters", None)
+        if not isinstance(counters, TimedCounters) or not self.adapter.latencies:
+            return {}
+        calls, busy = len(self.adapter.latencies), sum(self.adapter.latencies)
+        return {
+            "counters_us_per_event": round(counters.seconds / calls * 1e6, 2),
+            "counters_max_ms": round(counters.slowest * 1000, 3),
+            "counters_share_of_step": round(counters.seconds / busy, 4) if busy else None,
         }
 
 
@@ -995,6 +1023,10 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("queue delay p50, all tenants", "queue_delay_p50", "{:,.0f} s"),
     ("queue delay p99, all tenants", "queue_delay_p99", "{:,.0f} s"),
     ("queue delay p99, priority class high", "queue_delay_high_p99", "{:,.0f} s"),
+    ("goodput (ledger in simulated time)", "goodput", "{:.2%}"),
+    ("badput: work lost to preemption", "badput_lost_preemption", "{:,.0f} GPU-h"),
+    ("badput: saving on notice (checkpoint)", "badput_checkpoint", "{:,.0f} GPU-h"),
+    ("counters (waits, restarts) per scheduler call", "counters_us_per_event", "{:.1f} µs"),
 )
 
 
@@ -1023,6 +1055,11 @@ def cell(entry: dict[str, Any], key: str, fmt: str) -> str:
         value = entry["queue_delay_all_s"][key.removeprefix("queue_delay_")]
     elif key.startswith("queue_delay_high_p"):
         value = entry["queue_delay_by_priority_s"].get("high", {}).get(key.removeprefix("queue_delay_high_"))
+    elif key == "goodput":  # over what it ran: a scheduler stopped at its budget has a ledger so far
+        value = (entry.get("ledger") or {}).get("goodput")
+    elif key.startswith("badput_"):
+        value = (entry.get("ledger") or {}).get("badput_gpu_s", {}).get(key.removeprefix("badput_"))
+        value = None if value is None else value / 3600
     else:
         value = entry.get(key)
     if value is None:
@@ -1098,7 +1135,26 @@ def markdown(result: dict[str, Any]) -> list[str]:
         f"{c['bound']['longest_s'] / 3600:,.1f} h). {fifo_note(fifo)}"
     )
     table_rows = markdown_table(["", "FIFO (before)", "Policy", "goal"], "lrrr", rows)
-    return [*table_rows, "", note, "", caption(command_line(result), result)]
+    return [*table_rows, *goodput_rows(result), "", note, "", caption(command_line(result), result)]
+
+
+def goodput_rows(result: dict[str, Any]) -> list[str]:
+    """Goodput per tenant, FIFO and the policy side by side (a blank line first; none for results from
+    before the ledger)."""
+    from benchenv import markdown_table
+
+    fifo, policy = (result[k].get("ledger", {}).get("goodput_by_tenant", {}) for k in ("fifo", "policy"))
+    if not policy:
+        return []
+
+    def pct(value: float | None) -> str:
+        return "–" if value is None else f"{value:.1%}"
+
+    tenants = result["config"]["queue"]["tenants"]
+    rows = [
+        [f"{t['name']} (weight {t['weight']})", pct(fifo.get(t["name"])), pct(policy.get(t["name"]))] for t in tenants
+    ]
+    return ["", *markdown_table(["goodput per tenant", "FIFO (before)", "Policy"], "lrr", rows)]
 
 
 def table(result: dict[str, Any]) -> list[str]:
@@ -1123,6 +1179,17 @@ def table(result: dict[str, Any]) -> list[str]:
             d = entry.get("queue_delay_s", {}).get(name) if entry.get("finished") else None
             parts.append("–" if not d or d["p50"] is None else f"{d['p50']:,.0f} / {d['p99']:,.0f}")
         lines.append(f"  {name:<10} w={tenant['weight']:<3}{parts[0]:>30}{parts[1]:>30}")
+    lines.append("\ngoodput per tenant (ledger in simulated time); badput by cause (GPU-hours)")
+    for tenant in result["config"]["queue"]["tenants"]:
+        name = tenant["name"]
+        parts = [str((e.get("ledger") or {}).get("goodput_by_tenant", {}).get(name, "–")) for e in (fifo, policy)]
+        lines.append(f"  {name:<16}{parts[0]:>30}{parts[1]:>30}")
+    for cause in BADPUT:
+        parts = []
+        for entry in (fifo, policy):
+            value = (entry.get("ledger") or {}).get("badput_gpu_s", {}).get(cause)
+            parts.append("–" if value is None else f"{value / 3600:,.1f}")
+        lines.append(f"  {cause:<16}{parts[0]:>30}{parts[1]:>30}")
     for name, entry in (("fifo", fifo), ("policy", policy)):
         if "checks" in entry:
             failed = [k for k, ok in entry["checks"].items() if not ok]

@@ -91,6 +91,20 @@ def test_small_run_passes_every_check_for_both_schedulers(small: dict[str, Any])
         assert small[name]["rejections"] == 0
 
 
+def test_the_trace_yields_a_ledger_whose_parts_add_up(small: dict[str, Any]) -> None:
+    for name in bs.SCHEDULERS:
+        ledger = small[name]["ledger"]
+        parts = ledger["productive_gpu_s"] + sum(ledger["badput_gpu_s"].values())
+        assert parts == pytest.approx(ledger["allocated_gpu_s"], rel=1e-6)
+        assert set(ledger["goodput_by_tenant"]) == {"team-0", "team-1", "team-2"}
+        # preempted work is what the ledger calls lost and saving: the benchmark's own figure
+        lost = ledger["badput_gpu_s"]["lost_preemption"] + ledger["badput_gpu_s"]["checkpoint"]
+        assert lost == pytest.approx(small[name]["gpu_seconds_lost"], abs=1.0)
+    assert small["fifo"]["ledger"]["goodput"] == 1.0  # FIFO never preempts: nothing is thrown away
+    assert small["policy"]["counters_us_per_event"] > 0 and "counters_us_per_event" not in small["fifo"]
+    assert "goodput per tenant" in "\n".join(bs.markdown(small))
+
+
 def test_the_same_seed_gives_the_same_decisions(small: dict[str, Any]) -> None:
     again = json_line(bench(*SMALL, "--json"))
     for name in bs.SCHEDULERS:

@@ -4,6 +4,7 @@ record and what its ranks reported, the parts always adding up to the whole."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -147,3 +148,74 @@ def test_gangflow_usage_refuses_a_bad_since_with_exit_2() -> None:
 
     done = gangflow_cli("usage", "--since", "soon", "--address", "127.0.0.1:1")
     assert done.returncode == 2 and "--since must be a positive duration" in done.stderr, done.stderr
+
+
+def _plot_entries() -> list[dict[str, Any]]:
+    """Two tenants' task calls: team-a held 2 GPUs for an hour (a preemption threw 10 GPU-minutes away) and
+    then 4 for half an hour; team-b 1 GPU for two hours, 5 % of it launching."""
+    t0 = 1_767_225_600.0  # 2026-01-01 00:00 UTC
+
+    def ledger(alloc: float, gpus: int, **badput: float) -> dict[str, Any]:
+        full = dict.fromkeys(BADPUT, 0.0) | badput
+        productive = alloc - sum(full.values())
+        return {
+            "gpus": gpus,
+            "allocated_s": alloc / gpus,
+            "allocated_gpu_s": alloc,
+            "productive_gpu_s": productive,
+            "badput": full,
+            "goodput": productive / alloc,
+        }
+
+    return [
+        {
+            "tenant": "team-a",
+            "run": "r1",
+            "ledger": add_ledgers([ledger(7200, 2, lost_preemption=1200), ledger(7200, 4, launch=60)]),
+            "wait_s": 30,
+            "spans": [(t0, t0 + 3600, 2), (t0 + 3700, t0 + 5500, 4)],
+        },
+        {
+            "tenant": "team-b",
+            "run": "r2",
+            "ledger": ledger(7200, 1, launch=360),
+            "wait_s": 0,
+            "spans": [(t0 + 600, t0 + 7800, 1)],
+        },
+    ]
+
+
+def test_gpu_use_by_tenant_over_time_is_a_step_function_of_the_attempts() -> None:
+    from engine.cli.usage_plot import gpu_steps
+
+    times, held = gpu_steps(_plot_entries())
+    t0 = times[0]
+    assert [t - t0 for t in times] == [0, 600, 3600, 3700, 5500, 7800]
+    assert held == {"team-a": [2, 2, 0, 4, 0, 0], "team-b": [0, 1, 1, 1, 1, 0]}
+    assert gpu_steps([]) == ([], {})
+
+
+def test_usage_plot_draws_gpu_use_and_badput_from_the_ledger_into_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the plots extra is not installed (pip install 'gangflow[plots]')")
+    from engine.cli.usage_plot import plot_usage
+
+    out = plot_usage(_plot_entries(), tmp_path / "usage.png")
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000  # two drawn panels, not an empty canvas
+    empty = plot_usage([], tmp_path / "empty.png")  # nothing finished yet: still a picture that says so
+    assert empty.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_usage_plot_without_matplotlib_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+    import asyncio
+    import sys
+
+    from engine.cli.common import EXIT_BAD_INPUT, CliError
+    from engine.cli.usage import cmd_usage
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    args = argparse.Namespace(since="7d", limit=10, plot="usage.png", tenant=None, by="tenant", json=False, csv=False)
+    with pytest.raises(CliError) as refused:
+        asyncio.run(cmd_usage(args))  # refused before it connects anywhere
+    assert "pip install 'gangflow[plots]'" in str(refused.value) and refused.value.code == EXIT_BAD_INPUT

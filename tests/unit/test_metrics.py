@@ -164,10 +164,99 @@ def test_the_grafana_dashboard_graphs_only_metrics_gangflow_exports() -> None:
 
     dashboard = json.loads((ROOT / "deploy" / "grafana" / "gangflow-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    # a counter's samples are its family's name with _total (Prometheus's convention)
-    used = {re.sub(r"_total$", "", n) for expr in exprs for n in re.findall(r"\bgangflow_[a-z_]+\b", expr)}
+    # a counter's samples are its family's name with _total, a histogram's with _bucket, _sum and _count
+    found = {n for expr in exprs for n in re.findall(r"\bgangflow_[a-z_]+\b", expr)}
+    used = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in found}
     exported = _exported_names()
     assert used and used <= exported, f"the dashboard graphs what nothing exports: {sorted(used - exported)}"
     # each panel says where its numbers come from, and every exported family is on the dashboard somewhere
     assert not exported - used, f"exported but on no panel: {sorted(exported - used)}"
     assert all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"])
+
+
+def _snapshot_from_before_waits_and_restarts(policy: Policy) -> dict[str, Any]:
+    """``policy``'s snapshot as a Scheduler from before the admission waits and restarts wrote it: no wait at
+    the end of the pending rows, only admissions and preemptions among the counters."""
+    import base64
+    import json
+    import zlib
+
+    data = json.loads(zlib.decompress(base64.b64decode(policy.snapshot()["zlib"])))
+    data["pending"] = [row[:9] for row in data["pending"]]
+    data["counters"] = {k: data["counters"][k] for k in ("admitted", "preempted")}
+    blob = zlib.compress(json.dumps(data).encode())
+    return {"v": 1, "zlib": base64.b64encode(blob).decode("ascii")}
+
+
+def test_admission_wait_is_a_histogram_per_tenant_that_survives_a_continue_as_new() -> None:
+    from scheduling_builders import FOREVER
+
+    from engine.scheduling import GangReleased
+
+    policy = Policy(node_ttl_s=FOREVER)
+    run([node("n1", gpus=2), gang("g1", gpus=2)], policy, now=0.0)  # admitted at once: a wait of 0 s
+    run([gang("g2", gpus=2)], policy, now=10.0)  # waits for g1's GPUs
+    restored = Policy.restore(policy.snapshot())  # mid-wait: the next Scheduler run knows when g2 came
+    older = Policy.restore(_snapshot_from_before_waits_and_restarts(policy))
+    for each in (policy, restored, older):
+        run([GangReleased(gang_id="g1")], each, now=100.0)
+        assert "g2" in each.running
+    buckets = "gangflow_admission_wait_seconds_bucket"
+    for each in (policy, restored):
+        got = exposed(each)
+        assert got[(buckets, (("le", "1.0"), ("tenant", "default")))] == 1  # g1
+        assert got[(buckets, (("le", "60.0"), ("tenant", "default")))] == 1
+        assert got[(buckets, (("le", "120.0"), ("tenant", "default")))] == 2  # g2: 90 s
+        assert got[(buckets, (("le", "+Inf"), ("tenant", "default")))] == 2
+        assert got[("gangflow_admission_wait_seconds_count", (("tenant", "default"),))] == 2
+        assert got[("gangflow_admission_wait_seconds_sum", (("tenant", "default"),))] == 90.0
+    assert restored.counters.rows() == policy.counters.rows()
+    # a snapshot from before the waits restores: its counters go on, the wait it did not record is not made up
+    got = exposed(older)
+    assert got[("gangflow_admitted_gangs_total", (("tenant", "default"),))] == 2
+    assert ("gangflow_admission_wait_seconds_count", (("tenant", "default"),)) not in got
+
+
+def test_gang_restarts_by_cause_count_the_attempts_that_came_back() -> None:
+    from scheduling_builders import comes_back, drain, nodes_of
+
+    from engine.scheduling import GangReleased, NodeLost
+
+    policy = Policy()
+    run([node("n1"), node("n2"), gang("g1", gpus=2), gang("g2", gpus=2)], policy)
+    (x,), (y,) = nodes_of(policy, "g1"), nodes_of(policy, "g2")
+    # g1's GangTask reports its node lost, releases and asks again: node_lost
+    run([NodeLost(node_id=x)], policy)
+    comes_back(policy, "g1")
+    # a drain preempts g2, which comes back: drain
+    run([drain(y)], policy)
+    comes_back(policy, "g2")
+    # the lost node registers again and takes g2 (back at its old place in the order, ahead of g1); a rank fails
+    # (its nodes alive) and g2 asks again: rank_failure
+    run([node(x)], policy)
+    assert list(policy.running) == ["g2"]
+    comes_back(policy, "g2")
+    # the gang running then (g1, ahead of g2's new attempt) completes: released, never submitted again, no
+    # restart (its cause waits, across a continue-as-new)
+    (done,) = policy.running
+    run([GangReleased(gang_id=done)], policy)
+    # team-b reclaims what team-a borrowed: the preempted gang comes back: preemption
+    teams = Policy(config(TWO_TEAMS))
+    run([node("n1"), node("n2"), gang("a1", "team-a", gpus=2), gang("a2", "team-a", gpus=2)], teams)
+    run([gang("b1", "team-b", gpus=2)], teams)
+    victim = next(g for g, r in teams.running.items() if r.preemption is not None)
+    comes_back(teams, victim)
+    for each, expected in (
+        (policy, {("default", "node_lost"): 1, ("default", "drain"): 1, ("default", "rank_failure"): 1}),
+        (teams, {("team-a", "preemption"): 1}),
+    ):
+        restored = Policy.restore(each.snapshot())
+        for one in (each, restored):
+            got = exposed(one)
+            restarts = {
+                (dict(labels)["tenant"], dict(labels)["cause"]): value
+                for (name, labels), value in got.items()
+                if name == "gangflow_gang_restarts_total"
+            }
+            assert restarts == expected
+    assert done in Policy.restore(policy.snapshot()).counters.ended
