@@ -26,6 +26,8 @@ tests/test_tenancy_e2e.py and the benchmark.
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
 import signal
 import time
@@ -235,6 +237,12 @@ def resumed_at(stack: Stack, run_id: str, ended: str, first: int) -> None:
     (row,) = [r for r in json.loads(shown.stdout)["rows"] if r["run"] == run_id]
     whole = preempted["ledger"]["allocated_gpu_s"] + resumed["ledger"]["allocated_gpu_s"]
     assert row["allocated_gpu_s"] == pytest.approx(whole, abs=0.01) and row["wait_s"] >= 0, row
+    # per node (CSV, as chargeback reads it): the stack's own nodes, holding at least this run's GPU-seconds
+    per_node = gangflow_cli("usage", "--csv", "--by", "node", "--since", "1h", GANGFLOW_ADDRESS=stack.server.address)
+    assert per_node.returncode == 0, per_node.stderr
+    lines = list(csv.DictReader(io.StringIO(per_node.stdout)))
+    assert {r["node"] for r in lines} <= set(stack.nodes) and lines, per_node.stdout
+    assert sum(float(r["allocated_gpu_s"]) for r in lines) >= whole - 0.01, per_node.stdout
 
 
 async def settled(stack: Stack) -> None:

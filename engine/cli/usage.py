@@ -1,11 +1,12 @@
 """``gangflow usage``: where the GPU-hours went, from the goodput ledger of every gang attempt.
 
-    gangflow usage [--tenant T] [--since 7d] [--by tenant|run|cause] [--json | --csv] [--limit N] [--plot F.png]
+    gangflow usage [--tenant T] [--since 7d] [--by tenant|run|node|cause] [--json | --csv] [--limit N] [--plot F.png]
 
 Each run's distributed task calls are read as ``gangflow status`` reads them (``Client.status``: the
-attempts, their ledgers, engine.runtime.ledger), and summed per tenant, per run, or per cause. ``wait_s`` is
-how long the task calls waited for their first placement (queueing is time, not GPU-seconds). The CSV has
-one column per cause, for chargeback. Only runs that started within ``--since`` count, newest first, at
+attempts, their ledgers, engine.runtime.ledger), and summed per tenant, per run, per node (each attempt's
+ledger split over its nodes by their GPUs: ``engine.runtime.ledger.node_shares``) or per cause. ``wait_s``
+is how long the task calls waited for their first placement (queueing is time, not GPU-seconds). The CSV
+has one column per cause, for chargeback. Only runs that started within ``--since`` count, newest first, at
 most ``--limit`` of them. ``--plot`` also draws GPU use by tenant over time and badput by cause
 (engine.cli.usage_plot, the ``plots`` extra), beside the rows printed as usual.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from engine.errors import GangflowError
 from engine.runtime.history import TaskRecord
-from engine.runtime.ledger import BADPUT, add_ledgers
+from engine.runtime.ledger import BADPUT, add_ledgers, node_shares
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError, client_for
 from .render import console, print_json
@@ -31,7 +32,7 @@ from .usage_plot import PLOTS_MISSING, matplotlib_missing, plot_usage
 __all__ = ["add_usage_parser", "cmd_usage", "parse_since", "usage_rows"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-GROUPS = ("tenant", "run", "cause")
+GROUPS = ("tenant", "run", "node", "cause")
 
 
 def parse_since(text: str) -> float:
@@ -50,7 +51,9 @@ def add_usage_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], c
     )
     connection(p)  # its --tenant also narrows the rows to that tenant's runs
     p.add_argument("--since", default="7d", help="only runs started within this long, e.g. 24h (default 7d)")
-    p.add_argument("--by", choices=GROUPS, default="tenant", help="one row per tenant, run or cause (default tenant)")
+    p.add_argument(
+        "--by", choices=GROUPS, default="tenant", help="one row per tenant, run, node or cause (default tenant)"
+    )
     p.add_argument("--limit", type=int, default=1000, help="at most this many runs, newest first (default 1000)")
     p.add_argument(
         "--plot",
@@ -91,6 +94,8 @@ def usage_rows(entries: Sequence[Mapping[str, Any]], by: str) -> list[dict[str, 
         whole = total["allocated_gpu_s"]
         parts = [("productive", total["productive_gpu_s"]), *total["badput"].items()]
         return [{"cause": c, "gpu_s": v, "share": round(v / whole, 4) if whole else None} for c, v in parts]
+    if by == "node":
+        return _node_rows(entries)
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for entry in entries:
         groups.setdefault(str(entry[by]), []).append(entry)
@@ -109,6 +114,32 @@ def usage_rows(entries: Sequence[Mapping[str, Any]], by: str) -> list[dict[str, 
         )
         rows.append(row)
     return sorted(rows, key=lambda r: (-r["allocated_gpu_s"], str(r.get("run", r["tenant"]))))
+
+
+def _node_rows(entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per node: the shares of the attempts it held (queue wait is a task call's, not a node's: none here)."""
+    shares: dict[str, list[Mapping[str, Any]]] = {}
+    tenants: dict[str, set[str]] = {}
+    for entry in entries:
+        for attempt in entry.get("attempts") or ():
+            for name, share in node_shares(attempt).items():
+                shares.setdefault(name, []).append(share)
+                tenants.setdefault(name, set()).add(str(entry["tenant"]))
+    rows: list[dict[str, Any]] = []
+    for name, parts in shares.items():
+        total = add_ledgers(parts)
+        if total is not None:
+            rows.append(
+                {
+                    "node": name,
+                    "tenants": sorted(tenants[name]),
+                    "allocated_gpu_s": total["allocated_gpu_s"],
+                    "productive_gpu_s": total["productive_gpu_s"],
+                    "badput": total["badput"],
+                    "goodput": total["goodput"],
+                }
+            )
+    return sorted(rows, key=lambda r: (-r["allocated_gpu_s"], r["node"]))
 
 
 async def cmd_usage(args: argparse.Namespace) -> int:
@@ -138,6 +169,7 @@ async def cmd_usage(args: argparse.Namespace) -> int:
                             "tenant": run.tenant,
                             "run": run.run_id,
                             "ledger": ledger,
+                            "attempts": [a["ledger"] for a in task.attempts if a.get("ledger")],
                             "wait_s": _wait_s(task),
                             "spans": _spans(task),
                         }
@@ -166,12 +198,18 @@ def _csv(rows: list[dict[str, Any]], by: str) -> None:
         out.writerow(["cause", "gpu_s", "share"])
         out.writerows([r["cause"], r["gpu_s"], r["share"]] for r in rows)
         return
-    keys = ["tenant", "run"] if by == "run" else ["tenant"]
-    out.writerow([*keys, "allocated_gpu_s", "productive_gpu_s", *BADPUT, "wait_s"])
+    keys, tail = _columns(by)
+    out.writerow([*keys, "allocated_gpu_s", "productive_gpu_s", *BADPUT, tail])
     for r in rows:
-        out.writerow(
-            [*(r[k] for k in keys), r["allocated_gpu_s"], r["productive_gpu_s"], *r["badput"].values(), r["wait_s"]]
-        )
+        last = ";".join(r["tenants"]) if by == "node" else r["wait_s"]
+        out.writerow([*(r[k] for k in keys), r["allocated_gpu_s"], r["productive_gpu_s"], *r["badput"].values(), last])
+
+
+def _columns(by: str) -> tuple[list[str], str]:
+    """A row's key columns and its last one: what a task call waited, or (per node) whose gangs it held."""
+    if by == "node":
+        return ["node"], "tenants"
+    return (["tenant", "run"] if by == "run" else ["tenant"]), "wait_s"
 
 
 def _table(rows: list[dict[str, Any]], by: str) -> None:
@@ -188,8 +226,8 @@ def _table(rows: list[dict[str, Any]], by: str) -> None:
             share = "" if r["share"] is None else f"{r['share'] * 100:.1f} %"
             table.add_row(r["cause"], f"{r['gpu_s'] / 3600:.3f}", share)
     else:
-        keys = ["tenant", "run"] if by == "run" else ["tenant"]
-        for column in (*keys, "GPU-hours", "goodput", "biggest badput", "wait"):
+        keys, tail = _columns(by)
+        for column in (*keys, "GPU-hours", "goodput", "biggest badput", "wait" if tail == "wait_s" else tail):
             table.add_column(column)
         for r in rows:
             worst = max(r["badput"].items(), key=lambda kv: kv[1])
@@ -199,6 +237,6 @@ def _table(rows: list[dict[str, Any]], by: str) -> None:
                 f"{r['allocated_gpu_s'] / 3600:.3f}",
                 goodput,
                 f"{worst[0]} {worst[1] / 3600:.3f} h" if worst[1] else "",
-                f"{r['wait_s']:.0f} s",
+                ", ".join(r["tenants"]) if by == "node" else f"{r['wait_s']:.0f} s",
             )
     console.print(table)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["BADPUT", "add_ledgers", "attempt_ledger", "goodput_line"]
+__all__ = ["BADPUT", "add_ledgers", "attempt_ledger", "goodput_line", "node_shares"]
 
 #: badput causes, in the order they are shown
 BADPUT = ("launch", "checkpoint", "restore", "lost_failure", "lost_preemption", "lost_drain", "hang", "idle")
@@ -100,8 +100,13 @@ def attempt_ledger(attempt: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]
             kept = max([t for t in saved_at if t >= first], default=first)
             take(lost, end_of_work - kept)
     scale = float(gpus) if gpus else 0.0
+    held: dict[str, int] = {}  # node -> its GPUs in this attempt (``gangflow usage --by node``)
+    for details in nodes:
+        name = str(details.get("node") or "?")
+        held[name] = held.get(name, 0) + int(sum(_numbers([details.get("gpus")])))
     return {
         "gpus": gpus,
+        "nodes": held,
         "allocated_s": round(total, 3),
         "allocated_gpu_s": round(total * scale, 3),
         "productive_gpu_s": round(left * scale, 3),
@@ -109,6 +114,28 @@ def attempt_ledger(attempt: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]
         "goodput": round(left / total, 4) if total > 0 else None,
         "reported": bool(firsts),  # False: its ranks never called engine.report, so no step could count
     }
+
+
+def node_shares(ledger: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """One attempt's ledger split over its nodes by their GPUs: a gang's ranks step together, so every node
+    of an attempt held its GPUs for the same causes (a CPU-only attempt's nodes: all of its seconds each, no
+    GPU-seconds)."""
+    nodes = ledger.get("nodes")
+    if not isinstance(nodes, Mapping) or not nodes:
+        return {}
+    gpus = float(ledger.get("gpus") or 0)
+    shares: dict[str, dict[str, Any]] = {}
+    for name, held in nodes.items():
+        weight = float(held) / gpus if gpus > 0 else 0.0
+        shares[str(name)] = {
+            **ledger,
+            "gpus": int(held),
+            "nodes": {str(name): int(held)},
+            "allocated_gpu_s": round(float(ledger["allocated_gpu_s"]) * weight, 3),
+            "productive_gpu_s": round(float(ledger["productive_gpu_s"]) * weight, 3),
+            "badput": {c: round(float(v) * weight, 3) for c, v in ledger["badput"].items()},
+        }
+    return shares
 
 
 def add_ledgers(ledgers: Iterable[Mapping[str, Any] | None]) -> dict[str, Any] | None:

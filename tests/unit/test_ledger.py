@@ -219,3 +219,33 @@ def test_usage_plot_without_matplotlib_says_which_extra_to_install(monkeypatch: 
     with pytest.raises(CliError) as refused:
         asyncio.run(cmd_usage(args))  # refused before it connects anywhere
     assert "pip install 'gangflow[plots]'" in str(refused.value) and refused.value.code == EXIT_BAD_INPUT
+
+
+def test_usage_by_node_splits_each_attempt_over_its_nodes_by_their_gpus() -> None:
+    from engine.cli.usage import usage_rows
+
+    # team-a's attempt: 3 GPUs on n1 and 1 on n2, 100 s, 10 s of launch; team-b's: 2 GPUs on n2 alone, 50 s
+    a = attempt_ledger(
+        attempt("completed", 0, 100),
+        [
+            {"node": "n1", "gpus": 3, "started": 5, "progress": {"0": {"since": 10, "time": 100, "first_step": 1}}},
+            {"node": "n2", "gpus": 1, "started": 5, "progress": {"0": {"since": 10, "time": 100, "first_step": 1}}},
+        ],
+    )
+    b = attempt_ledger(
+        attempt("completed", 0, 50),
+        [{"node": "n2", "gpus": 2, "started": 0, "progress": {"0": {"since": 0, "time": 50, "first_step": 1}}}],
+    )
+    assert a is not None and b is not None and a["nodes"] == {"n1": 3, "n2": 1}
+    entries = [
+        {"tenant": "team-a", "run": "r1", "ledger": a, "attempts": [a], "wait_s": 3},
+        {"tenant": "team-b", "run": "r2", "ledger": b, "attempts": [b], "wait_s": 0},
+        {"tenant": "team-b", "run": "r3", "ledger": None, "attempts": [], "wait_s": 9},  # never placed
+    ]
+    rows = {r["node"]: r for r in usage_rows(entries, "node")}
+    assert rows["n1"]["allocated_gpu_s"] == 300 and rows["n1"]["badput"]["launch"] == 30
+    assert rows["n1"]["tenants"] == ["team-a"] and rows["n2"]["tenants"] == ["team-a", "team-b"]
+    assert rows["n2"]["allocated_gpu_s"] == 100 + 100 and rows["n2"]["badput"]["launch"] == 10
+    whole = sum(r["allocated_gpu_s"] for r in rows.values())
+    assert whole == a["allocated_gpu_s"] + b["allocated_gpu_s"]  # the nodes' shares add up to the attempts
+    assert [r["node"] for r in usage_rows(entries, "node")] == ["n1", "n2"]  # ties: by name
