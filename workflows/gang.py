@@ -282,6 +282,7 @@ class GangTask:
             if result is not None:
                 self.ended = "completed"
                 self._say(f"completed attempt {attempt} on {', '.join(nodes)}", "")
+                await self.teller.flush()
                 return result
             if preempted is not None:
                 # a preemption is the cluster's decision, not a failure: no restart or retry is spent, and the

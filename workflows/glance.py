@@ -10,24 +10,30 @@ platform.
 
 The signals are one per change of state (the Scheduler signals a pending reason only when its meaning changes)
 plus node rank 0's seldom progress reports (engine.core.glance ``progress_interval``). Gangs recorded before
-this replay without them (``GLANCE_PATCH``).
+this replay without them (``GLANCE_PATCH``). Once a call has ended, the run looks its goodput up with one local
+activity (``goodput_of``; runs recorded before replay without it, ``GOODPUT_PATCH``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ActivityError
 
 from engine.core.glance import gang_details, run_details
-from engine.core.protocol import GANG_STATE_SIGNAL, KIND_ATTRIBUTE, TENANT_ATTRIBUTE
+from engine.core.protocol import GANG_GOODPUT, GANG_STATE_SIGNAL, KIND_ATTRIBUTE, TENANT_ATTRIBUTE
+from engine.core.wire import RunContext
 
-__all__ = ["GLANCE_PATCH", "GangTeller", "RunGlance", "call_attributes", "progress_of"]
+__all__ = ["GLANCE_PATCH", "GOODPUT_PATCH", "GangTeller", "RunGlance", "call_attributes", "goodput_of", "progress_of"]
 
 #: workflow.patched id: from here on a GangTask signals its state to its run
 GLANCE_PATCH = "gang-tells-run"
+#: workflow.patched id: from here on a run looks up each finished gang call's goodput (a local activity)
+GOODPUT_PATCH = "run-shows-goodput"
 
 _KIND = SearchAttributeKey.for_keyword(KIND_ATTRIBUTE)
 _TENANT = SearchAttributeKey.for_keyword(TENANT_ATTRIBUTE)
@@ -56,6 +62,26 @@ def progress_of(payload: Any) -> dict[str, Any] | None:
     return {"attempt": attempt, "step": step, "metrics": numbers, "at": at if isinstance(at, int | float) else None}
 
 
+async def goodput_of(gang_id: str | None, run: RunContext, call: str, status: str) -> str | None:
+    """A finished gang call's goodput line (engine.runtime.gang_goodput, the ledger ``gangflow status`` prints),
+    None where it cannot be told; runs recorded before this replay without the look."""
+    if not workflow.patched(GOODPUT_PATCH):
+        return None
+    request = {"gang_id": gang_id, "run_id": run.run_id, "call": call, "artifacts": run.artifacts, "status": status}
+    try:
+        line = await workflow.execute_local_activity(
+            GANG_GOODPUT,
+            request,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=2),
+            summary=f"{call}: goodput",
+        )
+    except ActivityError as exc:  # the line is worth less than the run: never its failure
+        workflow.logger.warning("no goodput for %s: %s", call, exc)
+        return None
+    return line if isinstance(line, str) else None
+
+
 class GangTeller:
     """A GangTask's side: renders its own current details and tells its parent run its state."""
 
@@ -76,6 +102,13 @@ class GangTeller:
         sent = asyncio.ensure_future(_tell(handle, {**state, "seq": self.seq}))
         self.sending.add(sent)
         sent.add_done_callback(self.sending.discard)
+
+
+    async def flush(self) -> None:
+        """Wait until the run has been told (before the gang completes: a signal still being sent when the
+        workflow completes is dropped)."""
+        if self.sending:
+            await asyncio.gather(*self.sending)
 
 
 async def _tell(handle: workflow.ExternalWorkflowHandle[Any], state: dict[str, Any]) -> None:
@@ -105,10 +138,10 @@ class RunGlance:
         known.update({k: v for k, v in state.items() if k != "call" and (k != "ended" or v)})
         return True
 
-    def finished(self, call: str, ended: str, reason: str | None = None) -> None:
+    def finished(self, call: str, ended: str, reason: str | None = None, goodput: str | None = None) -> None:
         gang = self.gangs.get(call)
         if gang is not None:
-            gang["ended"] = ended
+            gang["ended"], gang["goodput"] = ended, goodput
             if reason:
                 gang.update(phase=reason.splitlines()[0], progress=None, restarts=None, final=True)
 

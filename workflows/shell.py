@@ -69,7 +69,7 @@ from workflows.calls import (
     route,
 )
 from workflows.gang_spec import GangSpec
-from workflows.glance import RunGlance, call_attributes
+from workflows.glance import RunGlance, call_attributes, goodput_of
 from workflows.platform import GangCall, GangService
 from workflows.scheduled import scheduled_run_context
 from workflows.waits import Waits
@@ -155,6 +155,8 @@ class _TemporalDispatcher:
         )
         summary = f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)"
         self.shell.glance.started(call)  # its state comes by signal (workflows.glance); its end is awaited here
+        # its ledger, once it has ended (a tenant's gang is in the platform's namespace: its saved reports only)
+        gang_id = None if route() is not None else f"{workflow.info().workflow_id}.{call}"
         try:
             result = await self._start_gang(task, blob, spec, call, summary)
         except BaseException as exc:  # (run_task counts it, and so refreshes the details)
@@ -162,9 +164,11 @@ class _TemporalDispatcher:
                 self.shell.glance.finished(call, "cancelled", "cancelled")
             else:
                 why = describe_failure(exc) if isinstance(exc, FailureError) else str(exc)
-                self.shell.glance.finished(call, "failed", why)
+                goodput = await goodput_of(gang_id, self.envelope.run, call, "failed")
+                self.shell.glance.finished(call, "failed", why, goodput)
             raise
-        self.shell.glance.finished(call, "completed")
+        goodput = await goodput_of(gang_id, self.envelope.run, call, "completed")
+        self.shell.glance.finished(call, "completed", goodput=goodput)
         return result
 
     async def _start_gang(self, task: TaskDefinition, blob: bytes, spec: GangSpec, call: str, summary: str) -> bytes:

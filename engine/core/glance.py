@@ -12,7 +12,9 @@ GangTask's status query (``workflows.gang``) that matter here:
 * ``attempt``, ``restarts``, ``max_restarts`` — the current attempt (0-based) and the restart budget spent;
 * ``progress`` — the ranks' latest step and metrics as node rank 0's agent last told the gang
   (``{"attempt", "step", "metrics", "at"}``), sent seldom (:func:`progress_interval`): the live per-rank view
-  stays in the node activities' heartbeats and ``gangflow status --ranks``.
+  stays in the node activities' heartbeats and ``gangflow status``;
+* ``goodput`` — once the call has ended, its ledger's line (engine.runtime.ledger ``goodput_line``), as its
+  run looked it up.
 
 Pure: the standard library only (a workflow renders it).
 """
@@ -121,6 +123,9 @@ def gang_line(state: Mapping[str, Any]) -> str:
     restarts, budget = state.get("restarts"), state.get("max_restarts")
     if isinstance(restarts, int) and restarts > 0:
         line += f" · restarts {restarts}" + (f" of {budget}" if isinstance(budget, int) else "")
+    goodput = state.get("goodput")
+    if isinstance(goodput, str) and goodput:
+        line += f" · {goodput}"
     return line
 
 

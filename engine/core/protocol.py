@@ -31,6 +31,7 @@ __all__ = [
     "DRAIN_NODE_UPDATE",
     "GANGS_QUEUE_PREFIX",
     "GANGS_SERVICE",
+    "GANG_GOODPUT",
     "GANG_PROGRESS_SIGNAL",
     "GANG_STATE_SIGNAL",
     "GANG_TYPE",
@@ -307,6 +308,8 @@ LEASED_NODES = "gangflow.leased_nodes"  # the specs of the nodes whose leases ar
 CACHE_LOOKUP = "gangflow.cache.lookup"
 CACHE_RECORD = "gangflow.cache.record"
 CACHE_HIT = "gangflow.cache.hit"
+#: a local activity of a run's: a finished distributed task call's goodput line, for the run's current details
+GANG_GOODPUT = "gangflow.gang_goodput"
 
 
 def hit_id(kind: str, task: str, run_id: str) -> str:
