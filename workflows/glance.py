@@ -103,7 +103,6 @@ class GangTeller:
         self.sending.add(sent)
         sent.add_done_callback(self.sending.discard)
 
-
     async def flush(self) -> None:
         """Wait until the run has been told (before the gang completes: a signal still being sent when the
         workflow completes is dropped)."""
@@ -124,8 +123,11 @@ class RunGlance:
     def __init__(self) -> None:
         self.gangs: dict[str, dict[str, Any]] = {}  # call -> {"call", "ended", "seq", **state}
 
-    def started(self, call: str) -> None:
+    def started(self, call: str, *, told: bool = True) -> None:
+        """``told``: whether its gang will tell this run its state (not behind the platform's Nexus endpoint)."""
         self.gangs[call] = {"call": call, "phase": "submitted", "ended": None, "seq": 0}
+        if not told:
+            self.gangs[call].update(status="started", phase="in the platform's namespace, which gangflow status asks")
 
     def told(self, state: Any) -> bool:
         """A gang's state signal; False when it is malformed or older than one already seen."""

@@ -154,9 +154,10 @@ class _TemporalDispatcher:
             preemption_grace_s=task.preemption_grace.total_seconds() if task.preemption_grace else None,
         )
         summary = f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)"
-        self.shell.glance.started(call)  # its state comes by signal (workflows.glance); its end is awaited here
-        # its ledger, once it has ended (a tenant's gang is in the platform's namespace: its saved reports only)
+        # its state comes by signal (workflows.glance), but from a gang in the platform's namespace (a tenant's,
+        # behind Nexus); its ledger once it has ended (of such a gang: from its saved rank reports only)
         gang_id = None if route() is not None else f"{workflow.info().workflow_id}.{call}"
+        self.shell.glance.started(call, told=gang_id is not None)
         try:
             result = await self._start_gang(task, blob, spec, call, summary)
         except BaseException as exc:  # (run_task counts it, and so refreshes the details)

@@ -109,6 +109,8 @@ def gang_status(state: Mapping[str, Any], ended: str | None = None) -> str:
     ``running`` while it holds a placement and ``waiting`` while it does not."""
     if ended:
         return ended
+    if isinstance(state.get("status"), str):  # what its run can say of a gang that tells it nothing (Nexus)
+        return str(state["status"])
     return "running" if _placed(state) else "waiting"
 
 

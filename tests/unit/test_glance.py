@@ -135,6 +135,16 @@ def test_the_run_drops_stale_and_malformed_states_and_keeps_a_failure() -> None:
     assert glance.details("h").splitlines()[-1] == "- **train-1** · *failed* · RankFailed: rank 1 exited with code 1"
 
 
+def test_a_gang_behind_nexus_is_listed_as_started_until_it_ends() -> None:
+    glance = RunGlance()
+    glance.started("train-1", told=False)
+    started = "- **train-1** · *started* · in the platform's namespace, which gangflow status asks"
+    assert glance.details("h").splitlines()[-1] == started
+    glance.finished("train-1", "completed", goodput="goodput 90 %: 10 % launch")
+    ended = started.replace("*started*", "*completed*") + " · goodput 90 %: 10 % launch"
+    assert glance.details("h").splitlines()[-1] == ended
+
+
 def test_a_completed_gang_may_tell_its_last_step_after_the_run_saw_it_end() -> None:
     glance = RunGlance()
     glance.started("train-1")
