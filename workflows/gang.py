@@ -222,9 +222,10 @@ class GangTask:
         if workflow.patched(ATTEMPTS_PATCH):
             workflow.upsert_memo({ATTEMPTS_MEMO: self.attempts})
 
-    def _say(self, text: str, more: str = "") -> None:
+    def _say(self, text: str, more: str = "", *, tell: bool = True) -> None:
+        """``tell``: whether the run hears of it too (not of a phase that lasts a moment: each is 4 events there)."""
         self.phase = text
-        self.teller.show(self._glance(), more)
+        self.teller.show(self._glance(), more, tell=tell)
 
     def _glance(self) -> dict[str, Any]:
         """What the run's current details and ``gangflow status`` show of this gang (engine.core.glance)."""
@@ -348,7 +349,8 @@ class GangTask:
         if self.requeued:
             self._say(f"waiting: {self.requeued} (the next attempt resumes from the last checkpoint)")
         else:
-            self._say(f"waiting for a placement: {spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)")
+            shape = f"{spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)"
+            self._say(f"waiting for a placement: {shape}", tell=False)  # (the Scheduler's reason follows if it waits)
         try:
             await scheduler.signal(SUBMIT_SIGNAL, request)  # a GangRequest, as the Scheduler reads it
         except Exception as exc:
@@ -370,7 +372,7 @@ class GangTask:
         run = Envelope.decode(envelope).run
         nodes = sorted(placement.nodes, key=lambda n: n.node_rank)
         where = ", ".join(n.node_id for n in nodes)
-        self._say(f"attempt {attempt}: starting on {where}")
+        self._say(f"attempt {attempt}: starting on {where}", tell=False)
         try:
             port: int = await workflow.execute_activity(
                 RESERVE_PORT,
@@ -447,7 +449,7 @@ class GangTask:
                 raise PreemptedAttempt(self.preempt, sorted(lost), preempted_outcome(handles, lost))
             # Stop the survivors first, then judge: the root cause (a node that vanished, a rank killed
             # from outside) often reports after its peers' collective errors ("connection closed by peer").
-            self._say(f"attempt {attempt}: a rank failed; probing the other nodes and stopping their ranks")
+            self._say(f"attempt {attempt}: a rank failed; probing the other nodes and stopping their ranks", tell=False)
             lost = await self._probe([n.node_id for n, h in zip(nodes, handles, strict=True) if not h.done()])
         finally:
             notice.cancel()

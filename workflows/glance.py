@@ -89,14 +89,16 @@ class GangTeller:
         self.seq = 0
         self.more = ""  # the markdown below the line (where the ranks run), kept for a progress-only refresh
         self.sending: set[asyncio.Future[None]] = set()  # held until sent (asyncio keeps only weak references)
+        self.told: dict[str, Any] | None = None  # the last state the run was told (the same one is not sent again)
 
-    def show(self, state: dict[str, Any], more: str | None = None) -> None:
+    def show(self, state: dict[str, Any], more: str | None = None, *, tell: bool = True) -> None:
         if more is not None:
             self.more = more
         workflow.set_current_details(gang_details(state, self.more))  # (not in history: free to change)
         parent = workflow.info().parent
-        if parent is None or not workflow.patched(GLANCE_PATCH):
-            return  # behind a Nexus operation (no parent here), or a gang recorded before this
+        if not tell or state == self.told or parent is None or not workflow.patched(GLANCE_PATCH):
+            return  # a passing phase, nothing new, behind a Nexus operation (no parent), or recorded before this
+        self.told = state
         self.seq += 1
         handle = workflow.get_external_workflow_handle(parent.workflow_id, run_id=parent.run_id)
         sent = asyncio.ensure_future(_tell(handle, {**state, "seq": self.seq}))
