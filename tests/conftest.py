@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,9 +159,19 @@ def state_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def chromium_binary() -> str | None:
+    """A Chromium to drive headless (tests/test_web_ui.py), if one is installed."""
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
 @pytest.fixture(scope="session")
 def server(state_root: Path) -> Iterator[DevServer]:
-    srv = DevServer(state_root / "temporal", ui=False).start()
+    # the Web UI only where a browser can look at it (tests/test_web_ui.py): the shared stack serves it then
+    srv = DevServer(state_root / "temporal", ui=chromium_binary() is not None).start()
     yield srv
     srv.stop()
 

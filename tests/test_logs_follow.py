@@ -124,6 +124,14 @@ def test_logs_follow_and_per_rank_status(server, worker, cluster, artifacts, tmp
         assert rc == 130 and err == "", err
         print(f"logs -f exited {time.monotonic() - started:.1f} s after the ranks were told to stop")
 
+        # the finished run's current details: the call's last step and its goodput, as `gangflow status` has it
+        metadata = await client.temporal.get_workflow_handle(run_id).query(
+            "__temporal_workflow_metadata", result_type=WorkflowMetadata
+        )
+        line = next(line for line in metadata.current_details.splitlines() if "reporting-1" in line)
+        assert line.startswith("- **reporting-1** · *completed* · completed attempt 0 on node-"), line
+        assert ": step " in line and " · goodput " in line, line
+
         # a finished gang: its last attempt's last reports
         final = _gang_task(status_json())["ranks"]
         assert final["live"] is False and final["attempt"] == 0

@@ -328,8 +328,9 @@ def test_a_rank_that_ignores_the_notice_is_killed_when_the_grace_ends(stack: Sta
         notice = info["preemption"]
         assert notice["grace_s"] == 4 and notice["cause"] == "priority", notice
         line = await details(client, gang)
-        assert line.startswith("attempt 0: preempted (priority by team-a): saving checkpoint, "), line
-        assert line.endswith(" of 4 s grace"), line
+        # (after the gang's status word, and before the ranks' last step where they reported one: engine.core.glance)
+        assert "— attempt 0: preempted (priority by team-a): saving checkpoint, " in line, line
+        assert " of 4 s grace" in line, line
 
         low_result = await result(client, flows, low, "stubborn_run")
         info = await client.gang(gang)

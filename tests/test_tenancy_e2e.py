@@ -369,12 +369,19 @@ def test_a_waiting_gang_says_why_in_tenant_terms(stack: Stack, project: Path, tm
         assert queue["tenants"]["team-a"]["pending"] == 1 and queue["tenants"]["team-c"]["pending"] == 1
 
         # the run's own status shows the reason: the GangTask's phase and current details (the Temporal UI's
-        # line), and `gangflow status`
+        # line, which says it waits though the UI's list shows it Running), the run's current details (the gang
+        # tells its run), and `gangflow status`
         async def told() -> bool:  # the Scheduler signals the reason to the GangTask just after it decides
             phase = (await client.gang(waiting))["phase"]
-            return bool(phase == reason and await current_details(client, waiting) == reason)
+            return bool(phase == reason and reason in await current_details(client, waiting))
 
         await until("the waiting gang told why", told, 30)
+        assert (await current_details(client, waiting)).startswith("**waiting** for a placement — pending: team-a")
+
+        async def run_told() -> bool:
+            return f"- **hold-1** · *waiting* · {reason}" in await current_details(client, waiting_run)
+
+        await until("the waiting gang's run told why", run_told, 30)
         (task,) = cli_json(stack, "status", waiting_run)["tasks"]
         assert task["name"] == "hold" and task["detail"] == reason, task
         table = cli(stack, "status", waiting_run)

@@ -48,6 +48,7 @@ from temporalio.workflow import ActivityCancellationType, ActivityHandle
 from engine.core.gang import NodeLaunch, notice_of, notice_payload
 from engine.core.protocol import (
     ATTEMPTS_MEMO,
+    GANG_PROGRESS_SIGNAL,
     GANG_TYPE,
     LEGACY_GANG_TYPE,
     NODE_LOST_SIGNAL,
@@ -71,6 +72,7 @@ from engine.scheduling import NodeAssignment, Placement, Preempted
 from workflows.gang_failures import AttemptFailed, Verdict, attempt_record, classify, finish_record
 from workflows.gang_notice import PreemptedAttempt, preempted_outcome, waiting_because
 from workflows.gang_spec import GangSpec, gang_request, no_scheduler
+from workflows.glance import GangTeller, progress_of
 
 __all__ = [
     "PROBE_TIMEOUT",
@@ -136,6 +138,9 @@ class GangTask:
         #: the notice as the ranks got it (with the grace that applies and when), while they stop
         self.noticed: dict[str, Any] | None = None
         self.requeued: str | None = None  # why a preempted gang waits again, until it is placed
+        self.call, self.attempt, self.max_restarts, self.ended = "", 0, 0, ""
+        self.progress: dict[str, Any] | None = None  # the ranks' last step, as node rank 0's agent told it
+        self.teller = GangTeller()  # its current details, and its run's (workflows.glance)
 
     # A signal handler that raises fails the workflow task again and again: every payload is checked
     # here, and a malformed one is logged and dropped.
@@ -168,6 +173,14 @@ class GangTask:
             return
         self.preempt = read
 
+    @workflow.signal(name=GANG_PROGRESS_SIGNAL)
+    def on_progress(self, payload: Any) -> None:
+        progress = progress_of(payload)
+        if progress is None or progress["attempt"] != self.attempt or self.placement is None:
+            return  # malformed, or a late report of an attempt that has ended
+        self.progress = progress
+        self.teller.show(self._glance())
+
     @workflow.signal(name=REMOTE_COMMAND)
     def on_remote_command(self, payload: Any) -> None:
         try:
@@ -188,6 +201,9 @@ class GangTask:
         return {
             "phase": self.phase,
             "pending": self.pending,
+            "attempt": self.attempt,
+            "max_restarts": self.max_restarts,
+            "progress": self.progress,
             "placement": self.placement.model_dump(mode="json") if self.placement else None,
             "restarts": self.restarts,
             "preemptions": self.preemptions,
@@ -206,9 +222,23 @@ class GangTask:
         if workflow.patched(ATTEMPTS_PATCH):
             workflow.upsert_memo({ATTEMPTS_MEMO: self.attempts})
 
-    def _say(self, text: str, more: str = "") -> None:
+    def _say(self, text: str, more: str = "", *, tell: bool = True) -> None:
+        """``tell``: whether the run hears of it too (not of a phase that lasts a moment: each is 4 events there)."""
         self.phase = text
-        workflow.set_current_details(text + more)  # (not in history: free to change between versions)
+        self.teller.show(self._glance(), more, tell=tell)
+
+    def _glance(self) -> dict[str, Any]:
+        """What the run's current details and ``gangflow status`` show of this gang (engine.core.glance)."""
+        return {
+            "call": self.call,
+            "phase": self.phase,
+            "placed": self.placement is not None,
+            "attempt": self.attempt,
+            "restarts": self.restarts,
+            "max_restarts": self.max_restarts,
+            "progress": self.progress,
+            "ended": self.ended,
+        }
 
     @workflow.run
     async def run(self, spec: GangSpec, envelope: bytes) -> bytes:
@@ -217,7 +247,9 @@ class GangTask:
         retry = spec.retry
         user_failures = 0
         attempt = 0
+        self.call, self.max_restarts = spec.call, spec.max_restarts
         while True:
+            self.attempt, self.progress = attempt, None
             placement = await self._place(spec, scheduler)
             nodes = [n.node_id for n in sorted(placement.nodes, key=lambda n: n.node_rank)]
             record = attempt_record(attempt, nodes, workflow.now())
@@ -249,6 +281,9 @@ class GangTask:
                 else:  # the run is being cancelled (nothing else leaves _attempt without a result)
                     self._ended(record, "cancelled", "cancelled")
             if result is not None:
+                self.ended = "completed"
+                self._say(f"completed attempt {attempt} on {', '.join(nodes)}", "")
+                await self.teller.flush()
                 return result
             if preempted is not None:
                 # a preemption is the cluster's decision, not a failure: no restart or retry is spent, and the
@@ -314,7 +349,8 @@ class GangTask:
         if self.requeued:
             self._say(f"waiting: {self.requeued} (the next attempt resumes from the last checkpoint)")
         else:
-            self._say(f"waiting for a placement: {spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)")
+            shape = f"{spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)"
+            self._say(f"waiting for a placement: {shape}", tell=False)  # (the Scheduler's reason follows if it waits)
         try:
             await scheduler.signal(SUBMIT_SIGNAL, request)  # a GangRequest, as the Scheduler reads it
         except Exception as exc:
@@ -336,7 +372,7 @@ class GangTask:
         run = Envelope.decode(envelope).run
         nodes = sorted(placement.nodes, key=lambda n: n.node_rank)
         where = ", ".join(n.node_id for n in nodes)
-        self._say(f"attempt {attempt}: starting on {where}")
+        self._say(f"attempt {attempt}: starting on {where}", tell=False)
         try:
             port: int = await workflow.execute_activity(
                 RESERVE_PORT,
@@ -413,7 +449,7 @@ class GangTask:
                 raise PreemptedAttempt(self.preempt, sorted(lost), preempted_outcome(handles, lost))
             # Stop the survivors first, then judge: the root cause (a node that vanished, a rank killed
             # from outside) often reports after its peers' collective errors ("connection closed by peer").
-            self._say(f"attempt {attempt}: a rank failed; probing the other nodes and stopping their ranks")
+            self._say(f"attempt {attempt}: a rank failed; probing the other nodes and stopping their ranks", tell=False)
             lost = await self._probe([n.node_id for n, h in zip(nodes, handles, strict=True) if not h.done()])
         finally:
             notice.cancel()

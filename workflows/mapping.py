@@ -31,12 +31,13 @@ from temporalio.workflow import ParentClosePolicy
 
 from engine.core.definitions import TaskDefinition
 from engine.core.mapping import DEFAULT_CHUNK_SIZE, settle
-from engine.core.protocol import MAP_CHUNK_TYPE
+from engine.core.protocol import KIND_CALL, MAP_CHUNK_TYPE
 from engine.core.wire import Envelope
 from engine.errors import PayloadTooLargeError
 from engine.types.codec import MAX_PAYLOAD_BYTES, check_payload_size, pack, unpack
 from workflows.caching import cached_call
 from workflows.calls import TaskFailed, code_ref, describe_failure, execute_plain, load_code
+from workflows.glance import call_attributes
 
 if TYPE_CHECKING:
     from workflows.shell import _TemporalDispatcher
@@ -89,6 +90,7 @@ async def run_map(
                 task_queue=info.task_queue,
                 result_type=bytes,
                 static_summary=f"engine.map({task.name}): items {start}-{end - 1} of {len(items)}",
+                search_attributes=call_attributes(KIND_CALL, dispatcher.envelope.run.tenant),
                 # a terminated or timed-out run cancels its chunks (a cancelled one does so by cancelling the wait)
                 parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
             )

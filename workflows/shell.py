@@ -43,7 +43,16 @@ from temporalio.workflow import ParentClosePolicy
 from engine.core.definitions import TaskDefinition, WorkflowDefinition
 from engine.core.dispatch import using_dispatcher
 from engine.core.guard import guarding, rearm
-from engine.core.protocol import APPROVE_UPDATE, GANG_TYPE, INPUT_UPDATE, LEGACY_GANG_TYPE, PROGRESS_QUERY
+from engine.core.protocol import (
+    APPROVE_UPDATE,
+    GANG_STATE_SIGNAL,
+    GANG_TYPE,
+    INPUT_UPDATE,
+    KIND_CALL,
+    KIND_GANG,
+    LEGACY_GANG_TYPE,
+    PROGRESS_QUERY,
+)
 from engine.core.waits import WaitRequest
 from engine.core.wire import Envelope
 from engine.errors import GangflowError
@@ -60,6 +69,7 @@ from workflows.calls import (
     route,
 )
 from workflows.gang_spec import GangSpec
+from workflows.glance import RunGlance, call_attributes, goodput_of
 from workflows.platform import GangCall, GangService
 from workflows.scheduled import scheduled_run_context
 from workflows.waits import Waits
@@ -122,7 +132,6 @@ class _TemporalDispatcher:
         if gang is None:  # pragma: no cover - run_task routes only gang tasks here
             raise ApplicationError(f"task {task.name!r} is not distributed", non_retryable=True)
         call = self._call_id(task)
-        info = workflow.info()
         spec = GangSpec(
             task=task.name,
             call=call,
@@ -145,6 +154,26 @@ class _TemporalDispatcher:
             preemption_grace_s=task.preemption_grace.total_seconds() if task.preemption_grace else None,
         )
         summary = f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)"
+        # its state comes by signal (workflows.glance), but from a gang in the platform's namespace (a tenant's,
+        # behind Nexus); its ledger once it has ended (of such a gang: from its saved rank reports only)
+        gang_id = None if route() is not None else f"{workflow.info().workflow_id}.{call}"
+        self.shell.glance.started(call, told=gang_id is not None)
+        try:
+            result = await self._start_gang(task, blob, spec, call, summary)
+        except BaseException as exc:  # (run_task counts it, and so refreshes the details)
+            if is_cancelled_exception(exc) or isinstance(exc, asyncio.CancelledError):
+                self.shell.glance.finished(call, "cancelled", "cancelled")
+            else:
+                why = describe_failure(exc) if isinstance(exc, FailureError) else str(exc)
+                goodput = await goodput_of(gang_id, self.envelope.run, call, "failed")
+                self.shell.glance.finished(call, "failed", why, goodput)
+            raise
+        goodput = await goodput_of(gang_id, self.envelope.run, call, "completed")
+        self.shell.glance.finished(call, "completed", goodput=goodput)
+        return result
+
+    async def _start_gang(self, task: TaskDefinition, blob: bytes, spec: GangSpec, call: str, summary: str) -> bytes:
+        info = workflow.info()
         tenant_route = route()
         if tenant_route is not None:
             # The platform runs the GangTask in its namespace; a cancelled run cancels it (WAIT_COMPLETED: the
@@ -167,6 +196,7 @@ class _TemporalDispatcher:
             result_type=bytes,
             memo={"gangflow_task": task.name},
             static_summary=summary,
+            search_attributes=call_attributes(KIND_GANG, spec.tenant),
             # a terminated or timed-out run cancels its gangs, so they stop their ranks and free their GPUs
             parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
         )
@@ -229,7 +259,7 @@ class _TemporalDispatcher:
                 id=f"{info.workflow_id}.{wf.name}-{self.child_seq}",
                 task_queue=info.task_queue,
                 result_type=bytes,
-                search_attributes=info.typed_search_attributes,
+                search_attributes=call_attributes(KIND_CALL, self.envelope.run.tenant, info.typed_search_attributes),
                 execution_timeout=wf.timeout,
                 parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
             )
@@ -253,6 +283,7 @@ class UserWorkflow:
         self.done = 0
         self.failed = 0
         self.waits = Waits(self._details)  # engine.approve / engine.wait_for_input (workflows/waits.py)
+        self.glance = RunGlance()  # its distributed task calls' states, as their gangs tell them
 
     def task_started(self, name: str) -> None:
         self.running[name] += 1
@@ -269,12 +300,19 @@ class UserWorkflow:
         self._details()
 
     def _details(self) -> None:
+        """The Web UI's current details of the run: its task counts, what it waits for, and each distributed task
+        call's state in the words of ``gangflow status`` (engine.core.glance)."""
         now = ", ".join(f"{n} ×{c}" if c > 1 else n for n, c in sorted(self.running.items())) or "—"
         waiting = self.waits.details()
-        workflow.set_current_details(
-            f"**running:** {now} · **done:** {self.done} · **failed:** {self.failed}"
-            + (f" · **{waiting}**" if waiting else "")
+        head = f"**running:** {now} · **done:** {self.done} · **failed:** {self.failed}" + (
+            f" · **{waiting}**" if waiting else ""
         )
+        workflow.set_current_details(self.glance.details(head))
+
+    @workflow.signal(name=GANG_STATE_SIGNAL)
+    def on_gang_state(self, state: Any) -> None:
+        if self.glance.told(state):  # a malformed or stale one is dropped, never raised on
+            self._details()
 
     @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from engine.client._prepare import (
     task_priorities,
 )
 from engine.core.definitions import WorkflowDefinition, definition_of
+from engine.core.glance import gang_line
 from engine.core.protocol import (
     ATTEMPTS_MEMO,
     DEFAULT_TENANT,
@@ -280,7 +281,7 @@ class Client(ClusterClient):
                         answer = await gang.query(STATUS_QUERY, rpc_timeout=_REPLAY_QUERY_TIMEOUT)
                         recorded = answer.get("attempts")
         if isinstance(live, dict) and record.status in ("scheduled", "running"):
-            record.detail = live.get("phase")
+            record.detail = gang_line(live)  # the words of the run's current details (engine.core.glance)
             recorded = live.get("attempts")
             if record.status == "running" and not live.get("placement"):
                 record.status = "waiting"  # its GangTask runs, its ranks do not: it waits for the Scheduler

@@ -32,6 +32,7 @@ from engine.core.protocol import (
     APPLY_QUEUES_UPDATE,
     DESCRIBE_QUERY,
     DRAIN_NODE_UPDATE,
+    KIND_VIEW,
     PLATFORM_NAMESPACE,
     QUEUES_QUERY,
     RELEASE_SIGNAL,
@@ -44,6 +45,7 @@ from engine.core.protocol import (
     tenant_of_namespace,
 )
 from engine.errors import GangflowError, InputError, NodeNotFoundError
+from engine.runtime.connection import kind_attributes
 from engine.runtime.keeper import start_scheduler
 from engine.scheduling.config import QueueConfig, QueueConfigError, dump_queue_config, load_queue_config
 from engine.scheduling.events import drain_request
@@ -137,6 +139,7 @@ class ClusterClient:
                 payload,
                 id=f"{TENANT_VIEW_PREFIX}{uuid.uuid4().hex}",
                 task_queue=self.task_queue,
+                search_attributes=kind_attributes(KIND_VIEW, tenant),
                 execution_timeout=timeout,
                 result_type=dict,
             )

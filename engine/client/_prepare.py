@@ -24,10 +24,10 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from engine.artifacts import ArtifactStore, default_artifact_root, pack_code
 from engine.core.cache_key import check_cache_mode
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, source_file
-from engine.core.protocol import DEFAULT_TENANT
+from engine.core.protocol import DEFAULT_TENANT, KIND_RUN
 from engine.core.wire import CodeRef, Envelope, RunContext
 from engine.errors import GangflowError, InputError
-from engine.runtime.connection import PIPELINE, TENANT
+from engine.runtime.connection import KIND, PIPELINE, TENANT
 
 __all__ = [
     "NO_QUEUE_CONFIG",
@@ -183,7 +183,11 @@ def start_options(defn: WorkflowDefinition, envelope: Envelope) -> dict[str, Any
         "execution_timeout": defn.timeout,
         "memo": {"gangflow": memo},
         "search_attributes": TypedSearchAttributes(
-            [SearchAttributePair(PIPELINE, defn.name), SearchAttributePair(TENANT, envelope.run.tenant)]
+            [
+                SearchAttributePair(PIPELINE, defn.name),
+                SearchAttributePair(TENANT, envelope.run.tenant),
+                SearchAttributePair(KIND, KIND_RUN),
+            ]
         ),
         "static_summary": f"gangflow pipeline {defn.name}",
         "static_details": f"code: {envelope.code.module}.{envelope.code.qualname}"

@@ -31,9 +31,19 @@ __all__ = [
     "DRAIN_NODE_UPDATE",
     "GANGS_QUEUE_PREFIX",
     "GANGS_SERVICE",
+    "GANG_GOODPUT",
+    "GANG_PROGRESS_SIGNAL",
+    "GANG_STATE_SIGNAL",
     "GANG_TYPE",
     "HOLD_LEASE",
     "INPUT_UPDATE",
+    "KIND_ATTRIBUTE",
+    "KIND_CALL",
+    "KIND_GANG",
+    "KIND_LEASE",
+    "KIND_RUN",
+    "KIND_SCHEDULER",
+    "KIND_VIEW",
     "LEASED_NODES",
     "LEASE_CHECK_SIGNAL",
     "LEGACY_GANG_TYPE",
@@ -98,6 +108,15 @@ DEFAULT_TENANT = "default"
 PIPELINE_ATTRIBUTE = "GangflowPipeline"  # keyword: the user workflow's name
 TENANT_ATTRIBUTE = "GangflowTenant"  # keyword: the run's tenant
 SCHEDULED_BY_ATTRIBUTE = "TemporalScheduledById"  # keyword Temporal sets on a run a schedule started
+#: keyword: what a workflow execution is to gangflow, so that one list query tells a user's runs from the
+#: rest (``GangflowKind = "run"``). Set in the start options of each, never upserted:
+KIND_ATTRIBUTE = "GangflowKind"
+KIND_RUN = "run"  # a run: started by the client or a schedule
+KIND_CALL = "call"  # a workflow a run starts for one of its calls: a child @workflow, an engine.map chunk
+KIND_GANG = "gang"  # a GangTask (one distributed task call); it carries its run's tenant too
+KIND_SCHEDULER = "scheduler"  # the Scheduler (it serves every tenant: it carries no tenant)
+KIND_LEASE = "lease"  # a node's lease
+KIND_VIEW = "view"  # a tenant's short look through its Nexus endpoint (TenantView)
 
 
 def node_queue(node_id: str) -> str:
@@ -262,6 +281,11 @@ PENDING_SIGNAL = "pending"  # signal from the Scheduler: why it waits
 PREEMPT_SIGNAL = "preempt"  # signal from the Scheduler: the preemption notice
 REMOTE_COMMAND = "remote_command"  # signal and query: MPI's remote-shell hook between agents
 STATUS_QUERY = "status"  # query: phase, attempt, placement, ranks
+#: signal from node rank 0's agent to its GangTask: the ranks' latest step and metrics (engine.core.glance says
+#: how seldom: a few dozen per attempt-day, never one per report)
+GANG_PROGRESS_SIGNAL = "gangflow_gang_progress"
+#: signal from a GangTask to the run that called it: the gang's state (what the run's current details show)
+GANG_STATE_SIGNAL = "gangflow_gang_state"
 #: the memo key where a GangTask keeps its attempt list (what a finished gang's status reads, no worker needed)
 ATTEMPTS_MEMO = "gangflow_attempts"
 #: the error type a rank's attempt ends with when it was preempted (never spends a restart)
@@ -284,6 +308,8 @@ LEASED_NODES = "gangflow.leased_nodes"  # the specs of the nodes whose leases ar
 CACHE_LOOKUP = "gangflow.cache.lookup"
 CACHE_RECORD = "gangflow.cache.record"
 CACHE_HIT = "gangflow.cache.hit"
+#: a local activity of a run's: a finished distributed task call's goodput line, for the run's current details
+GANG_GOODPUT = "gangflow.gang_goodput"
 
 
 def hit_id(kind: str, task: str, run_id: str) -> str:

@@ -15,12 +15,12 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from engine.core.glance import format_metrics  # its one home: a workflow's current details use it too
+
 __all__ = ["RankRow", "format_age", "format_metrics", "rank_rows", "summary_line"]
 
 #: the report's own keys; everything else in a report is a metric the rank chose to report
 _REPORT_KEYS = frozenset({"step", "time", "pid", "first_step", "since", "ckpt_step", "ckpt_time", "ckpt_s"})
-#: metrics shown first, in this order, when a rank reports them
-_FIRST = ("loss", "val_loss", "accuracy", "lr")
 
 RankRow = dict[str, Any]
 
@@ -88,18 +88,6 @@ def format_age(seconds: float | None) -> str:
         return f"{whole // 60} min ago"
     hours, minutes = divmod(whole // 60, 60)
     return f"{hours} h {minutes} min ago" if minutes else f"{hours} h ago"
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def format_metrics(metrics: Mapping[str, Any]) -> str:
-    """``loss 0.1234 · acc 0.9``: the usual metrics first, then the others in the order reported."""
-    names = [k for k in _FIRST if k in metrics] + [k for k in metrics if k not in _FIRST]
-    return " · ".join(f"{name} {_value(metrics[name])}" for name in names)
 
 
 def summary_line(rows: Iterable[RankRow]) -> str:

@@ -20,11 +20,17 @@ from pathlib import Path
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
-from temporalio.common import SearchAttributeKey
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.converter import DataConverter
 from temporalio.service import TLSConfig
 
-from engine.core.protocol import PIPELINE_ATTRIBUTE, SCHEDULED_BY_ATTRIBUTE, TENANT_ATTRIBUTE, tenant_namespace
+from engine.core.protocol import (
+    KIND_ATTRIBUTE,
+    PIPELINE_ATTRIBUTE,
+    SCHEDULED_BY_ATTRIBUTE,
+    TENANT_ATTRIBUTE,
+    tenant_namespace,
+)
 from engine.errors import GangflowError, InputError
 from engine.runtime.encryption import encrypting_converter, keys_from_env
 
@@ -36,6 +42,7 @@ __all__ = [
     "DEFAULT_ISSUER",
     "DEFAULT_NAMESPACE",
     "ISSUER_ENV",
+    "KIND",
     "PIPELINE",
     "SCHEDULED_BY",
     "SEARCH_ATTRIBUTES",
@@ -47,6 +54,7 @@ __all__ = [
     "ensure_search_attributes",
     "expected_audience",
     "expected_issuer",
+    "kind_attributes",
     "token_problem",
 ]
 
@@ -56,7 +64,17 @@ DEFAULT_NAMESPACE = "default"
 PIPELINE = SearchAttributeKey.for_keyword(PIPELINE_ATTRIBUTE)
 TENANT = SearchAttributeKey.for_keyword(TENANT_ATTRIBUTE)
 SCHEDULED_BY = SearchAttributeKey.for_keyword(SCHEDULED_BY_ATTRIBUTE)  # Temporal's own: not ours to register
-SEARCH_ATTRIBUTES = {PIPELINE.name: "Keyword", TENANT.name: "Keyword"}
+KIND = SearchAttributeKey.for_keyword(KIND_ATTRIBUTE)
+SEARCH_ATTRIBUTES = {PIPELINE.name: "Keyword", TENANT.name: "Keyword", KIND.name: "Keyword"}
+
+
+def kind_attributes(kind: str, tenant: str | None = None) -> TypedSearchAttributes:
+    """The start-time search attributes of a workflow gangflow starts that is no run (the Scheduler, a lease, a
+    tenant's look): its ``GangflowKind`` (engine.core.protocol ``KIND_*``) and, where it has one, its tenant."""
+    pairs = [SearchAttributePair(KIND, kind)]
+    if tenant is not None:
+        pairs.append(SearchAttributePair(TENANT, tenant))
+    return TypedSearchAttributes(pairs)
 
 
 #: the ``aud`` and ``iss`` a token must name (engine.runtime.tokens): read here too, where a client says why a

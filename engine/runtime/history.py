@@ -22,7 +22,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHandle
 from temporalio.converter import DataConverter, PayloadCodec
 
-from engine.core.protocol import CACHE_HIT, CACHE_LOOKUP, CACHE_RECORD, parse_hit_id
+from engine.core.protocol import CACHE_HIT, CACHE_LOOKUP, CACHE_RECORD, GANG_GOODPUT, parse_hit_id
 
 __all__ = ["TaskRecord", "failure_attempts", "format_failure", "read_tasks"]
 
@@ -78,9 +78,12 @@ def _local_activity_name(event: HistoryEvent) -> str:
 
 def _cache_marker(event: HistoryEvent, when: datetime) -> TaskRecord | bool | None:
     """A task cache local activity (workflows/caching.py): False when it is none; None for a lookup or a record
-    (bookkeeping, not a task call); a "cached" record for a hit, whose id names the task and the source run."""
+    (bookkeeping, not a task call, as the run's goodput look is); a "cached" record for a hit, whose id names the
+    task and the source run."""
     data = _local_activity_data(event)
     kind = str(data.get("activity_type") or "")
+    if kind == GANG_GOODPUT:  # the run's look at a finished gang's ledger (engine.runtime.gang_goodput): no task
+        return None
     if kind not in (CACHE_LOOKUP, CACHE_RECORD, CACHE_HIT):
         return False
     hit = parse_hit_id(str(data.get("activity_id") or "")) if kind == CACHE_HIT else None

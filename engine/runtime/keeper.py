@@ -21,7 +21,8 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 
-from engine.core.protocol import SCHEDULER_ID, SCHEDULER_TYPE, TASK_QUEUE, scheduler_input
+from engine.core.protocol import KIND_SCHEDULER, SCHEDULER_ID, SCHEDULER_TYPE, TASK_QUEUE, scheduler_input
+from engine.runtime.connection import kind_attributes
 
 __all__ = ["KEEP_EVERY_S", "keep_scheduler", "kept_scheduler", "start_scheduler"]
 
@@ -42,6 +43,7 @@ async def start_scheduler(
         id=SCHEDULER_ID,
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        search_attributes=kind_attributes(KIND_SCHEDULER),  # continue-as-new keeps them
         **extra,
     )
 

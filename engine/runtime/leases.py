@@ -21,7 +21,8 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 
-from engine.core.protocol import HOLD_LEASE, LEASED_NODES, NODE_LEASE_TYPE, NODE_MEMO, lease_id
+from engine.core.protocol import HOLD_LEASE, KIND_LEASE, LEASED_NODES, NODE_LEASE_TYPE, NODE_MEMO, lease_id
+from engine.runtime.connection import kind_attributes
 
 __all__ = ["HEARTBEAT_EVERY", "LeaseHolder", "leased_nodes", "start_lease"]
 
@@ -42,6 +43,7 @@ async def start_lease(client: Client, spec: dict[str, Any], task_queue: str) -> 
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
         memo={NODE_MEMO: spec},
+        search_attributes=kind_attributes(KIND_LEASE),
         static_summary=f"lease of node {spec['node_id']}",
     )
 

@@ -84,6 +84,7 @@ from engine.executor.sandbox import CGROUPS_ONLY, SANDBOX_ENV, GangSandbox, dete
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
 from engine.runtime.connection import CREDENTIAL_ENV
+from engine.runtime.gang_progress import ProgressTeller
 from engine.runtime.leases import LeaseHolder, start_lease
 from engine.runtime.rank_logs import RankLogs
 from engine.runtime.ranks import RankSaver, rank_details
@@ -257,6 +258,7 @@ class NodeActivities:
             raise
         key = (launch.gang_id, launch.attempt)
         saver = RankSaver(store, run_id, launch.log_name, launch.attempt, launch.node_rank)
+        teller = ProgressTeller(launch.attempt, told=launch.node_rank == 0)  # node rank 0 tells the gang its step
         relay: LauncherRelay | None = None
         noticed: DeliveredNotice | None = None
         self.running.add(key)
@@ -291,11 +293,13 @@ class NodeActivities:
                 if noticed is not None:
                     details["preempted_for_s"] = round(time.time() - noticed.at, 1)
                 activity.heartbeat(details)
+                await teller.maybe(details)
                 if mirror is not None and mirror.due():  # `gangflow logs` while the ranks run
                     await asyncio.to_thread(mirror.sync)
                 if saver.due():  # for `gangflow status` where the heartbeats cannot be read
                     await asyncio.to_thread(saver.save, details)
                 await asyncio.sleep(0.2)
+            await teller.last(rank_details(self.config.node_id, gang, len(launch.gpu_ids)))  # their last step
             if isinstance(state, RankFailure):
                 await asyncio.to_thread(gang.terminate, STOP_GRACE_S)
                 raise ApplicationError(

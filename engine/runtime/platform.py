@@ -32,6 +32,7 @@ from temporalio.worker import Worker
 from engine.core.protocol import (
     DESCRIBE_QUERY,
     GANG_TYPE,
+    KIND_GANG,
     PLATFORM_NAMESPACE,
     QUEUES_QUERY,
     SCHEDULER_ID,
@@ -44,6 +45,7 @@ from engine.core.protocol import (
 )
 from engine.core.wire import Envelope
 from engine.errors import GangflowError
+from engine.runtime.connection import kind_attributes
 from engine.runtime.owners import CALLER_MEMO
 from engine.scheduling.tenant_view import own_cluster, own_gang, own_queues
 from workflows.platform import GangCall, GangService, ViewRequest
@@ -106,6 +108,7 @@ class GangServiceHandler:
                 },
             },
             static_summary=f"{tenant}: {spec.task}: {spec.shape.nnodes} node(s) × {spec.shape.nproc_per_node} rank(s)",
+            search_attributes=kind_attributes(KIND_GANG, tenant),
         )
 
     @sync_operation

@@ -1,0 +1,47 @@
+"""A finished distributed task call's goodput, for its run's current details: ``goodput 94 %: 3 % launch, ...``.
+
+The run's workflow asks for it once per call, when the call ends (a local activity on the run's own worker,
+``GANG_GOODPUT``): the ledger is what ``gangflow status`` prints (engine.runtime.ledger, from the gang's attempt
+list in its memo and the rank reports its node agents saved in the run's store), so the run's page and the CLI
+say the same. A gang whose attempts cannot be read (a tenant's gang lives in the platform's namespace; a store
+that cannot be read) gets its ledger from the saved reports alone, or none: never an error for the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import TemporalError
+from temporalio.service import RPCError
+
+from engine.core.protocol import ATTEMPTS_MEMO, GANG_GOODPUT
+from engine.runtime.activities import store_for
+from engine.runtime.ledger import add_ledgers, goodput_line
+from engine.runtime.ranks import attempt_ranks, merge_attempts
+
+__all__ = ["gang_goodput"]
+
+log = logging.getLogger(__name__)
+
+
+@activity.defn(name=GANG_GOODPUT)
+async def gang_goodput(request: dict[str, Any]) -> str | None:
+    """``request``: ``{"gang_id"`` (None behind Nexus)``, "run_id", "call", "artifacts", "status"}``."""
+    recorded: list[dict[str, Any]] = []
+    if request.get("gang_id"):
+        with contextlib.suppress(RPCError, TemporalError):
+            desc = await activity.client().get_workflow_handle(str(request["gang_id"])).describe()
+            recorded = [a for a in await desc.memo_value(ATTEMPTS_MEMO, []) if isinstance(a, dict)]
+    try:
+        saved = await asyncio.to_thread(
+            attempt_ranks, store_for(str(request["artifacts"])), str(request["run_id"]), str(request["call"])
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        log.debug("no rank reports for %s: %s", request.get("call"), exc)
+        saved = {}
+    ledger = add_ledgers(a.get("ledger") for a in merge_attempts(recorded, saved, str(request.get("status"))))
+    return goodput_line(ledger) if ledger is not None else None
