@@ -173,7 +173,7 @@ class Policy:
         of the pure rules) no deadline fires and every running gang counts as old enough to preempt."""
         if now is not None:
             self._now = now
-            self.tenancy.advance(now)
+        reranked = now is not None and self.tenancy.advance(now)  # the shares moved with the clock: order again
         decisions: list[Decision] = []
         changed = True
         if isinstance(event, NodeRegistered):
@@ -190,7 +190,7 @@ class Policy:
             intake.reconfigure(self, event.config, decisions)
         if now is not None and self.inventory.expire(now):
             changed = True
-        if changed:
+        if changed or reranked:
             # a Tick may carry searches put off by earlier events: it allows more of them than an event does
             self._cycle(decisions, timed=now is not None, searches=4 if isinstance(event, Tick) else 1)
         if isinstance(event, GangSubmitted):

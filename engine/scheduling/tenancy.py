@@ -47,11 +47,6 @@ RESOURCES = ("gpu", "cpu", "mem")
 _INF = float("inf")
 
 
-def _limited(t: _Tenant) -> list[int]:
-    # the resources its quota limits; a tenant without any quota is measured on all of them
-    return [r for r in range(3) if t.nominal[r] is not None] or [0, 1, 2]
-
-
 def demand(request: GangRequest) -> Vec:
     """A gang's whole demand: GPUs, millicores and bytes over all of its nodes."""
     n = request.nnodes
@@ -93,6 +88,11 @@ class _Tenant:
     #: how many times the usage of its pool (its root cohort's tenants, or itself alone without one) changed,
     #: shared by the pool's tenants: what ``blocked`` reads cannot have moved while it stays the same
     pool_version: list[int] = field(default_factory=lambda: [0])
+    #: the resources fair share measures it on: those its quota limits, all three for a tenant without any
+    limited: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.limited = tuple(r for r in range(3) if self.nominal[r] is not None) or (0, 1, 2)
 
 
 class Tenancy:
@@ -188,22 +188,27 @@ class Tenancy:
     def _over(self, t: _Tenant) -> Vec:
         """What the tenant uses above nominal on the resources fair share measures it on (``share``)."""
         over = [0, 0, 0]
-        for r in _limited(t):
+        for r in t.limited:
             over[r] = max(0, t.used[r] - (t.nominal[r] or 0))
         return (over[0], over[1], over[2])
 
-    def advance(self, now: float) -> None:
+    def advance(self, now: float) -> bool:
         """The policy's clock is ``now``. With a half-life, the share of every tenant with a history moves
         with each step of the clock fair share reads (``UsageDecay.ranked_at``): they count as changed then
-        (``changes``, ``touched``), so the policy ranks them again. O(tenants) then, O(1) otherwise."""
+        (``changes``, ``touched``), and True says the order may have changed, even if the event changed
+        nothing else. O(tenants) then, O(1) otherwise; always False without a half-life."""
         if now == self.now:
-            return
+            return False
         before, self.now = self.now, now
         decay = self.decay
-        if decay is not None and decay.ranked_at(now) != decay.ranked_at(before):
-            for tenant in decay.moving():
-                self.changes[tenant] = self.changes.get(tenant, 0) + 1
-                self.touched.add(tenant)
+        if decay is None or decay.ranked_at(now) == decay.ranked_at(before):
+            return False
+        moved = False
+        for tenant in decay.moving():
+            self.changes[tenant] = self.changes.get(tenant, 0) + 1
+            self.touched.add(tenant)
+            moved = True
+        return moved
 
     def carry(self, old: Tenancy) -> None:
         """A new configuration's ledger (empty yet) takes over ``old``'s clock and, when it has a half-life
@@ -298,7 +303,7 @@ class Tenancy:
         dominant = 0.0
         decay = self.decay
         past = decay.average(tenant, decay.ranked_at(self.now)) if decay is not None else None
-        for r in _limited(t):
+        for r in t.limited:
             over: float = t.used[r] + plus[r] - (t.nominal[r] or 0)
             if past is not None:  # fair share with memory: its recent average above nominal counts too
                 over = max(0, over) + past[r]

@@ -15,13 +15,15 @@ Between two changes of a tenant's usage ``over`` is constant, so ``H`` is kept p
     H(t) = H(as_of) * d + rate * tau * (1 - d)
 
 One change costs O(1) (``change``), one read O(1) (``value_at``): nothing is done per event for a tenant
-whose usage did not change. Fair share reads it on a clock that moves in steps of ``half_life / 1024``
-(``ranked_at``: 10 minutes for a 7-day half-life, 3.5 s for 1 hour), in which a history changes by under
-0.07 %: between two steps the order changes only for tenants whose usage changed, and an event costs no
-re-ranking of every tenant with a history. ``H / tau`` is the decayed *average* usage, in the resource's own units: a
+whose usage did not change. ``H / tau`` is the decayed *average* usage, in the resource's own units: a
 tenant that has held ``g`` GPUs above its quota for much longer than ``h`` has an average of ``g``; one
 that held them for exactly ``h`` and then stopped, ``g / 2``. Fair share adds that average to the current
 usage (``Tenancy.share``).
+
+Fair share reads it on a clock that moves in steps of ``half_life / 1024`` (``ranked_at``: 10 minutes for
+a 7-day half-life, 3.5 s for 1 hour), in which a history changes by under 0.07 %: between two steps the
+order changes only for the tenants whose usage changed, so an event does not re-rank every tenant with a
+history; at a step it does, O(tenants) (``Tenancy.advance``).
 
 Time is the policy's clock (``Policy.step``'s ``now``: the Scheduler workflow's clock), so the values are
 the same on every replay; they are carried across continue-as-new in the snapshot (``rows``) and a snapshot
@@ -36,7 +38,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RANK_STEPS", "UsageDecay"]
+__all__ = ["RANK_STEPS", "FloatVec", "UsageDecay"]
 
 #: steps per half-life of the clock fair share reads the decayed usage on (``UsageDecay.ranked_at``)
 RANK_STEPS = 1024
@@ -83,8 +85,8 @@ class UsageDecay:
         record = self._records.get(tenant)
         if record is None:
             self._records[tenant] = _Record((0.0, 0.0, 0.0), rate, now)
-            return
-        record.value, record.rate, record.as_of = self._at(record, now), rate, now
+        elif rate != record.rate:  # the same rate goes on: nothing to settle (any change within the quota)
+            record.value, record.rate, record.as_of = self._at(record, now), rate, now
 
     def value_at(self, tenant: str, now: float) -> FloatVec:
         """The tenant's decayed usage at ``now``, in resource-seconds (0 for a tenant never seen)."""

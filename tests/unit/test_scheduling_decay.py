@@ -103,6 +103,30 @@ def test_the_weight_divides_the_remembered_share_too(weight_b: int, first: str) 
     assert admitted(policy.step(GangReleased(gang_id="b1"), 2 * HOUR)) == [first]
 
 
+@pytest.mark.parametrize("half_life", [None, "1h"])
+def test_the_order_moves_with_the_clock_alone(half_life: str | None) -> None:
+    """team-b used the node for an hour, team-a now runs a1: with memory team-b's new gang goes after
+    team-a's at first; as team-b's history fades and team-a's grows it goes first, and starts at the next
+    event, even one that changes nothing else (a node re-registering unchanged). Without memory team-b,
+    running nothing, goes first at once."""
+    policy = two_tenants(half_life)
+    policy.step(node("n0", gpus=8, cpus=64), 0.0)
+    policy.step(gang("b0", "team-b", gpus=8), 0.0)
+    policy.step(gang("a1", "team-a", gpus=2), 1.0)
+    assert admitted(policy.step(GangReleased(gang_id="b0"), HOUR)) == ["a1"]
+    policy.step(gang("a2", "team-a", gpus=8), HOUR)  # waits for a1's GPUs
+    # not preemptible, so it does not backfill behind a2 while a2 goes first
+    first = admitted(policy.step(gang("b1", "team-b", gpus=4, preemptible=False), HOUR))
+    if half_life is None:
+        assert first == ["b1"]
+        return
+    assert first == []
+    # team-a: 2 GPUs now, and its average grows to 2; team-b's average of 4 halves every hour: they cross
+    # at 2^(-t/h) = 2/3, about 35 minutes on
+    assert admitted(policy.step(node("n0", gpus=8, cpus=64), HOUR + 1800)) == []
+    assert admitted(policy.step(node("n0", gpus=8, cpus=64), HOUR + 2500)) == ["b1"]
+
+
 # ---------------------------------------------------------------- the decay
 
 
