@@ -338,6 +338,21 @@ def _amounts(values: Any) -> str:
     return "\n".join(f"{r} {_amount(r, values.get(r, 0))}" for r in ("gpu", "cpu", "mem"))
 
 
+def _decayed(values: Any) -> str:
+    """A tenant's decayed usage above nominal (``usage_half_life``): resource-seconds shown as hours."""
+    values = values if isinstance(values, Mapping) else {}
+    lines = []
+    for resource, unit in (("gpu", " GPU·h"), ("cpu", " CPU·h"), ("mem", "·h")):
+        value = values.get(resource, 0)
+        if not isinstance(value, int | float):
+            lines.append(f"{resource} {value}")
+        elif resource == "mem":
+            lines.append(f"mem {_mem(value / 3600)}{unit}")
+        else:
+            lines.append(f"{resource} {value / 3600:.3g}{unit}")
+    return "\n".join(lines)
+
+
 def _share(value: Any) -> str:
     """The dominant resource share (weight 0: infinite, never favoured)."""
     if isinstance(value, int | float):
@@ -350,6 +365,19 @@ def _configured(data: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     config = data.get("config")
     tenants = config.get("tenants") if isinstance(config, Mapping) else None
     return {str(t.get("name")): t for t in tenants or [] if isinstance(t, Mapping)}
+
+
+def _half_life(data: Mapping[str, Any]) -> str:
+    """``" (half-life 7d)"`` from the applied configuration, when the answer has it."""
+    config = data.get("config")
+    policy = config.get("policy") if isinstance(config, Mapping) else None
+    seconds = policy.get("usage_half_life") if isinstance(policy, Mapping) else None
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+        return ""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f" (half-life {seconds / size:g}{unit})"
+    return f" (half-life {seconds:g}s)"
 
 
 def show_queues(data: Mapping[str, Any]) -> None:
@@ -370,6 +398,10 @@ def show_queues(data: Mapping[str, Any]) -> None:
     table.add_column("tenant", no_wrap=True)
     for column in ("nominal", "used", "borrowed", "lent"):
         table.add_column(column, no_wrap=True)
+    # a Scheduler with ``policy.usage_half_life`` says what each tenant used lately above its quota, decayed
+    decayed = any(isinstance(e, Mapping) and "decayed_usage" in e for e in tenants.values())
+    if decayed:
+        table.add_column(f"decayed usage{_half_life(data)}", no_wrap=True)
     table.add_column("pending", justify="right")
     table.add_column("share", justify="right")
     for name, entry in sorted(tenants.items()):
@@ -383,6 +415,7 @@ def show_queues(data: Mapping[str, Any]) -> None:
         table.add_row(
             "\n".join(who),
             *(_amounts(entry.get(k)) for k in ("nominal", "used", "borrowed", "lent")),
+            *([_decayed(entry.get("decayed_usage"))] if decayed else []),
             str(entry.get("pending", 0)),
             _share(entry.get("share")),
             end_section=True,

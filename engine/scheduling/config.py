@@ -6,7 +6,7 @@ One YAML file, in the shape Kueue users know (``examples/queues.yaml`` is a comm
     tenants:
       - {name: team-a, cohort: research, weight: 1, quota: {gpu: 2, cpu: 16, mem: 64Gi}, priority_classes: [low]}
     priority_classes: [{name: low, value: 10}, {name: high, value: 100, preemptible: false}]
-    policy: {min_runtime: 60s, preemption_grace: 120s, max_pending: 1000}
+    policy: {min_runtime: 60s, preemption_grace: 120s, max_pending: 1000, usage_half_life: 7d}
 
 Semantics (Kueue's, where Kueue has the concept):
 
@@ -48,7 +48,14 @@ Semantics (Kueue's, where Kueue has the concept):
   (no gang is preempted before it has run this long), ``preemption_grace`` (time between the notice and
   the kill, carried in every preemption decision; the node agents do not honour it yet and give 5 s),
   ``backfill`` (smaller gangs may use idle GPUs while a bigger one waits; they are preemptible and
-  reclaimed when the big one fits).
+  reclaimed when the big one fits), ``usage_half_life`` (fair share with memory, below).
+- **usage_half_life** — fair share remembers: a tenant's share also counts its recent usage above nominal
+  (GPU-seconds and the other resources it is measured on), each second of it weighing
+  ``2^(-age / usage_half_life)`` (Slurm's ``PriorityDecayHalfLife``, Kueue's admission fair sharing). So a
+  tenant that used the whole cluster yesterday yields today to one that did not. Absent (the default):
+  the share counts current usage only. The history lives in the Scheduler's state, on its clock, and
+  survives continue-as-new and a new configuration (which drops it when the key is removed). See
+  ``engine.scheduling.usage_decay``.
 
 Units: ``gpu`` whole GPUs; ``cpu`` stored as integer *millicores*; ``mem`` stored as integer *bytes*
 (written ``68719476736``, ``"64Gi"``, ``"64G"``, ``"512Mi"``); durations stored as float seconds (written
@@ -253,11 +260,30 @@ class PolicyConfig(Frozen):
     backfill: bool = True
     default_priority: str | None = None
     max_pending: int = DEFAULT_MAX_PENDING
+    #: seconds; None: fair share counts the usage of now only (engine.scheduling.usage_decay)
+    usage_half_life: float | None = None
 
     @field_validator("min_runtime", "preemption_grace", mode="before")
     @classmethod
     def _duration(cls, value: object) -> float:
         return parse_duration(value)
+
+    @field_validator("usage_half_life", mode="before")
+    @classmethod
+    def _half_life(cls, value: object) -> float | None:
+        if value is None:
+            return None
+        # 0 would forget at once and no decay at all never forgets: leave the key out for today's share
+        positive = f"must be a duration > 0 like '7d', '12h' or 3600, got {value!r} (leave it out for no memory)"
+        try:
+            seconds = parse_duration(value)
+        except ValueError as error:
+            if str(error).startswith("must be >= 0"):
+                raise ValueError(positive) from None
+            raise
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ValueError(positive)
+        return seconds
 
     @field_validator("max_pending", mode="before")
     @classmethod

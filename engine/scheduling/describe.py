@@ -28,8 +28,17 @@ def _finite(share: float) -> float | None:
     return round(share, 6) if share != float("inf") else None
 
 
+def _decayed(values: tuple[float, float, float]) -> dict[str, float]:
+    # resource-seconds: GPU-seconds, CPU-seconds (not millicore-seconds, as ``cpu`` is CPUs everywhere here),
+    # byte-seconds
+    gpu, cpu, mem = values
+    return {"gpu": round(gpu, 3), "cpu": round(cpu / 1000, 3), "mem": round(mem)}
+
+
 def queues(policy: Policy) -> dict[str, Any]:
-    """Per tenant: nominal quota, used, borrowed, lent, pending gangs and fair share; per cohort its members."""
+    """Per tenant: nominal quota, used, borrowed, lent, pending gangs and fair share; per cohort its members.
+    With ``policy.usage_half_life`` also ``decayed_usage``: what the tenant used above its nominal quota,
+    decayed (``engine.scheduling.usage_decay``), in GPU-, CPU- and byte-seconds."""
     tenancy = policy.tenancy
     pending: dict[str, int] = {}
     for queued in policy.pending.values():
@@ -38,7 +47,7 @@ def queues(policy: Policy) -> dict[str, Any]:
     names = [t.name for t in policy.config.tenants]
     # a tenant removed from the configuration still shows while its gangs hold GPUs
     names += sorted(name for name in tenancy.tenants if name not in names and any(tenancy.used(name)))
-    tenants = {
+    tenants: dict[str, dict[str, Any]] = {
         name: {
             "cohort": policy.config.root_cohort(name),
             "weight": tenancy.tenants[name].weight,
@@ -51,6 +60,10 @@ def queues(policy: Policy) -> dict[str, Any]:
         }
         for name in names
     }
+    for name, entry in tenants.items():
+        decayed = tenancy.decayed(name)
+        if decayed is not None:
+            entry["decayed_usage"] = _decayed(decayed)
     cohorts = {
         c.name: {"parent": c.parent, "tenants": [t.name for t in policy.config.tenants if t.cohort == c.name]}
         for c in policy.config.cohorts

@@ -65,7 +65,8 @@ def reconfigure(policy: Policy, config: QueueConfig, decisions: list[Decision]) 
     """A new configuration: rebuild the tenant ledger from the running gangs; pending gangs whose tenant
     or priority class is gone are rejected, the others are re-ranked under the new classes."""
     policy.config = config
-    policy.tenancy = Tenancy(config)
+    ledger, policy.tenancy = policy.tenancy, Tenancy(config)
+    policy.tenancy.carry(ledger)  # its clock, and the decayed usage when both have a half-life
     policy._tier_cache.clear()
     policy._entries.clear()
     policy._quota_texts.clear()

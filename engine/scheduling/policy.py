@@ -5,14 +5,14 @@ randomness and no I/O: the same events at the same times always give the same de
 continue-as-new (``snapshot`` / ``restore``). Its state is mutable and indexed so that one event costs
 about O(tenants × shapes + nodes looked at), never a pass over every queued gang.
 
-**Order.** Pending gangs are kept per tenant in FIFO queues, one per (priority, shape). After an event the
-heads of those queues are tried in order: a gang that keeps its tenant within its nominal quota before
-one that would make it borrow (as Kueue orders them: nothing is admitted on lent capacity ahead of the
-lender, whatever its priority), then higher priority, then the tenant with the lowest fair share
-(``engine.scheduling.tenancy``), then submission order. Within a tenant, priority still comes first (a
-gang borrows in this sense when it or a gang of higher priority of its tenant would). When a head is
-admitted, the next gang of its queue joins the order; when it is not, the rest of its queue (same
-tenant, priority and shape) waits too, so an event looks at a few heads, not at 15,000 gangs.
+**Order.** Pending gangs are kept per tenant in FIFO queues, one per (priority, shape). After an event the heads of
+those queues are tried in order: a gang that keeps its tenant within its nominal quota before one that would make it
+borrow (as Kueue orders them: nothing is admitted on lent capacity ahead of the lender, whatever its priority), then
+higher priority, then the tenant with the lowest fair share (``engine.scheduling.tenancy``; it remembers recent usage
+with ``usage_half_life``), then submission order. Within a tenant, priority still comes first (a gang borrows in this
+sense when it or a gang of higher priority of its tenant would). When a head is admitted, the next gang of its queue
+joins the order; when it is not, the rest of its queue (same tenant, priority and shape) waits too, so an event looks at
+a few heads, not at 15,000 gangs.
 
 **Admission** is all-or-nothing: the tenant's quota must allow the whole gang (nominal quota, or
 borrowing idle cohort capacity within the limits), and ``nnodes`` nodes must each hold one node's
@@ -49,13 +49,12 @@ it comes back; a gang being preempted is never chosen again, whatever else happe
 node included). An event runs at most one victim search (a Tick, four): a search put off comes back on a
 Tick within ``SEARCH_PUT_OFF_S``.
 
-**Nodes.** A node that has not re-registered for ``node_ttl_s`` is lost; its allocations stay until
-their gangs release them. A gang that only lost nodes could hold waits for them without holding up the
-queue and is rejected after ``request.lost_node_wait_s``; so does one that no registered node can hold
-(none registered yet, none big enough: ``wait_for_nodes``), waiting for one to register. A request that can
-never be admitted (more than its tenant may ever hold, unknown tenant or priority class, a class its tenant
-may not use, malformed, duplicate) is rejected at once, and so is a gang beyond its tenant's
-``max_pending`` gangs waiting (a preempted gang coming back is never refused for it).
+**Nodes.** A node that has not re-registered for ``node_ttl_s`` is lost; its allocations stay until their gangs release
+them. A gang that only lost nodes could hold waits for them without holding up the queue and is rejected after
+``request.lost_node_wait_s``; so does one that no registered node can hold (none registered yet, none big enough:
+``wait_for_nodes``), waiting for one to register. A request that can never be admitted (more than its tenant may ever
+hold, unknown tenant or priority class, a class its tenant may not use, malformed, duplicate) is rejected at once, and
+so is a gang beyond its tenant's ``max_pending`` gangs waiting (a preempted gang coming back is never refused for it).
 
 **Drain.** An operator drains a node (``NodeDrained``): it takes no new gangs, and every preemptible gang
 on it is preempted at once (cause ``drain``, ``by`` the node; whatever its age: ``min_runtime`` and the
@@ -168,11 +167,12 @@ class Policy:
     def step(self, event: Event, now: float | None = None) -> list[Decision]:
         """Apply one event, then admit (and preempt) what the order allows; return the decisions.
 
-        ``now`` (seconds, the Scheduler's workflow clock) drives node expiry, the wait for lost nodes and
-        the minimum runtime. Without it (unit tests of the pure rules) no deadline fires and every running
-        gang counts as old enough to preempt."""
+        ``now`` (seconds, the Scheduler's workflow clock) drives node expiry, the wait for lost nodes, the minimum
+        runtime and the decay of usage (``usage_half_life``: shares move with the clock). Without it (unit tests
+        of the pure rules) no deadline fires and every running gang counts as old enough to preempt."""
         if now is not None:
             self._now = now
+        reranked = now is not None and self.tenancy.advance(now)  # the shares moved with the clock: order again
         decisions: list[Decision] = []
         changed = True
         if isinstance(event, NodeRegistered):
@@ -190,7 +190,7 @@ class Policy:
             intake.reconfigure(self, event.config, decisions)
         if now is not None and self.inventory.expire(now):
             changed = True
-        if changed:
+        if changed or reranked:
             # a Tick may carry searches put off by earlier events: it allows more of them than an event does
             self._cycle(decisions, timed=now is not None, searches=4 if isinstance(event, Tick) else 1)
         if isinstance(event, GangSubmitted):

@@ -119,6 +119,8 @@ def take(policy: Policy) -> dict[str, Any]:
         "counters": policy.counters.carried(),
         "strings": list(strings),
     }
+    if policy.tenancy.decay is not None:  # only then: a snapshot without a half-life is as before, byte for byte
+        data["usage"] = policy.tenancy.decay.rows()
     blob = zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 6)
     return {"v": SNAPSHOT_VERSION, "zlib": base64.b64encode(blob).decode("ascii")}
 
@@ -145,6 +147,7 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
 
     policy = cls(load_queue_config(data["config"]), node_ttl_s=data["ttl"])
     policy._now, policy._seq = data["now"], data["seq"]
+    policy.tenancy.now = policy._now
     inventory = policy.inventory
     # Rows grew at their end over time (the drain reason, sandboxed, leased, the preemption notice): a snapshot
     # from before a field was added still restores (runs in flight carry one across an upgrade).
@@ -206,6 +209,8 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
     # keys added later are absent from older snapshots: their default is what a policy of then did
     policy.lenders = Lenders({k: set(v) for k, v in data.get("lenders", {}).items()})
     policy.counters = Counters.from_rows(data.get("counters"), waited, policy._now)
+    if policy.tenancy.decay is not None:  # after the running gangs were counted again: their rates are set
+        policy.tenancy.decay.restore_rows(data.get("usage", {}))  # none before ``usage_half_life``: no history
     for gang_id, running in policy.running.items():
         notice = notices[gang_id]
         if notice is not None:

@@ -23,6 +23,11 @@ quota limits (all three, with ``N = 0``, for a tenant without any quota), ``C[r]
 offered nodes. A tenant within its quota has share 0; among
 tenants above it, the one borrowing least relative to its weight goes first. Weight 0 means an infinite
 share (it only gets what nobody else wants).
+
+**With memory** (``policy.usage_half_life``): ``used[r] - N[r]`` becomes that plus the tenant's decayed
+average usage above nominal (``engine.scheduling.usage_decay``), so a tenant that borrowed much lately
+ranks after one that did not, even once both are back within their quotas. The ledger keeps it on the
+policy's clock (``advance``); without the key nothing of it exists and the share is exactly as above.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dataclasses import dataclass, field
 from engine.scheduling.config import QueueConfig, ResourceAmounts
 from engine.scheduling.inventory import millicores
 from engine.scheduling.model import GangRequest
+from engine.scheduling.usage_decay import FloatVec, UsageDecay
 
 __all__ = ["RESOURCES", "Blocked", "Tenancy", "Vec", "demand"]
 
@@ -82,6 +88,11 @@ class _Tenant:
     #: how many times the usage of its pool (its root cohort's tenants, or itself alone without one) changed,
     #: shared by the pool's tenants: what ``blocked`` reads cannot have moved while it stays the same
     pool_version: list[int] = field(default_factory=lambda: [0])
+    #: the resources fair share measures it on: those its quota limits, all three for a tenant without any
+    limited: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.limited = tuple(r for r in range(3) if self.nominal[r] is not None) or (0, 1, 2)
 
 
 class Tenancy:
@@ -95,6 +106,10 @@ class Tenancy:
         self.borrowers: set[str] = set()  # tenants above their nominal quota of some resource, kept by ``add``
         self.changes: dict[str, int] = {}  # per tenant, how many times its usage changed: a cache stamp
         self.touched: set[str] = set()  # the tenants whose usage changed since the policy last looked
+        self.now = 0.0  # the policy's clock (``advance``): when a change of usage happens, for ``decay``
+        half_life = config.policy.usage_half_life
+        #: each tenant's decayed usage above nominal (fair share with memory); None: no ``usage_half_life``
+        self.decay = UsageDecay(half_life) if half_life is not None else None
         #: ``blocked``'s answers, (tenant, demand, protected) -> (its pool's version then, answer): a pure
         #: function of the pool's usage, asked again for every waiting head at every event
         self._blocked: dict[tuple[str, Vec, bool], tuple[int, Blocked | None]] = {}
@@ -167,6 +182,44 @@ class Tenancy:
             self.borrowers.add(tenant)
         else:
             self.borrowers.discard(tenant)
+        if self.decay is not None:
+            self.decay.change(tenant, self._over(t), self.now)
+
+    def _over(self, t: _Tenant) -> Vec:
+        """What the tenant uses above nominal on the resources fair share measures it on (``share``)."""
+        over = [0, 0, 0]
+        for r in t.limited:
+            over[r] = max(0, t.used[r] - (t.nominal[r] or 0))
+        return (over[0], over[1], over[2])
+
+    def advance(self, now: float) -> bool:
+        """The policy's clock is ``now``. With a half-life, the share of every tenant with a history moves
+        with each step of the clock fair share reads (``UsageDecay.ranked_at``): they count as changed then
+        (``changes``, ``touched``), and True says the order may have changed, even if the event changed
+        nothing else. O(tenants) then, O(1) otherwise; always False without a half-life."""
+        if now == self.now:
+            return False
+        before, self.now = self.now, now
+        decay = self.decay
+        if decay is None or decay.ranked_at(now) == decay.ranked_at(before):
+            return False
+        moved = False
+        for tenant in decay.moving():
+            self.changes[tenant] = self.changes.get(tenant, 0) + 1
+            self.touched.add(tenant)
+            moved = True
+        return moved
+
+    def carry(self, old: Tenancy) -> None:
+        """A new configuration's ledger (empty yet) takes over ``old``'s clock and, when it has a half-life
+        too, the decayed usage (the running gangs are counted again after this)."""
+        self.now = old.now
+        if self.decay is not None and old.decay is not None:
+            self.decay.take_over(old.decay, old.now)
+
+    def decayed(self, tenant: str) -> FloatVec | None:
+        """The tenant's decayed usage above nominal now, in resource-seconds; None without a half-life."""
+        return None if self.decay is None else self.decay.value_at(tenant, self.now)
 
     def blocked(self, tenant: str, vec: Vec, protected: bool = False) -> Blocked | None:
         """None when ``tenant`` may take ``vec`` now, else the first resource that stops it. A ``protected``
@@ -248,10 +301,12 @@ class Tenancy:
         """Weighted dominant resource share (see the module docstring), with ``plus`` more in use."""
         t = self._get(tenant)
         dominant = 0.0
-        # the resources its quota limits; a tenant without any quota is measured on all of them
-        limited = [r for r in range(3) if t.nominal[r] is not None] or [0, 1, 2]
-        for r in limited:
-            over = t.used[r] + plus[r] - (t.nominal[r] or 0)
+        decay = self.decay
+        past = decay.average(tenant, decay.ranked_at(self.now)) if decay is not None else None
+        for r in t.limited:
+            over: float = t.used[r] + plus[r] - (t.nominal[r] or 0)
+            if past is not None:  # fair share with memory: its recent average above nominal counts too
+                over = max(0, over) + past[r]
             if over > 0 and capacity[r] > 0:
                 dominant = max(dominant, over / capacity[r])
         if dominant == 0.0:

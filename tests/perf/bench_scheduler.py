@@ -2,7 +2,8 @@
 
     python tests/perf/bench_scheduler.py [--nodes 1000] [--gpus-per-node 8] [--gangs 15000] [--tenants 10]
                                          [--seed 0] [--load 1.5] [--save-s 30] [--grace-s 120]
-                                         [--min-runtime-s 60] [--fifo-budget-s 60] [--json | --markdown]
+                                         [--min-runtime-s 60] [--usage-half-life-s H] [--fifo-budget-s 60]
+                                         [--json | --markdown]
     python tests/perf/bench_scheduler.py --render RESULT.json     # the README rows of a saved JSON line
 
 Two schedulers are driven directly, without Temporal, by the same seeded workload (see
@@ -322,9 +323,12 @@ def kueue_baseline_workload() -> Workload:
 WORKLOADS = ("philly", "kueue-baseline")
 
 
-def queue_config(workload: Workload, grace_s: float, min_runtime_s: float) -> dict[str, Any]:
+def queue_config(
+    workload: Workload, grace_s: float, min_runtime_s: float, usage_half_life_s: float | None = None
+) -> dict[str, Any]:
     """The queue configuration (the YAML file's shape) the Policy runs with: the workload's tenants and
-    cohorts, its priority classes, no cap on pending gangs, and the default policy otherwise."""
+    cohorts, its priority classes, no cap on pending gangs, and the default policy otherwise (fair share
+    with memory only when ``usage_half_life_s`` is given: without it the queue file is as before)."""
     if workload.cohorts is None:
         used = sorted({t.cohort for t in workload.tenants if t.cohort is not None})
         cohorts = [{"name": ROOT_COHORT}, *({"name": c, "parent": ROOT_COHORT} for c in used)]
@@ -347,6 +351,7 @@ def queue_config(workload: Workload, grace_s: float, min_runtime_s: float) -> di
             "default_priority": workload.priority_classes[0]["name"],
             "max_pending": len(workload.gangs),
             **dict(workload.policy),
+            **({} if usage_half_life_s is None else {"usage_half_life": usage_half_life_s}),
         },
     }
 
@@ -1097,6 +1102,8 @@ def command_line(result: dict[str, Any]) -> str:
             continue
         if c.get(key, default) != default:
             line += f" --{key.replace('_', '-')} {c[key]:g}"
+    if c.get("usage_half_life_s") is not None:
+        line += f" --usage-half-life-s {c['usage_half_life_s']:g}"
     return line
 
 
@@ -1242,6 +1249,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"the policy's minimum runtime (default {OPTIONAL_FLAGS['min_runtime_s']:g}; kueue-baseline 0)",
     )
     parser.add_argument(
+        "--usage-half-life-s",
+        type=float,
+        default=None,
+        help="the policy's usage_half_life: fair share with memory (default: none, the share of now only)",
+    )
+    parser.add_argument(
         "--fifo-budget-s",
         type=float,
         default=OPTIONAL_FLAGS["fifo_budget_s"],
@@ -1257,6 +1270,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         value = getattr(args, flag)
         if not math.isfinite(value) or value < 0:
             parser.error(f"--{flag.replace('_', '-')} must be a finite number >= 0, got {value}")
+    half_life = args.usage_half_life_s
+    if half_life is not None and (not math.isfinite(half_life) or half_life <= 0):
+        parser.error(f"--usage-half-life-s must be a finite number > 0, got {half_life}")
     if not math.isfinite(args.load) or args.load <= 0:
         parser.error(f"--load must be a finite number > 0, got {args.load}")
     if args.save_s > args.grace_s:
@@ -1288,7 +1304,7 @@ def main(args: argparse.Namespace) -> None:
         workload = kueue_baseline_workload()
     else:
         workload = generate_workload(args.nodes, args.gpus_per_node, args.gangs, args.tenants, args.seed, args.load)
-    queue = queue_config(workload, args.grace_s, args.min_runtime_s)
+    queue = queue_config(workload, args.grace_s, args.min_runtime_s, args.usage_half_life_s)
     bound = workload.bound()
     config: dict[str, Any] = {
         "workload": workload.name,
@@ -1304,6 +1320,7 @@ def main(args: argparse.Namespace) -> None:
         "save_s": args.save_s,
         "grace_s": args.grace_s,
         "min_runtime_s": args.min_runtime_s,
+        "usage_half_life_s": args.usage_half_life_s,
         "checkpoint_every_s": CHECKPOINT_EVERY_S,
         "window_s": WINDOW_S,
         "fifo_budget_s": args.fifo_budget_s,

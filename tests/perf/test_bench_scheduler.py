@@ -221,6 +221,18 @@ def test_the_kueue_baseline_defaults_to_no_save_time_and_no_minimum_runtime() ->
     assert bs.parse_args(["--workload", "kueue-baseline", "--min-runtime-s", "1.5"]).min_runtime_s == 1.5
 
 
+def test_usage_half_life_is_a_flag_and_absent_leaves_the_queue_file_as_it_was() -> None:
+    w = bs.kueue_baseline_workload()
+    assert "usage_half_life" not in bs.queue_config(w, grace_s=120, min_runtime_s=0)["policy"]
+    assert bs.queue_config(w, grace_s=120, min_runtime_s=0, usage_half_life_s=60)["policy"]["usage_half_life"] == 60
+    assert bs.parse_args([]).usage_half_life_s is None
+    assert bs.parse_args(["--usage-half-life-s", "3600"]).usage_half_life_s == 3600
+    with pytest.raises(SystemExit):
+        bs.parse_args(["--usage-half-life-s", "0"])
+    line = bs.command_line({"config": {"workload": "kueue-baseline", "usage_half_life_s": 60.0}})
+    assert line.endswith("--usage-half-life-s 60")
+
+
 def test_one_cohort_of_the_kueue_baseline_ends_with_min_runtime_zero() -> None:
     # issue 22: with min_runtime 0 the policy preempted gangs in a loop on this workload and never ended
     w = bs.kueue_baseline_workload()

@@ -86,6 +86,20 @@ policy: {reclaim_within_cohort: never, within_tenant: never, backfill: false}
 tenants: [{name: team-a}, {name: team-b, weight: 3}, {name: team-c}]
 policy: {min_runtime: 1m}
 """,
+        # fair share with memory, on the stream's time scale: without quotas every use counts, in a cohort
+        # only borrowing does (the history also survives the switches between these two)
+        """
+tenants: [{name: team-a}, {name: team-b, weight: 3}, {name: team-c}]
+policy: {min_runtime: 1m, usage_half_life: 90s}
+""",
+        """
+cohorts: [{name: research}]
+tenants:
+  - {name: team-a, cohort: research, quota: {gpu: 3, cpu: 8}}
+  - {name: team-b, cohort: research, weight: 2, quota: {gpu: 2, cpu: 8}, borrowing_limit: {gpu: 2}}
+  - {name: team-c, quota: {gpu: 2}}
+policy: {min_runtime: 30s, preemption_grace: 10s, usage_half_life: 2m}
+""",
     )
 ]
 NODE_IDS = ["n0", "n1", "n2", "n3"]
