@@ -32,6 +32,9 @@ class Follower:
             text=True,
             env=env,
             cwd=ROOT,
+            # as a terminal starts it: a suite started in the background (`make test &`) has SIGINT ignored,
+            # which a child inherits, and then the Ctrl-C below would never reach it
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
