@@ -108,13 +108,7 @@ def usage_rows(entries: Sequence[Mapping[str, Any]], by: str) -> list[dict[str, 
         row: dict[str, Any] = {"tenant": str(members[0]["tenant"])}
         if by == "run":
             row["run"] = key
-        row.update(
-            allocated_gpu_s=total["allocated_gpu_s"] if total else 0.0,
-            productive_gpu_s=total["productive_gpu_s"] if total else 0.0,
-            badput=total["badput"] if total else dict.fromkeys(BADPUT, 0.0),
-            goodput=total["goodput"] if total else None,
-            wait_s=round(sum(float(m.get("wait_s") or 0.0) for m in members), 3),
-        )
+        row.update(_figures(total), wait_s=round(sum(float(m.get("wait_s") or 0.0) for m in members), 3))
         rows.append(row)
     return sorted(rows, key=lambda r: (-r["allocated_gpu_s"], str(r.get("run", r["tenant"]))))
 
@@ -130,19 +124,18 @@ def _node_rows(entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 tenants.setdefault(name, set()).add(str(entry["tenant"]))
     rows: list[dict[str, Any]] = []
     for name, parts in shares.items():
-        total = add_ledgers(parts)
-        if total is not None:
-            rows.append(
-                {
-                    "node": name,
-                    "tenants": sorted(tenants[name]),
-                    "allocated_gpu_s": total["allocated_gpu_s"],
-                    "productive_gpu_s": total["productive_gpu_s"],
-                    "badput": total["badput"],
-                    "goodput": total["goodput"],
-                }
-            )
+        rows.append({"node": name, "tenants": sorted(tenants[name]), **_figures(add_ledgers(parts))})
     return sorted(rows, key=lambda r: (-r["allocated_gpu_s"], r["node"]))
+
+
+def _figures(total: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A row's GPU-seconds, badput and goodput from its summed ledger (none: a gang never placed)."""
+    return {
+        "allocated_gpu_s": total["allocated_gpu_s"] if total else 0.0,
+        "productive_gpu_s": total["productive_gpu_s"] if total else 0.0,
+        "badput": total["badput"] if total else dict.fromkeys(BADPUT, 0.0),
+        "goodput": total["goodput"] if total else None,
+    }
 
 
 async def cmd_usage(args: argparse.Namespace) -> int:

@@ -61,7 +61,11 @@ def attempt_ledger(attempt: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]
     if attempt.get("kind") == "running" or not isinstance(placed, int | float) or not isinstance(end, int | float):
         return None
     total = max(0.0, float(end) - float(placed))
-    gpus = int(sum(_numbers(d.get("gpus") for d in nodes)))
+    held: dict[str, int] = {}  # node -> its GPUs in this attempt (``gangflow usage --by node``)
+    for details in nodes:
+        name = str(details.get("node") or "?")
+        held[name] = held.get(name, 0) + int(sum(_numbers([details.get("gpus")])))
+    gpus = sum(held.values())
     reports = _reports(nodes)
     firsts, lasts = _numbers(r.get("since") for r in reports), _numbers(r.get("time") for r in reports)
     saved_at, save_s = _numbers(r.get("ckpt_time") for r in reports), _numbers(r.get("ckpt_s") for r in reports)
@@ -100,10 +104,6 @@ def attempt_ledger(attempt: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]
             kept = max([t for t in saved_at if t >= first], default=first)
             take(lost, end_of_work - kept)
     scale = float(gpus) if gpus else 0.0
-    held: dict[str, int] = {}  # node -> its GPUs in this attempt (``gangflow usage --by node``)
-    for details in nodes:
-        name = str(details.get("node") or "?")
-        held[name] = held.get(name, 0) + int(sum(_numbers([details.get("gpus")])))
     return {
         "gpus": gpus,
         "nodes": held,
