@@ -17,6 +17,8 @@ from engine.scheduling import DEFAULT_LOST_NODE_WAIT_S, GangRequest
 
 __all__ = ["GangSpec", "gang_request", "no_scheduler"]
 
+_FLEET_FIELDS = ("flavors", "node_selector", "tolerations", "topology_required", "topology_preferred")
+
 
 @dataclass(frozen=True)
 class GangSpec:
@@ -70,6 +72,8 @@ def gang_request(spec: GangSpec, gang_id: str) -> dict[str, Any]:
     unset = {"priority"} if spec.priority is None else set()
     if spec.preemptible:
         unset.add("preemptible")
+    # fleet fields (flavors, selectors, topology) likewise: a request that names none keeps its old payload
+    unset.update(name for name in _FLEET_FIELDS if not getattr(request, name))
     return request.model_dump(mode="json", exclude=unset)
 
 

@@ -139,6 +139,8 @@ class Admitted(Frozen):
 
     kind: Literal["admitted"] = "admitted"
     placement: Placement
+    #: the flavor it was admitted on (None: the queue file names no flavors)
+    flavor: str | None = None
 
     @property
     def gang_id(self) -> str:

@@ -55,6 +55,9 @@ class NodeSpec(Frozen):
     mem: int | None = Field(default=None, ge=0)
     sandboxed: bool = False
     leased: bool = False
+    #: the node's labels (``gangflow node --labels gpu=h100,zone=a`` plus what the agent detects, e.g. the GPU
+    #: model): flavors and node selectors match them, topology levels (``block``, ``rack``) are read from them
+    labels: dict[str, str] = Field(default_factory=dict)
 
 
 class GangRequest(Frozen):
@@ -78,6 +81,16 @@ class GangRequest(Frozen):
     preemptible: bool = True
     #: how long the gang may wait for lost nodes to come back when only they could hold it; then rejected
     lost_node_wait_s: float = DEFAULT_LOST_NODE_WAIT_S
+    #: the flavors the gang may run on, tried in this order (``Resources(flavor=...)``); empty: any of its tenant's
+    flavors: tuple[str, ...] = ()
+    #: node labels every node of the gang must carry (``Resources(node_selector=...)``)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    #: the taints (of flavors) the gang tolerates (``Resources(tolerations=[...])``)
+    tolerations: tuple[str, ...] = ()
+    #: topology level (a node label the queue file's ``topology`` declares) all its nodes must share, or it waits
+    topology_required: str | None = None
+    #: topology level whose domains the gang should span as few of as the policy can find now
+    topology_preferred: str | None = None
 
 
 class NodeAssignment(Frozen):
