@@ -21,6 +21,7 @@ from engine.core.waits import duration_text
 from engine.rank.view import format_age, format_metrics
 from engine.runtime.history import TaskRecord
 from engine.runtime.ledger import add_ledgers, goodput_line
+from engine.scheduling.lost_work import gpu_minutes
 
 from .tracebacks import readable
 
@@ -510,6 +511,9 @@ def _preempting(g: Mapping[str, Any], now: float) -> str:
     since, grace = notice.get("since"), notice.get("grace_s")
     if isinstance(since, int | float) and isinstance(grace, int | float):
         text += f", {max(0.0, now - since):.0f} s of {grace:g} s grace"
+    cost = notice.get("cost_gpu_s")
+    if isinstance(cost, int | float) and not isinstance(cost, bool):  # an older Scheduler does not say
+        text += f", costs {gpu_minutes(float(cost))}"
     return text
 
 

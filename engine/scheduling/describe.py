@@ -131,7 +131,12 @@ def describe(policy: Policy) -> dict[str, Any]:
                     "cause": notice.cause,
                     "since": notice.since,
                     "grace_s": notice.grace_s,
+                    "cost_gpu_s": notice.cost_gpu_s,  # the work it is expected to lose (lost_work)
                 },
+                # its attempt's last checkpoint as its gang reported it (None: none reported)
+                "checkpoint": None
+                if entry.checkpoint is None
+                else {"step": entry.checkpoint.step, "at": entry.checkpoint.at, "save_s": entry.checkpoint.save_s},
                 "admitted_at": entry.admitted_at,
                 "nnodes": request.nnodes,
                 "gpus_per_node": request.gpus_per_node,
@@ -165,6 +170,7 @@ def describe(policy: Policy) -> dict[str, Any]:
             "mem_per_node": q.request.mem_per_node,
             "reason": q.reason,
             "preempting": sorted(q.victims),
+            "preempting_cost_gpu_s": q.victims_cost if q.victims else None,
         }
         for position, q in enumerate(order)
     ]

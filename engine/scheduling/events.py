@@ -21,6 +21,7 @@ __all__ = [
     "ConfigApplied",
     "Decision",
     "Event",
+    "GangCheckpointed",
     "GangRejected",
     "GangReleased",
     "GangSubmitted",
@@ -111,6 +112,24 @@ class GangReleased(Frozen):
     gang_id: str
 
 
+class GangCheckpointed(Frozen):
+    """A running gang's attempt saved a new durable checkpoint (its GangTask tells each one once): what
+    preempting it would destroy starts again from here (``engine.scheduling.lost_work``). Unknown or
+    waiting gangs are a no-op; it changes no decision by itself, only which victims later ones choose."""
+
+    kind: Literal["gang_checkpointed"] = "gang_checkpointed"
+    gang_id: str
+    step: int
+    #: when it was saved, seconds since the epoch
+    at: float
+    #: what the save took
+    save_s: float = Field(default=0.0, ge=0)
+    #: measured on an attempt that resumed: its start (placement) to its first new step; None: not known
+    restore_s: float | None = Field(default=None, ge=0)
+    #: measured: this attempt's start (placement) to its first step; None: not known
+    relaunch_s: float | None = Field(default=None, ge=0)
+
+
 class Tick(Frozen):
     """Time passed: nothing happened but a deadline (a node's registration, a gang's wait for lost nodes)
     may have expired. The Scheduler sends it when its ticker finds ``next_deadline`` passed."""
@@ -129,7 +148,7 @@ class ConfigApplied(Frozen):
 
 
 Event: TypeAlias = Annotated[
-    NodeRegistered | NodeLost | NodeDrained | GangSubmitted | GangReleased | Tick | ConfigApplied,
+    NodeRegistered | NodeLost | NodeDrained | GangSubmitted | GangReleased | Tick | ConfigApplied | GangCheckpointed,
     Field(discriminator="kind"),
 ]
 
@@ -173,7 +192,8 @@ class Pending(Frozen):
 class Preempted(Frozen):
     """A running gang must make room: its GangTask stops it (with ``grace_s`` to checkpoint), releases its
     placement and queues again at its own priority. ``by`` is the gang it makes room for (of ``by_tenant``),
-    or for ``cause="drain"`` the node being drained (``by_tenant`` empty)."""
+    or for ``cause="drain"`` the node being drained (``by_tenant`` empty). ``cost_gpu_s``: the GPU-seconds
+    of work it is expected to lose (``engine.scheduling.lost_work``; None: decided by code from before it)."""
 
     kind: Literal["preempted"] = "preempted"
     gang_id: str
@@ -182,6 +202,7 @@ class Preempted(Frozen):
     cause: Literal["reclaim", "priority", "backfill", "defrag", "drain"]
     reason: str
     grace_s: float
+    cost_gpu_s: float | None = None
 
 
 Decision: TypeAlias = Annotated[Admitted | GangRejected | Pending | Preempted, Field(discriminator="kind")]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.scheduling.events import Decision, GangRejected, NodeDrained, Preempted
+from engine.scheduling.lost_work import lost_gpu_s
 from engine.scheduling.model import GangRequest
 from engine.scheduling.reasons import (
     drained_wait_reason,
@@ -104,9 +105,18 @@ def drain(policy: Policy, event: NodeDrained, decisions: list[Decision]) -> bool
         running = policy.running.get(gang_id)
         if running is None or not running.preemptible or running.preemption is not None:
             continue
-        running.preemption = Notice("drain", event.node_id, "", policy._now, grace)
+        cost = round(lost_gpu_s(running, policy._now), 1)
+        running.preemption = Notice("drain", event.node_id, "", policy._now, grace, cost)
         decisions.append(
-            Preempted(gang_id=gang_id, by=event.node_id, by_tenant="", cause="drain", reason=reason, grace_s=grace)
+            Preempted(
+                gang_id=gang_id,
+                by=event.node_id,
+                by_tenant="",
+                cause="drain",
+                reason=reason,
+                grace_s=grace,
+                cost_gpu_s=cost,
+            )
         )
     return changed
 

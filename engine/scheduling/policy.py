@@ -42,12 +42,11 @@ from the gangs after it in the order (``preemption.hold``), or one could take it
 **Preemption** has four causes: *reclaim* (a tenant within its nominal quota takes back what it lent to
 borrowers of its cohort; ``policy.reclaim_within_cohort``), *priority* (within a tenant;
 ``policy.within_tenant``), *backfill* and *defrag* (above). Victims are whole gangs, preemptible, admitted
-at least ``policy.min_runtime`` ago, chosen by ``engine.scheduling.preemption`` (fewest; borrowers, then
-the lowest priority, then the most recently admitted). A gang is never preempted for a gang that it was
-itself preempted for earlier: no preemption cycles. A preempted gang keeps its place in the order when
-it comes back; a gang being preempted is never chosen again, whatever else happens to it (a drain of its
-node included). An event runs at most one victim search (a Tick, four): a search put off comes back on a
-Tick within ``SEARCH_PUT_OFF_S``.
+at least ``policy.min_runtime`` ago, chosen by ``engine.scheduling.preemption`` (borrowers first, then the
+least work lost, ``.lost_work``, from the checkpoints gangs report). A gang is never preempted for one it
+was itself preempted for: no cycles. A preempted gang keeps its place in the order when it comes back; one
+being preempted is never chosen again (a drain of its node included). An event runs at most one victim
+search (a Tick, four): one put off comes back on a Tick within ``SEARCH_PUT_OFF_S``.
 
 **Nodes.** A node that has not re-registered for ``node_ttl_s`` is lost; its allocations stay until their gangs release
 them. A gang that only lost nodes could hold waits for them without holding up the queue and is rejected after
@@ -81,7 +80,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.scheduling import describe as views
-from engine.scheduling import intake, node_waits, preemption
+from engine.scheduling import intake, lost_work, node_waits, preemption
 from engine.scheduling import snapshot as snapshots
 from engine.scheduling.config import DEFAULT_QUEUE_CONFIG, QueueConfig
 from engine.scheduling.counters import Counters
@@ -90,6 +89,7 @@ from engine.scheduling.events import (
     ConfigApplied,
     Decision,
     Event,
+    GangCheckpointed,
     GangRejected,
     GangReleased,
     GangSubmitted,
@@ -106,7 +106,6 @@ from engine.scheduling.reasons import (
     behind_reason,
     capacity_reason,
     lender_waiting_reason,
-    nominated_reason,
     queued_reason,
     quota_reason,
 )
@@ -162,6 +161,7 @@ class Policy:
         self._pending_counts: dict[str, int] = {}  # tenant -> its gangs waiting (``max_pending``)
         self.lenders = Lenders()  # nothing borrows from a cohort while a lender waits there (module docstring)
         self.counters = Counters()  # admissions, waits, preemptions, restarts so far (Prometheus)
+        self.lost_work = lost_work.LostWork()  # victims by the work they would lose (``.lost_work``)
 
     # -- events ------------------------------------------------------------------------------------
     def step(self, event: Event, now: float | None = None) -> list[Decision]:
@@ -188,6 +188,8 @@ class Policy:
             self._release(event.gang_id)
         elif isinstance(event, ConfigApplied):
             intake.reconfigure(self, event.config, decisions)
+        elif isinstance(event, GangCheckpointed):
+            changed = lost_work.record(self, event)
         if now is not None and self.inventory.expire(now):
             changed = True
         if changed or reranked:
@@ -413,7 +415,7 @@ class Policy:
                 if queued.victims or (
                     blocked.kind != "protected" and preemption.preempt_for(self, queued, decisions, timed=timed)
                 ):
-                    self._say(queued, nominated_reason(request, sorted(queued.victims), queued.cause), decisions)
+                    self._say(queued, preemption.nominated(queued), decisions)
                     held = preemption.hold(self, queued, holds, held)
                 else:
                     # what it reads moves with its pool's usage (``_prio_counts`` with its tenants' usage), and
@@ -443,7 +445,7 @@ class Policy:
                 if queued.victims or (
                     waiting_first and preemption.preempt_for(self, queued, decisions, timed=timed, defrag=True)
                 ):
-                    self._say(queued, nominated_reason(request, sorted(queued.victims), queued.cause), decisions)
+                    self._say(queued, preemption.nominated(queued), decisions)
                     held = preemption.hold(self, queued, holds, held)
                     why = "waits for the gangs it preempted to release"
                 else:
@@ -584,14 +586,12 @@ class Policy:
         return views.queues(self)
 
     def drain_report(self, node_id: str) -> dict[str, list[str]]:
-        """The running gangs on a node by what a drain does to them: ``leaving`` (preempted, not released
-        yet) and ``remaining`` (not preemptible: they run there to their end). O(gangs on the node)."""
+        """The running gangs on a node by what a drain does to them (``node_waits.drain_report``)."""
         return node_waits.drain_report(self, node_id)
 
     # -- continue-as-new -------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        """Everything ``restore`` needs, compact (``engine.scheduling.snapshot``): 15,000 queued gangs take a
-        few hundred KB of JSON before compression, well under Temporal's 2 MB payload limit after it."""
+        """Everything ``restore`` needs, compact (``engine.scheduling.snapshot``)."""
         return snapshots.take(self)
 
     @classmethod

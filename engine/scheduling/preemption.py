@@ -9,17 +9,30 @@ and one that found nothing is not repeated before something that could change it
 
 **Choosing victims** (``choose_victims``): few whole gangs whose removal lets the waiting gang start, at a
 bounded cost. The policy says which running gangs the waiting gang may preempt and how much it prefers
-each (``rank``: lower is preferred; None: not a candidate). Its preference: gangs of borrowing tenants
-first, then the lowest priority, then the most recently admitted.
+each (``rank``: lower is preferred; None: not a candidate).
+
+*Which rule, which cost.* The rules say who may go at all (above: whole gangs, preemptible, old enough, no
+cycles, the causes' own conditions such as ``within_tenant: lower_priority``). Of the gangs they allow,
+those of borrowing tenants go first: a rule (Kueue's, for reclaim; the lent capacity is always
+reclaimable). Beyond that, today's order was a heuristic: the lowest priority, then the most recently
+admitted, and fewest victims first. Once gangs report checkpoints (``engine.scheduling.lost_work``,
+``LostWork.active``), the expected lost GPU-seconds replace it: ``rank`` is (not a borrower, cost,
+priority, most recent admission), each node's victims and the nodes themselves are chosen by their total
+cost (fewer victims only breaks a tie), and the reverse prune gives back the dearest victims first. Before
+any report the order is today's exactly (no cost says more than an admission time).
 
 1. Nodes are looked at from the one with the most free GPUs down (they need the fewest victims), at most
    ``NODES_LOOKED_AT`` beyond what the gang needs: a search costs O(that), not O(cluster). On each node,
-   the shortest prefix of its candidates in preference order that frees one node's share. The gang's
-   ``nnodes`` cheapest nodes (fewest victims, then the most preferable worst victim, then node id) win.
+   the shortest prefix of its candidates in preference order that frees one node's share (costed: then
+   pruned, dearest first, of the victims the rest can spare). The gang's ``nnodes`` cheapest nodes win:
+   fewest victims, then the most preferable worst victim, then node id (costed: the borrower rule, then
+   the least total cost, then fewest victims, then node id).
 2. If the tenant's quota still blocks it (a cohort pool lent out), ``more`` candidates, in preference
-   order, are added until it does not.
+   order, are added until it does not (among each tenant's ``MORE_VICTIMS`` most recently admitted).
 3. Reverse prune (as Kueue does): each victim, last chosen first, is given back if the gang still fits
    without it. What remains is minimal: no victim can be spared.
+
+Every preemption records what it costs (``Preempted.cost_gpu_s``) and the waiting gang's reason says it.
 
 Everything is tried on the live inventory and tenancy, then undone: nothing changes until the policy
 acts on the answer, and the answer is deterministic.
@@ -33,8 +46,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.scheduling.events import Decision, Preempted
 from engine.scheduling.inventory import Inventory, millicores
+from engine.scheduling.lost_work import gpu_minutes, lost_gpu_s
 from engine.scheduling.model import GangRequest, Placement
-from engine.scheduling.reasons import needs
+from engine.scheduling.reasons import needs, nominated_reason
 from engine.scheduling.state import Cause, Notice, Queued, Running
 from engine.scheduling.tenancy import Tenancy, Vec
 
@@ -49,6 +63,7 @@ __all__ = [
     "Victim",
     "choose_victims",
     "hold",
+    "nominated",
     "preempt_for",
     "reclaimable",
     "unhold",
@@ -75,6 +90,7 @@ def preempt_for(
         policy._retry[queued.request.gang_id] = policy._now + SEARCH_PUT_OFF_S
         return False
     policy._searches_left -= 1
+    costed = policy.lost_work.active
     rank, more, routes, young = _ranking(policy, queued, timed=timed, defrag=defrag)
     chosen = choose_victims(
         policy.inventory,
@@ -85,6 +101,7 @@ def preempt_for(
         rank,
         more,
         lazy=not timed or (policy.config.policy.min_runtime <= 0 and _latest_admission(policy) <= policy._now),
+        costed=costed,
     )
     victims, nodes = chosen if chosen is not None else ([], frozenset[str]())
     comes_of_age = min(young, default=float("inf"))
@@ -96,7 +113,9 @@ def preempt_for(
         # meanwhile: else short gangs could keep replacing each other there, never old enough, and
         # starve it (the bound in ``engine.scheduling.policy``'s docstring needs this).
         rank, more, _, _ = _ranking(policy, queued, timed=False, defrag=defrag)
-        later = choose_victims(policy.inventory, policy.tenancy, queued.request, queued.vec, policy.running, rank, more)
+        later = choose_victims(
+            policy.inventory, policy.tenancy, queued.request, queued.vec, policy.running, rank, more, costed=costed
+        )
         if later is not None:
             policy._reserved[queued.request.gang_id] = later[1]
     if not victims:
@@ -108,12 +127,15 @@ def preempt_for(
     gang_id, tenant = queued.request.gang_id, queued.request.tenant
     grace = policy.config.policy.preemption_grace
     causes = []
+    total = 0.0
     for victim in victims:
         running = policy.running[victim.request.gang_id]
         cause = routes[running.request.gang_id]
         causes.append(cause)
+        cost = round(lost_gpu_s(running, policy._now), 1)
+        total += cost
         running.preempted_for = gang_id
-        running.preemption = Notice(cause, gang_id, tenant, policy._now, grace)
+        running.preemption = Notice(cause, gang_id, tenant, policy._now, grace, cost)
         policy._evicted_for.setdefault(running.request.gang_id, set()).add(gang_id)
         reason = (
             f"preempted ({cause}) to make room for gang {gang_id!r} of {tenant}, which needs {needs(queued.request)}"
@@ -126,13 +148,22 @@ def preempt_for(
                 cause=cause,
                 reason=reason,
                 grace_s=grace,
+                cost_gpu_s=cost,
             )
         )
     queued.victims = {v.request.gang_id for v in victims}
+    # said in its reason once gangs report checkpoints: before, the reasons are today's, word for word
+    queued.victims_cost = round(total, 1) if policy.lost_work.seen else None
     queued.cause = ", ".join(sorted(set(causes)))
     queued.failed_search = None
     policy._reserved[gang_id] = nodes
     return True
+
+
+def nominated(queued: Queued) -> str:
+    """The reason of a gang waiting for the gangs it preempted: which, why, and what it costs them."""
+    cost = None if queued.victims_cost is None else gpu_minutes(queued.victims_cost)
+    return nominated_reason(queued.request, sorted(queued.victims), queued.cause, cost)
 
 
 def _latest_admission(policy: Policy) -> float:
@@ -168,14 +199,17 @@ def _can_move(policy: Policy, queued: Queued, victims: Sequence[Victim], moved: 
 
 def _ranking(
     policy: Policy, queued: Queued, *, timed: bool, defrag: bool
-) -> tuple[Callable[[str], tuple[bool, int, int] | None], Callable[[], list[str]], dict[str, Cause], list[float]]:
+) -> tuple[Callable[[str], tuple[Any, ...] | None], Callable[[], list[str]], dict[str, Cause], list[float]]:
     """How ``queued`` ranks the running gangs as victims (None: not one), the candidates that free quota
     in preference order (computed only if asked), why each victim may go (reclaim over priority over
     backfill over defrag when several apply), and when the next one too young to go comes of age.
 
     ``defrag`` (the first gang in order, blocked by the nodes, not by its quota): smaller gangs of no
     higher priority may move to make room, when the cluster has enough idle GPUs for it elsewhere
-    (``preempt_for`` checks that every such victim can start again at once)."""
+    (``preempt_for`` checks that every such victim can start again at once).
+
+    Once the policy counts lost work (``LostWork.active``), a rank is (not a borrower, its expected lost
+    GPU-seconds, priority, most recent admission): ``choose_victims(costed=True)`` reads the cost there."""
     knobs = policy.config.policy
     request = queued.request
     tenant, root = request.tenant, policy.tenancy.root(request.tenant)
@@ -203,6 +237,7 @@ def _ranking(
     # read once: a search ranks every gang on the nodes it looks at
     running, prio, seq, gpus, now = policy.running, queued.prio, queued.seq, queued.vec[0], policy._now
     any_prio, min_runtime = knobs.reclaim_within_cohort == "any", knobs.min_runtime
+    costed = policy.lost_work.active
 
     def route(r: Running) -> Cause | None:
         other = r.request.tenant
@@ -216,7 +251,7 @@ def _ranking(
             return "defrag"
         return None
 
-    def rank(gang_id: str) -> tuple[bool, int, int] | None:
+    def rank(gang_id: str) -> tuple[Any, ...] | None:
         r = running[gang_id]
         if not r.preemptible or r.preemption is not None or gang_id in forbidden:
             return None
@@ -228,6 +263,8 @@ def _ranking(
             comes_of_age.append(of_age)
             return None
         routes[gang_id] = cause
+        if costed:
+            return (r.request.tenant not in borrowers, lost_gpu_s(r, now), r.prio, -r.admit_seq)
         return (r.request.tenant not in borrowers, r.prio, -r.admit_seq)
 
     def more() -> list[str]:
@@ -237,7 +274,7 @@ def _ranking(
         # the most recently admitted of each (the preferred victims), a bounded number: a search costs
         # O(that), not O(every gang the cohort runs)
         ids = [g for t in tenants for g in itertools.islice(reversed(policy._by_tenant.get(t, {})), MORE_VICTIMS)]
-        return sorted((g for g in ids if rank(g) is not None), key=lambda g: rank(g) or (False, 0, 0))
+        return sorted((g for g in ids if rank(g) is not None), key=lambda g: rank(g) or ())
 
     if not (lower or backfilled or reclaim or defrag):
         return (lambda _: None), list, routes, comes_of_age  # nobody could be a victim: no walk at all
@@ -317,10 +354,13 @@ def choose_victims(
     more: Callable[[], Iterable[str]],
     *,
     lazy: bool = False,
+    costed: bool = False,
 ) -> tuple[list[Victim], frozenset[str]] | None:
     """The victims to preempt so that ``request`` fits and the nodes it will take once they are gone, or
     None when none are found. ``lazy``: ``rank`` has no effect that matters beyond its answer (it notes no
-    gang too young to go), so a node is left at the first gang it may not preempt that keeps it too full."""
+    gang too young to go), so a node is left at the first gang it may not preempt that keeps it too full.
+    ``costed``: each rank is (rule, cost, ...): a victim's cost is its second item, and nodes are chosen by
+    the rule, then their victims' total cost (the module docstring)."""
     gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
     ranks: dict[str, Any] = {}
     unranked = object()
@@ -331,7 +371,7 @@ def choose_victims(
             r = ranks[gang_id] = rank(gang_id)
         return r
 
-    options: list[tuple[int, Any, str, list[str]]] = []  # (victims, worst victim's rank, node id, victims)
+    options: list[tuple[Any, str, list[str]]] = []  # (what orders them, node id, victims)
     budget = request.nnodes + NODES_LOOKED_AT
     for node in inventory.most_free_first():
         if budget == 0:
@@ -339,7 +379,7 @@ def choose_victims(
         budget -= 1
         node_id = node.spec.node_id
         if node.fits(gpus, mc, mem):
-            options.append((0, (), node_id, []))
+            options.append(((False, 0.0, 0) if costed else (0, ()), node_id, []))
             continue
         if not node.fits_idle(gpus, mc, mem):
             continue
@@ -368,12 +408,17 @@ def choose_victims(
             free_mem = None if free_mem is None else free_mem + hold.mem
             chosen.append(gang_id)
             if free_gpus >= gpus and free_mc >= mc and (mem is None or free_mem is None or free_mem >= mem):
-                options.append((len(chosen), r, node_id, chosen))
+                if not costed:
+                    options.append(((len(chosen), r), node_id, chosen))
+                    break
+                chosen = _spare(node, chosen, (gpus, mc, mem), (free_gpus, free_mc, free_mem), ranked)
+                rule = max(ranked(g)[0] for g in chosen)
+                options.append(((rule, sum(ranked(g)[1] for g in chosen), len(chosen)), node_id, chosen))
                 break
     if len(options) < request.nnodes:
         return None
-    options.sort(key=lambda o: (o[0], o[1], o[2]))
-    picked = sorted({g for _, _, _, chosen in options[: request.nnodes] for g in chosen}, key=ranked)
+    options.sort(key=lambda o: (o[0], o[1]))
+    picked = sorted({g for _, _, chosen in options[: request.nnodes] for g in chosen}, key=ranked)
 
     removed: list[str] = []
     try:
@@ -403,6 +448,29 @@ def choose_victims(
     finally:
         for gang_id in removed:
             _restore(inventory, tenancy, running[gang_id])
+
+
+def _spare(
+    node: Any,
+    chosen: list[str],
+    need: tuple[int, int, int | None],
+    freed: tuple[int, int, int | None],
+    ranked: Callable[[str], Any],
+) -> list[str]:
+    """Of a node's victims (``chosen``, which free ``freed``: GPUs, millicores, bytes), give back the
+    dearest the node can spare and still free ``need``: the cheapest prefix in rank order may hold a
+    cheap gang that a dearer one chosen after it makes needless. O(victims on the node)."""
+    free_gpus, free_mc, free_mem = freed
+    gpus, mc, mem = need
+    kept = list(chosen)
+    for gang_id in sorted(chosen, key=ranked, reverse=True):
+        hold = node.held[gang_id]
+        left_gpus, left_mc = free_gpus - len(hold.gpu_ids), free_mc - hold.millicores
+        left_mem = None if free_mem is None else free_mem - hold.mem
+        if left_gpus >= gpus and left_mc >= mc and (mem is None or left_mem is None or left_mem >= mem):
+            kept.remove(gang_id)
+            free_gpus, free_mc, free_mem = left_gpus, left_mc, left_mem
+    return kept
 
 
 def _remove(inventory: Inventory, tenancy: Tenancy, c: Victim) -> None:

@@ -292,9 +292,11 @@ def behind_reason(request: GangRequest, blocker: GangRequest, why: str) -> str:
     )
 
 
-def nominated_reason(request: GangRequest, victims: Sequence[str], cause: str) -> str:
+def nominated_reason(request: GangRequest, victims: Sequence[str], cause: str, cost: str | None = None) -> str:
+    """``cost``: what preempting them costs, as ``engine.scheduling.lost_work.gpu_minutes`` says it."""
+    costs = f", which costs {cost}" if cost else ""
     return (
-        f"pending: preempting {_count(len(victims), 'gang')} ({cause}) to make room: waiting for "
+        f"pending: preempting {_count(len(victims), 'gang')} ({cause}) to make room{costs}: waiting for "
         f"{_ids(sorted(victims))} to release; needs {needs(request)}"
     )
 

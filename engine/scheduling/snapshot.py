@@ -20,7 +20,7 @@ from engine.scheduling.config import dump_queue_config, load_queue_config
 from engine.scheduling.counters import Counters
 from engine.scheduling.lenders import Lenders
 from engine.scheduling.model import GangRequest, NodeAssignment, NodeSpec, Placement
-from engine.scheduling.state import Notice, Queued, Running, shape_of
+from engine.scheduling.state import Checkpoint, Notice, Queued, Running, shape_of
 from engine.scheduling.tenancy import demand
 
 if TYPE_CHECKING:
@@ -91,6 +91,8 @@ def take(policy: Policy) -> dict[str, Any]:
                 r.backfill,
                 r.preempted_for,
                 None if r.preemption is None else r.preemption.row(),
+                # only where one was reported: a snapshot without checkpoints is as before, byte for byte
+                *([] if r.checkpoint is None else [r.checkpoint.row()]),
             ]
             for r in policy.running.values()
         ],
@@ -106,6 +108,7 @@ def take(policy: Policy) -> dict[str, Any]:
                 q.cause,
                 _failed(q.failed_search),
                 policy.counters.waited(q.request.gang_id, policy._now),  # its wait so far (the histogram's)
+                *([] if q.victims_cost is None else [q.victims_cost]),  # what its victims lose (lost_work)
             ]
             for q in sorted(policy.pending.values(), key=lambda q: q.seq)
         ],
@@ -121,6 +124,8 @@ def take(policy: Policy) -> dict[str, Any]:
     }
     if policy.tenancy.decay is not None:  # only then: a snapshot without a half-life is as before, byte for byte
         data["usage"] = policy.tenancy.decay.rows()
+    if policy.lost_work.seen:  # only then, as ``usage``
+        data["checkpoints"] = True
     blob = zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 6)
     return {"v": SNAPSHOT_VERSION, "zlib": base64.b64encode(blob).decode("ascii")}
 
@@ -161,9 +166,12 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
         reason = strings[more[0]] if more else ""
         inventory.set_offered(node_id, alive=alive, drained=drained, reason=reason)
     notices: dict[str, list[Any] | None] = {}
+    checkpoints: dict[str, list[Any]] = {}
     for r, nodes, seq, admit_seq, admitted_at, prio, preemptible, backfill, preempted_for, *more in data["running"]:
         request = req(r)
         notices[request.gang_id] = more[0] if more else None
+        if len(more) > 1:  # its last checkpoint (rows from before them, or of gangs that reported none: none)
+            checkpoints[request.gang_id] = more[1]
         placement = Placement(
             gang_id=request.gang_id,
             nodes=tuple(NodeAssignment(node_id=n, address=a, node_rank=k, gpu_ids=tuple(g)) for n, a, k, g in nodes),
@@ -185,6 +193,8 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
         policy.running[request.gang_id] = running
         policy._by_tenant.setdefault(request.tenant, {})[request.gang_id] = running
         policy._count_prio(running, 1)
+        if request.gang_id in checkpoints:
+            running.checkpoint = Checkpoint(*checkpoints[request.gang_id])
     waited: dict[str, float] = {}  # the waits so far (rows from before them have none: unknown)
     for r, seq, prio, preemptible, reason, since, victims, cause, failed, *later in data["pending"]:
         request = req(r)
@@ -196,6 +206,8 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
         )
         if failed is not None:  # a restored policy searches exactly when the original would have
             queued.failed_search = (failed[0], float("inf") if failed[1] is None else failed[1])
+        if len(later) > 1:
+            queued.victims_cost = later[1]
         policy._enqueue(queued)
         if since is not None:
             policy._lost_waiters.add(request.gang_id)
@@ -209,6 +221,7 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
     # keys added later are absent from older snapshots: their default is what a policy of then did
     policy.lenders = Lenders({k: set(v) for k, v in data.get("lenders", {}).items()})
     policy.counters = Counters.from_rows(data.get("counters"), waited, policy._now)
+    policy.lost_work.seen = bool(data.get("checkpoints", False))
     if policy.tenancy.decay is not None:  # after the running gangs were counted again: their rates are set
         policy.tenancy.decay.restore_rows(data.get("usage", {}))  # none before ``usage_half_life``: no history
     for gang_id, running in policy.running.items():

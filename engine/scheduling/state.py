@@ -14,7 +14,7 @@ from engine.scheduling.inventory import millicores
 from engine.scheduling.model import GangRequest, Placement
 from engine.scheduling.tenancy import Vec
 
-__all__ = ["Cause", "Fit", "Notice", "QueueKey", "Queued", "Running", "Shape", "shape_of"]
+__all__ = ["Cause", "Checkpoint", "Fit", "Notice", "QueueKey", "Queued", "Running", "Shape", "shape_of"]
 
 Shape = tuple[int, int, int, int | None]  # nnodes, GPUs, millicores and bytes per node
 #: (-priority value, shape, preemptible): one FIFO queue per key, and only its head is looked at, so a gang that
@@ -41,6 +41,8 @@ class Queued:
     cause: str = ""
     #: the last victim search found nothing: (policy version then, when a too-young victim comes of age)
     failed_search: tuple[int, float] | None = None
+    #: what preempting its victims costs, expected lost GPU-seconds (``engine.scheduling.lost_work``)
+    victims_cost: float | None = None
 
     @property
     def key(self) -> QueueKey:
@@ -56,9 +58,25 @@ class Notice:
     by_tenant: str
     since: float
     grace_s: float
+    cost_gpu_s: float | None = None  # what the victim was expected to lose (``Preempted.cost_gpu_s``)
 
     def row(self) -> list[Any]:
-        return [self.cause, self.by, self.by_tenant, self.since, self.grace_s]
+        cost = [] if self.cost_gpu_s is None else [self.cost_gpu_s]  # rows grow at their end, only when set
+        return [self.cause, self.by, self.by_tenant, self.since, self.grace_s, *cost]
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A running gang's last durable checkpoint, as its GangTask reported it (``GangCheckpointed``)."""
+
+    step: int
+    at: float  # when it was saved (seconds since the epoch, as the Scheduler's clock)
+    save_s: float  # what the save took
+    restore_s: float | None  # measured: a resumed attempt's start to its first new step (None: not yet known)
+    relaunch_s: float | None  # measured: this attempt's start to its first step (None: not yet known)
+
+    def row(self) -> list[Any]:
+        return [self.step, self.at, self.save_s, self.restore_s, self.relaunch_s]
 
 
 @dataclass(slots=True)
@@ -76,6 +94,7 @@ class Running:
     #: set once the gang is preempted (for a gang or a drain): it is never chosen again, and it comes back
     #: at its place in the order when it releases
     preemption: Notice | None = None
+    checkpoint: Checkpoint | None = None  # its attempt's last durable checkpoint, None: none reported
 
 
 def shape_of(request: GangRequest) -> Shape:

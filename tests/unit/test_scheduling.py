@@ -590,6 +590,7 @@ def test_describe_summarizes_nodes_running_and_pending() -> None:
         "preempting": False,
         "preempted_for": None,
         "preempted": None,
+        "checkpoint": None,
         "admitted_at": 0.0,
         "nnodes": 1,
         "gpus_per_node": 1,

@@ -169,6 +169,7 @@ def test_a_drain_preempts_every_preemptible_gang_there_whatever_its_age_and_keep
         "cause": "drain",
         "since": 5.0,
         "grace_s": 45.0,
+        "cost_gpu_s": 4.0,  # its one GPU's 4 s since admission, lost: it reported no checkpoint
     }
     assert running_view(policy, "a1")["preempting"] and running_view(policy, "a1")["preempted_for"] is None
     assert running_view(policy, "b1")["preempted"] is None
@@ -337,7 +338,14 @@ def test_a_snapshot_from_before_drain_reasons_and_notices_still_restores() -> No
     restored = Policy.restore(old)
     assert restored.describe()["drained"] == ["a"] and node_view(restored, "a")["drain_reason"] == ""
     a4 = running_view(restored, "a4")
-    assert a4["preempted"] == {"by": "b1", "by_tenant": "team-b", "cause": "reclaim", "since": 701.0, "grace_s": 45.0}
+    assert a4["preempted"] == {
+        "by": "b1",
+        "by_tenant": "team-b",
+        "cause": "reclaim",
+        "since": 701.0,
+        "grace_s": 45.0,
+        "cost_gpu_s": None,  # a snapshot from before costs: not known
+    }
     assert restored.step(GangReleased(gang_id="a4"), 702.0) == policy.step(GangReleased(gang_id="a4"), 702.0)
 
 
