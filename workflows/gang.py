@@ -69,6 +69,7 @@ from engine.core.protocol import (
 )
 from engine.core.wire import Envelope
 from engine.scheduling import NodeAssignment, Placement, Preempted
+from workflows.gang_checkpoint import CheckpointTeller, checkpoint_of
 from workflows.gang_failures import AttemptFailed, Verdict, attempt_record, classify, finish_record
 from workflows.gang_notice import PreemptedAttempt, preempted_outcome, waiting_because
 from workflows.gang_spec import GangSpec, gang_request, no_scheduler
@@ -141,6 +142,7 @@ class GangTask:
         self.call, self.attempt, self.max_restarts, self.ended = "", 0, 0, ""
         self.progress: dict[str, Any] | None = None  # the ranks' last step, as node rank 0's agent told it
         self.teller = GangTeller()  # its current details, and its run's (workflows.glance)
+        self.checkpoints = CheckpointTeller()  # what the Scheduler hears of its checkpoints (.gang_checkpoint)
 
     # A signal handler that raises fails the workflow task again and again: every payload is checked
     # here, and a malformed one is logged and dropped.
@@ -180,6 +182,10 @@ class GangTask:
             return  # malformed, or a late report of an attempt that has ended
         self.progress = progress
         self.teller.show(self._glance())
+        ckpt = checkpoint_of(payload)
+        if ckpt is not None and self.attempts:  # a new durable checkpoint: the Scheduler costs victims by it
+            placed = self.attempts[-1]["started_at"]
+            self.checkpoints.tell(workflow.info().workflow_id, self.attempt, placed, ckpt)
 
     @workflow.signal(name=REMOTE_COMMAND)
     def on_remote_command(self, payload: Any) -> None:

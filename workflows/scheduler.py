@@ -42,6 +42,7 @@ from temporalio.exceptions import ApplicationError, FailureError
 from engine.core.gang import notice_payload
 from engine.core.protocol import (
     APPLY_QUEUES_UPDATE,
+    CHECKPOINTED_SIGNAL,
     CLOSED_OWNERS,
     DESCRIBE_QUERY,
     DRAIN_NODE_UPDATE,
@@ -65,6 +66,7 @@ from engine.scheduling import (
     ConfigApplied,
     Decision,
     Event,
+    GangCheckpointed,
     GangRejected,
     GangReleased,
     GangRequest,
@@ -165,6 +167,14 @@ class Scheduler:
             self.inbox.append(GangReleased(gang_id=gang_id))
         else:
             workflow.logger.warning("ignoring a malformed release signal %r", gang_id)
+
+    @workflow.signal(name=CHECKPOINTED_SIGNAL)
+    def checkpointed(self, payload: Any) -> None:
+        try:
+            fields = {k: v for k, v in payload.items() if k != "kind"} if isinstance(payload, dict) else payload
+            self.inbox.append(GangCheckpointed.model_validate(fields))
+        except (ValidationError, TypeError, ValueError) as exc:
+            workflow.logger.warning("ignoring a malformed checkpoint report %r: %s", payload, exc)
 
     @workflow.update(name=APPLY_QUEUES_UPDATE)
     def apply_queues(self, config: Any) -> dict[str, Any]:

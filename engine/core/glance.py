@@ -28,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "GANGS_SHOWN",
+    "checkpoint_of",
     "format_metrics",
     "gang_details",
     "gang_line",
@@ -85,6 +86,29 @@ def progress_payload(attempt: int, rows: Iterable[Mapping[str, Any]]) -> dict[st
                 "step": step,
                 "metrics": dict(list(metrics.items())[:_METRICS_SENT]),
                 "at": at if _number(at) else None,
+            }
+    return None
+
+
+def checkpoint_of(details: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The last durable checkpoint of a node launch's lowest rank that reported one (its heartbeat details'
+    ``progress``: ``engine.checkpoint.save`` puts ``ckpt_step``, ``ckpt_time`` and ``ckpt_s``, all saves'
+    seconds, into a rank's reports), with when the rank first reported and its first step: what a GangTask
+    tells the Scheduler (``workflows.gang``). None while no rank saved one."""
+    progress = details.get("progress")
+    reports = progress if isinstance(progress, Mapping) else {}
+    for key in sorted(reports, key=lambda k: int(k) if str(k).isdigit() else 1 << 30):
+        report = reports[key]
+        if not isinstance(report, Mapping):
+            continue
+        step, at = report.get("ckpt_step"), report.get("ckpt_time")
+        if isinstance(step, int) and not isinstance(step, bool) and _number(at):
+            return {
+                "step": step,
+                "at": at,
+                "s": report.get("ckpt_s") if _number(report.get("ckpt_s")) else 0.0,
+                "since": report.get("since") if _number(report.get("since")) else None,
+                "first_step": report.get("first_step") if isinstance(report.get("first_step"), int) else None,
             }
     return None
 

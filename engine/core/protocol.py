@@ -25,6 +25,7 @@ __all__ = [
     "CACHE_HIT",
     "CACHE_LOOKUP",
     "CACHE_RECORD",
+    "CHECKPOINTED_SIGNAL",
     "CLOSED_OWNERS",
     "DEFAULT_TENANT",
     "DESCRIBE_QUERY",
@@ -248,6 +249,8 @@ REGISTER_NODE_SIGNAL = "register_node"  # signal: a node's capacity (from its le
 NODE_LOST_SIGNAL = "node_lost"  # signal: a gang saw a node's activity time out, or the node's lease ended
 SUBMIT_SIGNAL = "submit"  # signal: a gang request
 RELEASE_SIGNAL = "release"  # signal: free a placement or withdraw a queued request
+#: signal: a running gang's attempt saved a new durable checkpoint (engine.scheduling GangCheckpointed's fields)
+CHECKPOINTED_SIGNAL = "gang_checkpointed"
 APPLY_QUEUES_UPDATE = "apply_queues"  # update: a new queue configuration
 DRAIN_NODE_UPDATE = "drain_node"  # update: start or end a node's drain
 DESCRIBE_QUERY = "describe"  # query: nodes, running and pending gangs

@@ -17,7 +17,7 @@ from typing import Any
 
 from temporalio import activity
 
-from engine.core.glance import progress_interval, progress_payload
+from engine.core.glance import PROGRESS_MIN_S, checkpoint_of, progress_interval, progress_payload
 from engine.core.protocol import GANG_PROGRESS_SIGNAL
 from engine.rank.view import rank_rows
 
@@ -38,23 +38,33 @@ class ProgressTeller:
         self.started = time.monotonic()
         self.next_at = self.started  # the first report goes as soon as a rank has one
         self.sent_step: int | None = None
+        self.sent_ckpt: int | None = None  # the checkpoint step last told
+        self.tried_at = -PROGRESS_MIN_S  # when a report was last tried (monotonic)
         self.warned = False
 
     async def maybe(self, details: dict[str, Any]) -> None:
-        """Report if one is due and the step moved."""
+        """Report if one is due and the step moved, or at once (at most every ``PROGRESS_MIN_S``) when the
+        ranks saved a new checkpoint: the gang tells the Scheduler, which costs victims by it."""
         now = time.monotonic()
-        if now >= self.next_at and await self._send(details) is not None:  # tried, told or not: wait again
-            self.next_at = now + progress_interval(now - self.started)
+        ckpt = checkpoint_of(details) if self.told else None
+        new_ckpt = ckpt is not None and ckpt["step"] != self.sent_ckpt
+        due = now >= self.next_at or (new_ckpt and now - self.tried_at >= PROGRESS_MIN_S)
+        if due and await self._send(details, force=new_ckpt) is not None:  # tried, told or not: wait again
+            self.next_at, self.tried_at = now + progress_interval(now - self.started), now
 
     async def last(self, details: dict[str, Any]) -> None:
         """The ranks have exited: their last step, unless it was told already."""
         await self._send(details)
 
-    async def _send(self, details: dict[str, Any]) -> bool | None:
-        """Whether the report was told; None when there was nothing new to tell."""
+    async def _send(self, details: dict[str, Any], *, force: bool = False) -> bool | None:
+        """Whether the report was told; None when there was nothing new to tell (``force``: a new checkpoint
+        is new even where the step is not)."""
         payload = progress_payload(self.attempt, rank_rows([details], time.time())) if self.told else None
-        if payload is None or payload["step"] == self.sent_step:
+        if payload is None or (payload["step"] == self.sent_step and not force):
             return None
+        ckpt = checkpoint_of(details)
+        if ckpt is not None:  # (a gang from before checkpoints were told reads past the key)
+            payload["ckpt"] = ckpt
         try:
             handle = activity.client().get_workflow_handle(activity.info().workflow_id or "")
             await asyncio.wait_for(handle.signal(GANG_PROGRESS_SIGNAL, payload), _SEND_TIMEOUT_S)
@@ -64,4 +74,5 @@ class ProgressTeller:
                 log.warning("could not tell the gang its ranks' progress: %s", exc)
             return False
         self.sent_step = payload["step"]
+        self.sent_ckpt = ckpt["step"] if ckpt is not None else self.sent_ckpt
         return True
