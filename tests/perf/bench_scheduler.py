@@ -71,6 +71,7 @@ from dataclasses import dataclass, replace
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
+from sim_checkpoints import CHECKPOINT, Checkpoints
 from sim_ledger import SimLedger, TimedCounters
 
 from engine.runtime.ledger import BADPUT
@@ -572,8 +573,9 @@ def load_fifo_baseline(commit: str = BASELINE_COMMIT) -> ModuleType | str:
 # the simulation
 # ---------------------------------------------------------------------------------------------------------
 ARRIVE, FINISH, SAVED = "arrive", "finish", "saved"
-#: at one instant, releases go before arrivals so that the capacity they free is there for them
-ORDER = {FINISH: 0, SAVED: 0, ARRIVE: 1}
+#: at one instant, releases (and checkpoints, sim_checkpoints) go before arrivals so that what they change
+#: is there for them
+ORDER = {FINISH: 0, SAVED: 0, CHECKPOINT: 0, ARRIVE: 1}
 Nodes = tuple[tuple[str, tuple[int, ...]], ...]
 
 
@@ -602,8 +604,11 @@ class Simulation:
     """One scheduler through the whole trace: the event heap, each gang's state, the simulation's own ledger
     of the cluster (every placement is checked against it) and the time integrals the metrics need."""
 
-    def __init__(self, workload: Workload, adapter: Adapter, save_s: float) -> None:
+    def __init__(
+        self, workload: Workload, adapter: Adapter, save_s: float, checkpoints: Checkpoints | None = None
+    ) -> None:
         self.workload, self.adapter, self.save_s = workload, adapter, save_s
+        self.checkpoints = checkpoints or Checkpoints(CHECKPOINT_EVERY_S)
         self.node_ids = workload.node_ids()
         index = {t.name: i for i, t in enumerate(workload.tenants)}
         self.runs = {g.gang_id: GangTask(g, index[g.tenant]) for g in workload.gangs}
@@ -663,6 +668,8 @@ class Simulation:
                 self.finish(run)
             elif kind == SAVED and run.attempt == attempt and run.state == "saving":
                 self.saved(run)
+            elif kind == CHECKPOINT:
+                self.checkpoints.fire(self, run, attempt)
             self.sample_snapshot()
             if progress is not None and time.perf_counter() > report:
                 report += PROGRESS_EVERY_S
@@ -712,7 +719,7 @@ class Simulation:
     def saved(self, run: GangTask) -> None:
         """A preempted gang has saved: it releases its GPUs and asks again for the work it has left."""
         progress = run.done_work + (run.stopped - run.started)
-        kept = math.floor(progress / CHECKPOINT_EVERY_S + 1e-9) * CHECKPOINT_EVERY_S
+        kept = self.checkpoints.kept(run.gang.gang_id, progress)
         self.lost_gpu_s += run.gang.gpus * (progress - kept + self.save_s)
         gang, drain = run.gang, run.cause == "drain"
         self.ledger.preempted(
@@ -779,6 +786,7 @@ class Simulation:
             run.first_admitted = self.clock
         run.attempt += 1
         self.push(self.clock + run.remaining, FINISH, gang.gang_id, run.attempt)
+        self.checkpoints.admitted(self, run)
 
     def preempt(self, run: GangTask, outcome: Outcome) -> None:
         """The notice: the gang stops working now and saves for ``save_s`` while it still holds its GPUs."""
@@ -894,6 +902,8 @@ class Simulation:
             "preemptions": preemptions,
             "preemptions_by_cause": dict(sorted(self.causes.items())),
             "gpu_seconds_lost": round(self.lost_gpu_s, 1),
+            "gpu_hours_lost_preemption": round(self.lost_gpu_s / 3600, 2),  # the same: work lost + saves
+            **self.checkpoints.result(),
             "queue_delay_s": {name: p50_p99(v) for name, v in delays.items()},
             "queue_delay_all_s": p50_p99([d for v in delays.values() for d in v]),
             "queue_delay_by_priority_s": {name: p50_p99(v) for name, v in by_priority.items()},
@@ -938,9 +948,10 @@ def simulate(
     save_s: float,
     budget_s: float | None = None,
     progress: Callable[[str], None] | None = None,
+    checkpoints: Checkpoints | None = None,
 ) -> dict[str, Any]:
     """Run the trace through ``adapter`` (at most ``budget_s`` of wall clock); its figures and checks."""
-    return Simulation(workload, adapter, save_s).run(budget_s, progress)
+    return Simulation(workload, adapter, save_s, checkpoints).run(budget_s, progress)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1255,6 +1266,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the policy's usage_half_life: fair share with memory (default: none, the share of now only)",
     )
     parser.add_argument(
+        "--checkpoint-interval",
+        type=float,
+        default=None,
+        help="each gang checkpoints every S x 2^U(-1,1) s of work and tells the policy (sim_checkpoints); the "
+        "policy then runs twice, victims by lost work and by the rule before it (default: every "
+        f"{CHECKPOINT_EVERY_S:g} s, untold)",
+    )
+    parser.add_argument(
         "--fifo-budget-s",
         type=float,
         default=OPTIONAL_FLAGS["fifo_budget_s"],
@@ -1273,6 +1292,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     half_life = args.usage_half_life_s
     if half_life is not None and (not math.isfinite(half_life) or half_life <= 0):
         parser.error(f"--usage-half-life-s must be a finite number > 0, got {half_life}")
+    interval = args.checkpoint_interval
+    if interval is not None and (not math.isfinite(interval) or interval <= 0):
+        parser.error(f"--checkpoint-interval must be a finite number > 0, got {interval}")
     if not math.isfinite(args.load) or args.load <= 0:
         parser.error(f"--load must be a finite number > 0, got {args.load}")
     if args.save_s > args.grace_s:
@@ -1291,6 +1313,13 @@ def source_digest() -> str:
     for path in sorted((Path(__file__).resolve().parents[2] / "engine" / "scheduling").glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
+
+
+def told(args: argparse.Namespace, workload: Workload) -> Checkpoints | None:
+    """``--checkpoint-interval``: each gang's own interval, its checkpoints told to the policy."""
+    if args.checkpoint_interval is None:
+        return None
+    return Checkpoints.drawn([g.gang_id for g in workload.gangs], args.checkpoint_interval, args.seed, args.save_s)
 
 
 def main(args: argparse.Namespace) -> None:
@@ -1321,7 +1350,8 @@ def main(args: argparse.Namespace) -> None:
         "grace_s": args.grace_s,
         "min_runtime_s": args.min_runtime_s,
         "usage_half_life_s": args.usage_half_life_s,
-        "checkpoint_every_s": CHECKPOINT_EVERY_S,
+        "checkpoint_every_s": CHECKPOINT_EVERY_S if args.checkpoint_interval is None else None,
+        "checkpoint_interval_s": args.checkpoint_interval,
         "window_s": WINDOW_S,
         "fifo_budget_s": args.fifo_budget_s,
         "fifo_commit": BASELINE_COMMIT,
@@ -1350,8 +1380,15 @@ def main(args: argparse.Namespace) -> None:
             result["policy"] = {"skipped": f"engine.scheduling.Policy is not available: {exc}"}
         else:
             log("policy ...")
-            result["policy"] = simulate(workload, adapter, args.save_s, progress=log)
+            result["policy"] = simulate(workload, adapter, args.save_s, progress=log, checkpoints=told(args, workload))
             log(f"  {result['policy']['events']:,} calls in {result['policy']['wall_s']:.1f} s")
+            if args.checkpoint_interval is not None:  # the same trace and reports, victims by the rule before
+                log("policy, victims by the rule before lost work ...")
+                today = PolicyAdapter(queue)
+                today.policy.lost_work.counting = False
+                result["policy_today"] = simulate(
+                    workload, today, args.save_s, progress=log, checkpoints=told(args, workload)
+                )
         if args.fifo_budget_s == 0:
             result["fifo"] = {"skipped": "--fifo-budget-s 0"}
         else:
@@ -1367,6 +1404,7 @@ def main(args: argparse.Namespace) -> None:
         "benchmark": "scheduler",
         "fifo": result["fifo"],
         "policy": result["policy"],
+        **({"policy_today": result["policy_today"]} if "policy_today" in result else {}),
         "config": config,
         "environment": environment(),
         "load": load.summary(),
