@@ -327,9 +327,13 @@ def test_a_rank_that_ignores_the_notice_is_killed_when_the_grace_ends(stack: Sta
         info = await until("the notice sent", in_grace)
         notice = info["preemption"]
         assert notice["grace_s"] == 4 and notice["cause"] == "priority", notice
+        # the decision carries what it costs (GPUs × the work since its last checkpoint and the restart)
+        cost = notice.get("cost_gpu_s")
+        assert isinstance(cost, int | float) and cost >= 0, notice
         line = await details(client, gang)
         # (after the gang's status word, and before the ranks' last step where they reported one: engine.core.glance)
-        assert "— attempt 0: preempted (priority by team-a): saving checkpoint, " in line, line
+        assert "— attempt 0: preempted (priority by team-a, costs ~" in line, line
+        assert " GPU-min): saving checkpoint, " in line, line
         assert " of 4 s grace" in line, line
 
         low_result = await result(client, flows, low, "stubborn_run")

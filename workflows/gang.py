@@ -69,6 +69,7 @@ from engine.core.protocol import (
 )
 from engine.core.wire import Envelope
 from engine.scheduling import NodeAssignment, Placement, Preempted
+from engine.scheduling.lost_work import gpu_minutes
 from workflows.gang_checkpoint import CheckpointTeller, checkpoint_of
 from workflows.gang_failures import AttemptFailed, Verdict, attempt_record, classify, finish_record
 from workflows.gang_notice import PreemptedAttempt, preempted_outcome, waiting_because
@@ -497,7 +498,8 @@ class GangTask:
         # what the node agents get (and `gangflow status` shows): the notice, with the grace that applies
         self.noticed = notice_payload(notice, grace_s=grace, noticed_at=started.timestamp())
         gang_id = workflow.info().workflow_id
-        head = f"attempt {attempt}: preempted ({notice.cause} by {notice.by_tenant or notice.by})"
+        head = f"attempt {attempt}: preempted ({notice.cause} by {notice.by_tenant or notice.by}"
+        head += f", costs {gpu_minutes(notice.cost_gpu_s)})" if notice.cost_gpu_s is not None else ")"
         sends = [
             workflow.start_activity(
                 NOTICE,

@@ -378,8 +378,10 @@ _NOTICE_OMITS = frozenset({"kind", "gang_id"})
 
 def notice_payload(notice: Preempted, **extra: float) -> dict[str, Any]:
     """The notice as a signal or activity payload. GangTask's to its node agents says which grace applies
-    (``grace_s``: the task's own, else the Scheduler's) and when it came (``noticed_at``)."""
-    return {**notice.model_dump(mode="json", exclude=set(_NOTICE_OMITS)), **extra}
+    (``grace_s``: the task's own, else the Scheduler's) and when it came (``noticed_at``). A notice without
+    a cost (``cost_gpu_s``, from a Scheduler before it) is the payload it was then."""
+    omit = set(_NOTICE_OMITS) | ({"cost_gpu_s"} if notice.cost_gpu_s is None else set())
+    return {**notice.model_dump(mode="json", exclude=omit), **extra}
 
 
 def notice_of(payload: Any, gang_id: str) -> Preempted | None:
