@@ -139,6 +139,14 @@ def scheduler_families(queues: dict[str, Any], described: dict[str, Any]) -> lis
     )
     for tenant, cause, count in counters.get("preempted") or []:
         preempted.add_metric([str(tenant), str(cause)], float(count))
+    lost = CounterMetricFamily(
+        "gangflow_preemption_cost_gpu_seconds",
+        "GPU-seconds of work the tenant's preempted gangs were expected to lose (since their last checkpoint, "
+        "save, restore and relaunch), by cause",
+        labels=["tenant", "cause"],
+    )
+    for tenant, cause, seconds in counters.get("preemption_cost_gpu_s") or []:
+        lost.add_metric([str(tenant), str(cause)], float(seconds))
     restarts = CounterMetricFamily(
         "gangflow_gang_restarts",
         "gang attempts of the tenant that ended early and were followed by another, by cause "
@@ -160,6 +168,7 @@ def scheduler_families(queues: dict[str, Any], described: dict[str, Any]) -> lis
         sandboxed,
         admitted,
         preempted,
+        lost,
         _wait_histogram(counters),
         restarts,
     ]

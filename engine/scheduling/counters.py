@@ -57,6 +57,8 @@ class Counters:
         # tenant -> [sum of waits, [count per bucket of WAIT_BUCKETS, then the +Inf bucket]] (not cumulative)
         self.waits: dict[str, list[Any]] = {str(t): [float(s), [int(n) for n in b]] for t, s, b in waits}
         self.restarts: dict[tuple[str, str], int] = {(str(t), str(c)): int(n) for t, c, n in restarts}
+        #: (tenant, cause) -> the GPU-seconds its preempted gangs were expected to lose (``Preempted.cost_gpu_s``)
+        self.lost: dict[tuple[str, str], float] = {}
         self.since: dict[str, float] = {}  # gang waiting -> its submission (policy clock)
         self.ended: dict[str, tuple[str, str, float]] = {}  # gang released -> (tenant, cause, when), oldest first
 
@@ -117,6 +119,8 @@ class Counters:
             else:
                 key = (tenant, decision.cause)
                 self.preempted[key] = self.preempted.get(key, 0) + 1
+                if decision.cost_gpu_s is not None:
+                    self.lost[key] = round(self.lost.get(key, 0.0) + decision.cost_gpu_s, 1)
 
     def _wait(self, tenant: str, seconds: float) -> None:
         row = self.waits.get(tenant)
@@ -129,8 +133,11 @@ class Counters:
     def rows(self) -> dict[str, Any]:
         """JSON-able (``describe``'s, and the snapshot's with ``carried``): ``{"admitted": {tenant: n},
         "preempted": [[tenant, cause, n], ...], "wait_buckets": [...], "waits": [[tenant, sum, [n per bucket,
-        +Inf last]], ...], "restarts": [[tenant, cause, n], ...]}``."""
+        +Inf last]], ...], "restarts": [[tenant, cause, n], ...]}``, and ``"preemption_cost_gpu_s": [[tenant,
+        cause, GPU-s], ...]`` once a preemption recorded its cost."""
+        lost = {"preemption_cost_gpu_s": [[t, c, x] for (t, c), x in sorted(self.lost.items())]} if self.lost else {}
         return {
+            **lost,
             "admitted": dict(self.admitted),
             "preempted": [[t, c, n] for (t, c), n in sorted(self.preempted.items())],
             "wait_buckets": list(WAIT_BUCKETS),
@@ -162,5 +169,6 @@ class Counters:
             waits = ()
         counters = cls(rows.get("admitted") or {}, rows.get("preempted") or (), waits, rows.get("restarts") or ())
         counters.ended = {str(g): (str(t), str(c), float(w)) for g, t, c, w in rows.get("ended") or ()}
+        counters.lost = {(str(t), str(c)): float(x) for t, c, x in rows.get("preemption_cost_gpu_s") or ()}
         counters.since = {g: now - w for g, w in (waited or {}).items()}
         return counters

@@ -92,6 +92,8 @@ def test_admissions_and_preemptions_by_cause_count_up_across_a_continue_as_new()
         got = exposed(each)
         assert got[("gangflow_admitted_gangs_total", (("tenant", "team-a"),))] == 2
         assert got[("gangflow_preempted_gangs_total", (("cause", "reclaim"), ("tenant", "team-a")))] == 1
+        # what it was expected to lose (no clock here: nothing ran long enough to lose anything)
+        assert got[("gangflow_preemption_cost_gpu_seconds_total", (("cause", "reclaim"), ("tenant", "team-a")))] == 0
     assert restored.counters.rows() == policy.counters.rows()
 
 
