@@ -1115,6 +1115,8 @@ def command_line(result: dict[str, Any]) -> str:
             line += f" --{key.replace('_', '-')} {c[key]:g}"
     if c.get("usage_half_life_s") is not None:
         line += f" --usage-half-life-s {c['usage_half_life_s']:g}"
+    if c.get("checkpoint_interval_s") is not None:
+        line += f" --checkpoint-interval {c['checkpoint_interval_s']:g}"
     return line
 
 

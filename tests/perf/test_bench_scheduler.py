@@ -233,6 +233,24 @@ def test_usage_half_life_is_a_flag_and_absent_leaves_the_queue_file_as_it_was() 
     assert line.endswith("--usage-half-life-s 60")
 
 
+def test_checkpoint_interval_tells_the_policy_and_runs_todays_victim_choice_beside_it() -> None:
+    result = json_line(bench(*SMALL, "--fifo-budget-s", "0", "--checkpoint-interval", "600", "--json"))
+    costed, today = result["policy"], result["policy_today"]
+    for side in (costed, today):
+        assert all(side["checks"].values()), side["violations"]
+        assert side["checkpoint_reports"] > 0 and side["gpu_hours_lost_preemption"] >= 0
+        assert side["gpu_hours_lost_preemption"] == round(side["gpu_seconds_lost"] / 3600, 2)
+    assert result["config"]["checkpoint_interval_s"] == 600 and result["config"]["checkpoint_every_s"] is None
+    assert bs.command_line(result).endswith("--checkpoint-interval 600")
+    assert "gpu_hours_lost_preemption" in json_line(bench(*SMALL, "--fifo-budget-s", "0", "--json"))["policy"]
+    with pytest.raises(SystemExit):
+        bs.parse_args(["--checkpoint-interval", "0"])
+    # each gang's own interval, from half to twice the flag's, the same for the same seed
+    drawn = bs.Checkpoints.drawn(["a", "b", "c"], 600.0, 7, 30.0)
+    assert all(300 <= drawn.interval(g) <= 1200 for g in "abc") and drawn.kept("a", drawn.interval("a") * 2.5) > 0
+    assert drawn.intervals == bs.Checkpoints.drawn(["a", "b", "c"], 600.0, 7, 30.0).intervals
+
+
 def test_one_cohort_of_the_kueue_baseline_ends_with_min_runtime_zero() -> None:
     # issue 22: with min_runtime 0 the policy preempted gangs in a loop on this workload and never ended
     w = bs.kueue_baseline_workload()
