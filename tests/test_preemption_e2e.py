@@ -318,6 +318,13 @@ def test_a_rank_that_ignores_the_notice_is_killed_when_the_grace_ends(stack: Sta
             return await step_of(client, gang) >= 12
 
         await until("the stubborn gang past its first checkpoint", past_a_checkpoint)
+
+        async def told() -> dict[str, Any] | None:  # node rank 0's agent -> its GangTask -> the Scheduler
+            row = next((r for r in (await client.queue())["running"] if r["gang_id"] == gang), None)
+            return row["checkpoint"] if row is not None and row.get("checkpoint") else None
+
+        known = await until("the Scheduler told of its checkpoint", told)
+        assert known["step"] % 10 == 0 and known["step"] >= 10, known
         high = await start(client, flows, "trained", {"steps": 10}, tenant="team-a", priority="high")
 
         async def in_grace() -> dict[str, Any] | None:
