@@ -19,7 +19,9 @@ admitted, and fewest victims first. Once gangs report checkpoints (``engine.sche
 ``LostWork.active``), the expected lost GPU-seconds replace it: ``rank`` is (not a borrower, cost,
 priority, most recent admission), each node's victims and the nodes themselves are chosen by their total
 cost (fewer victims only breaks a tie), and the reverse prune gives back the dearest victims first. Before
-any report the order is today's exactly (no cost says more than an admission time).
+any report the order is today's exactly (no cost says more than an admission time). Known gap: a victim
+spanning several nodes counts its whole cost on each node looked at, so cheaper one-node victims can win
+over it where it alone would free them all (tests/unit/test_scheduling_lost_work.py).
 
 1. Nodes are looked at from the one with the most free GPUs down (they need the fewest victims), at most
    ``NODES_LOOKED_AT`` beyond what the gang needs: a search costs O(that), not O(cluster). On each node,
