@@ -40,6 +40,7 @@ from engine.core.protocol import (
     DEFAULT_TENANT,
     PROGRESS_QUERY,
     QUEUES_QUERY,
+    RUNS_ONLY,
     STATUS_QUERY,
     TASK_QUEUE,
     tenant_namespace,
@@ -296,7 +297,8 @@ class Client(ClusterClient):
             record.attempt = record.attempts[-1]["attempt"]
 
     async def runs(self, *, status: str | None = None, pipeline: str | None = None, limit: int = 20) -> list[RunInfo]:
-        clauses = [f"{PIPELINE.name} IS NOT NULL"]
+        """The runs (``RUNS_ONLY``: not their child workflow calls, map chunks or gangs), newest first."""
+        clauses = [RUNS_ONLY]
         if status:
             clauses.append(f"ExecutionStatus = '{_status_name(status)}'")
         if pipeline:
