@@ -463,6 +463,14 @@ def test_a_priority_preemption_of(stack: Stack, flows: Path, flow: str, task: st
         assert (await result(client, flows, high, "trained"))["applied"] == 5
         await client.cancel(filler)
         await settled(stack)
+        # `gangflow usage --by priority`: each call counts under the class its gang asked for (read from its
+        # run's history), the filler, which named none, under the default class
+        shown = gangflow_cli("usage", "--json", "--by", "priority", GANGFLOW_ADDRESS=stack.server.address)
+        assert shown.returncode == 0, shown.stderr
+        rows = {r["priority"]: r for r in json.loads(shown.stdout)["rows"]}
+        assert {"low", "high", "default"} <= set(rows), rows
+        assert rows["low"]["badput"]["lost_preemption"] > 0 and rows["high"]["allocated_gpu_s"] > 0, rows
+        assert "team-b" in rows["default"]["tenants"] and rows["high"]["tenants"] == ["team-a"], rows
 
     run(main())
 

@@ -100,7 +100,7 @@ def test_attempts_add_up_and_the_line_names_the_biggest_causes_first() -> None:
     assert set(BADPUT) == set(total["badput"])
 
 
-def test_usage_rows_by_tenant_run_and_cause() -> None:
+def test_usage_rows_by_tenant_run_priority_class_and_cause() -> None:
     from engine.cli.usage import usage_rows
 
     def ledger(alloc: float, productive: float, **badput: float) -> dict[str, Any]:
@@ -115,9 +115,9 @@ def test_usage_rows_by_tenant_run_and_cause() -> None:
         }
 
     entries = [
-        {"tenant": "a", "run": "r1", "ledger": ledger(100, 90, launch=10), "wait_s": 5},
-        {"tenant": "a", "run": "r2", "ledger": ledger(50, 25, lost_preemption=25), "wait_s": 1},
-        {"tenant": "b", "run": "r3", "ledger": None, "wait_s": 2},  # a gang that never started
+        {"tenant": "a", "run": "r1", "priority": "high", "ledger": ledger(100, 90, launch=10), "wait_s": 5},
+        {"tenant": "a", "run": "r2", "priority": "low", "ledger": ledger(50, 25, lost_preemption=25), "wait_s": 1},
+        {"tenant": "b", "run": "r3", "priority": "high", "ledger": None, "wait_s": 2},  # a gang that never started
     ]
     by_tenant = usage_rows(entries, "tenant")
     assert [(r["tenant"], r["allocated_gpu_s"], r["wait_s"]) for r in by_tenant] == [("a", 150, 6), ("b", 0, 2)]
@@ -126,6 +126,12 @@ def test_usage_rows_by_tenant_run_and_cause() -> None:
     assert [r["run"] for r in usage_rows(entries, "run")] == ["r1", "r2", "r3"]
     causes = {r["cause"]: r["gpu_s"] for r in usage_rows(entries, "cause")}
     assert causes["productive"] == 115 and causes["launch"] == 10 and sum(causes.values()) == 150
+    by_class = usage_rows(entries, "priority")
+    assert [(r["priority"], r["tenants"], r["allocated_gpu_s"], r["wait_s"]) for r in by_class] == [
+        ("high", ["a", "b"], 100, 7),
+        ("low", ["a"], 50, 0 + 1),
+    ]
+    assert by_class[1]["badput"]["lost_preemption"] == 25 and by_class[0]["goodput"] == pytest.approx(0.9)
 
 
 @pytest.mark.parametrize("text, seconds", [("7d", 7 * 86400), ("12h", 43200), ("30m", 1800), ("1.5h", 5400)])
