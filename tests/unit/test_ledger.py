@@ -34,6 +34,23 @@ def test_a_completed_attempt_launch_checkpoints_steps_and_the_tail() -> None:
     assert ledger["productive_gpu_s"] == (52 - 5 - 2 - 2) * 4 and ledger["goodput"] == pytest.approx(43 / 52, abs=1e-4)
 
 
+def test_pauses_between_reports_are_idle_and_those_after_the_last_checkpoint_are_lost_work() -> None:
+    # ranks stepping from 105 to 150 that paused 10 s and 6 s between reports (the means: 8 s), and 3 s before
+    # the checkpoint at 140: a completed attempt counts all 8 s idle, a preempted one the 3 s before its checkpoint
+    reports = [dict(since=105, time=150, first_step=1, idle_s=idle, ckpt_time=140, ckpt_s=2.0) for idle in (10, 6)]
+    reports[0]["ckpt_idle_s"] = 3.0  # rank 0 saves: only its report names the checkpoint's pauses
+    nodes = [{"node": "n", "gpus": 1, "started": 102, "progress": {str(i): r for i, r in enumerate(reports)}}]
+    done = attempt_ledger(attempt("completed", 100, 152), nodes)
+    assert done is not None and parts(done) == {"launch": 5.0, "checkpoint": 2.0, "idle": 8.0 + 2.0}
+    assert done["productive_gpu_s"] == 52 - 5 - 2 - 10
+    preempted = attempt_ledger(attempt("preempted", 100, 152, "preempted by x of t (reclaim)"), nodes)
+    assert preempted is not None
+    assert parts(preempted) == {"launch": 5.0, "checkpoint": 2.0, "idle": 3.0, "lost_preemption": 12.0}
+    no_checkpoint = [{**n, "progress": {"0": {"since": 105, "time": 150, "first_step": 1, "idle_s": 9}}} for n in nodes]
+    failed = attempt_ledger(attempt("system", 100, 152, "node n lost"), no_checkpoint)
+    assert failed is not None and parts(failed) == {"launch": 5.0, "lost_failure": 47.0}  # every pause lost too
+
+
 def test_a_preempted_attempt_resumed_from_a_checkpoint_loses_the_work_since_its_last_one() -> None:
     nodes = [node(1, 102, since=110, time=149, first_step=41, ckpt_time=140, ckpt_s=1.0)]
     ledger = attempt_ledger(attempt("preempted", 100, 150, "preempted by b.train-1 of team-b (reclaim)"), nodes)
@@ -75,8 +92,12 @@ def test_the_parts_always_add_up_to_the_allocated_gpu_seconds() -> None:
         end = placed + rng.uniform(0, 500)
         times = sorted(rng.uniform(placed - 10, end + 10) for _ in range(4))
         report = {"since": times[1], "time": times[3], "first_step": rng.choice([0, 1, 50])}
+        if rng.random() < 0.7:  # pauses between reports: any size, even more than the attempt lasted
+            report["idle_s"] = rng.uniform(0, 600)
         if rng.random() < 0.7:
             report.update(ckpt_time=times[2], ckpt_s=rng.uniform(0, 50))
+            if "idle_s" in report:
+                report["ckpt_idle_s"] = rng.uniform(0, report["idle_s"])
         kind = rng.choice(["completed", "cancelled", "preempted", "user", "system"])
         reason = rng.choice(["", "node n1 is draining", "rank 0 (node n1) (hung): no report", "preempted by x"])
         ledger = attempt_ledger(attempt(kind, placed, end, reason), [node(rng.randint(0, 8), times[0], **report)])
