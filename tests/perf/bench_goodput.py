@@ -182,7 +182,7 @@ def claims(attempts: list[dict[str, Any]], row: dict[str, Any], lost: list[dict[
 
 # -- output ---------------------------------------------------------------------------------------------------
 def _h(gpu_s: float) -> str:
-    return f"{gpu_s:.0f}"
+    return f"{gpu_s:.1f}"
 
 
 def markdown(result: dict[str, Any]) -> list[str]:
