@@ -3,15 +3,15 @@
     gangflow usage [--tenant T] [--since 7d] [--by tenant|run|priority|node|cause] [--json | --csv] [--limit N]
                    [--plot F.png]
 
-Each run's distributed task calls are read as ``gangflow status`` reads them (``Client.status``: the
-attempts, their ledgers, engine.runtime.ledger), and summed per tenant, per run, per priority class (the class
-each call's gang asked for, read from its run's history; a call that named none counts under the cluster's
-default class), per node (each attempt's ledger split over its nodes by their GPUs:
-``engine.runtime.ledger.node_shares``) or per cause. ``wait_s``
-is how long the task calls waited for their first placement (queueing is time, not GPU-seconds). The CSV
-has one column per cause, for chargeback. Only runs that started within ``--since`` count, newest first, at
-most ``--limit`` of them. ``--plot`` also draws GPU use by tenant over time and badput by cause
-(engine.cli.usage_plot, the ``plots`` extra), beside the rows printed as usual.
+Each run's distributed task calls, and those of the child workflows it calls (``Client.runs`` lists runs only),
+are read as ``gangflow status`` reads them (``Client.status``: the attempts, their ledgers,
+engine.runtime.ledger), and summed per tenant, per run, per priority class (the class each call's gang asked
+for, read from its run's history; a call that named none counts under the cluster's default class), per node
+(each attempt's ledger split over its nodes by their GPUs: ``engine.runtime.ledger.node_shares``) or per
+cause. ``wait_s`` is how long the task calls waited for their first placement (queueing is time, not
+GPU-seconds). The CSV has one column per cause, for chargeback. Only runs that started within ``--since``
+count, newest first, at most ``--limit`` of them. ``--plot`` also draws GPU use by tenant over time and badput
+by cause (engine.cli.usage_plot, the ``plots`` extra), beside the rows printed as usual.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ GROUPS = ("tenant", "run", "priority", "node", "cause")
 CALL_GROUPS = ("tenant", "run", "priority")
 #: runs whose status is read at once (each a few round trips to Temporal and the artifact store)
 READ_AT_ONCE = 8
+#: how deep usage follows child workflows calling child workflows for their gang calls
+CHILD_DEPTH = 8
 
 
 def parse_since(text: str) -> float:
@@ -191,17 +193,31 @@ async def cmd_usage(args: argparse.Namespace) -> int:
         # in the runs' order (a thousand runs one after another took minutes)
         gate = asyncio.Semaphore(READ_AT_ONCE)
 
-        async def read(run_id: str) -> Any:
+        async def read(workflow_id: str, parent: Any = None, depth: int = 0) -> list[TaskRecord]:
+            """The task calls of a run and of the child workflows it called (``gangflow list`` lists runs
+            only: a gang called inside a child workflow is its run's), the gate released before going down."""
             async with gate:
-                return await client.status(run_id)
+                if parent is None:
+                    info = await client.status(workflow_id)
+                else:  # a child that cannot be read (never started, or gone) adds nothing
+                    try:
+                        info = await client.status(workflow_id, parent=parent)
+                    except (GangflowError, RPCError):
+                        return []
+            found = list(info.tasks)
+            children = [t.child_id for t in found if t.kind == "workflow" and t.child_id]
+            if children and depth < CHILD_DEPTH:
+                for more in await asyncio.gather(*(read(c, parent or info, depth + 1) for c in children)):
+                    found += more
+            return found
 
-        infos = await asyncio.gather(*(read(run.run_id) for run in runs))
+        calls = await asyncio.gather(*(read(run.run_id) for run in runs))
     except GangflowError as exc:
         raise CliError(str(exc)) from None
     default_class = await _default_class(client) if args.by == "priority" else DEFAULT_PRIORITY.name
     entries: list[dict[str, Any]] = []
-    for run, info in zip(runs, infos, strict=True):
-        for task in info.tasks:
+    for run, tasks in zip(runs, calls, strict=True):
+        for task in tasks:
             if task.kind == "gang" and task.attempts:
                 entries.append(
                     {

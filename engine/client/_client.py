@@ -202,7 +202,9 @@ class Client(ClusterClient):
             return None
 
     # -- inspecting -----------------------------------------------------------------------------
-    async def status(self, run_id: str, *, with_tasks: bool = True) -> RunInfo:
+    async def status(self, run_id: str, *, with_tasks: bool = True, parent: RunInfo | None = None) -> RunInfo:
+        """A run's status (``parent``: the run that ``run_id``, a child workflow call, belongs to: its calls
+        saved their ranks in that run's store, under that run's id)."""
         handle = self.handle(run_id)
         desc = await handle.describe()
         memo = (await desc.memo()).get("gangflow") or {}
@@ -221,11 +223,12 @@ class Client(ClusterClient):
         )
         if with_tasks:
             info.tasks, info.error = await read_tasks(handle, self.temporal.data_converter.payload_codec)
-            store = ArtifactStore(info.artifacts or self.artifacts)
+            store = ArtifactStore((parent.artifacts if parent else None) or info.artifacts or self.artifacts)
+            saved_under = parent.run_id if parent else run_id
             looked = await self._platform_gangs(run_id, info.tasks) if status == "RUNNING" else {}
             for record in info.tasks:
                 if record.kind == "gang" and record.status != "cached":  # a cache hit launched no gang
-                    await self._gang_attempts(record, run_id, store, looked.get(record.call or ""))
+                    await self._gang_attempts(record, saved_under, store, looked.get(record.call or ""))
         if desc.status == WorkflowExecutionStatus.COMPLETED:
             info.result = unpack(await handle.result())
         elif desc.status == WorkflowExecutionStatus.RUNNING:
