@@ -40,6 +40,7 @@ from engine.core.protocol import (
     DEFAULT_TENANT,
     PROGRESS_QUERY,
     QUEUES_QUERY,
+    RUNS_ONLY,
     STATUS_QUERY,
     TASK_QUEUE,
     tenant_namespace,
@@ -201,7 +202,9 @@ class Client(ClusterClient):
             return None
 
     # -- inspecting -----------------------------------------------------------------------------
-    async def status(self, run_id: str, *, with_tasks: bool = True) -> RunInfo:
+    async def status(self, run_id: str, *, with_tasks: bool = True, parent: RunInfo | None = None) -> RunInfo:
+        """A run's status (``parent``: the run that ``run_id``, a child workflow call, belongs to: its calls
+        saved their ranks in that run's store, under that run's id)."""
         handle = self.handle(run_id)
         desc = await handle.describe()
         memo = (await desc.memo()).get("gangflow") or {}
@@ -220,11 +223,12 @@ class Client(ClusterClient):
         )
         if with_tasks:
             info.tasks, info.error = await read_tasks(handle, self.temporal.data_converter.payload_codec)
-            store = ArtifactStore(info.artifacts or self.artifacts)
+            store = ArtifactStore((parent.artifacts if parent else None) or info.artifacts or self.artifacts)
+            saved_under = parent.run_id if parent else run_id
             looked = await self._platform_gangs(run_id, info.tasks) if status == "RUNNING" else {}
             for record in info.tasks:
                 if record.kind == "gang" and record.status != "cached":  # a cache hit launched no gang
-                    await self._gang_attempts(record, run_id, store, looked.get(record.call or ""))
+                    await self._gang_attempts(record, saved_under, store, looked.get(record.call or ""))
         if desc.status == WorkflowExecutionStatus.COMPLETED:
             info.result = unpack(await handle.result())
         elif desc.status == WorkflowExecutionStatus.RUNNING:
@@ -296,7 +300,8 @@ class Client(ClusterClient):
             record.attempt = record.attempts[-1]["attempt"]
 
     async def runs(self, *, status: str | None = None, pipeline: str | None = None, limit: int = 20) -> list[RunInfo]:
-        clauses = [f"{PIPELINE.name} IS NOT NULL"]
+        """The runs (``RUNS_ONLY``: not their child workflow calls, map chunks or gangs), newest first."""
+        clauses = [RUNS_ONLY]
         if status:
             clauses.append(f"ExecutionStatus = '{_status_name(status)}'")
         if pipeline:
