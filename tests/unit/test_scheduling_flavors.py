@@ -11,6 +11,8 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scheduling_builders import (
     FOREVER,
     admitted,
@@ -34,6 +36,7 @@ from engine.scheduling import (
     NodeSpec,
     Pending,
     Policy,
+    Preempted,
     QueueConfigError,
     dump_queue_config,
     load_queue_config,
@@ -490,3 +493,97 @@ def test_gangs_never_land_outside_their_flavor_under_a_random_stream() -> None:
                 request = policy.running[d.gang_id].request
                 assert d.flavor in (request.flavors or policy.config.tenant_flavors(request.tenant))
                 assert all(policy.inventory.nodes[a.node_id].flavor == d.flavor for a in d.placement.nodes)
+
+
+def test_queues_show_prints_a_row_per_flavor_under_each_tenant() -> None:
+    from engine.cli import render
+
+    policy = policy_of(SOLO)
+    run([gang("g1", "team-a", gpus=2), gang("g2", "team-a", gpus=1)], policy)
+    with render.console.capture() as captured:
+        render.show_queues(policy.queues())
+    text = captured.get()
+    assert "on h100" in text and "on a100" in text, text
+    assert text.index("team-a") < text.index("on a100") < text.index("team-b"), text
+
+
+# ---------------------------------------------------------------- random streams
+
+
+@st.composite
+def _flavored_stream(draw: st.DrawFn) -> list[Event]:
+    events: list[Event] = []
+    live: list[str] = []
+    for i in range(draw(st.integers(10, 60))):
+        choice = draw(st.sampled_from(["submit", "submit", "release", "node"]))
+        if choice == "release" and live:
+            events.append(GangReleased(gang_id=live.pop(draw(st.integers(0, len(live) - 1)))))
+        elif choice == "node":
+            labels = draw(
+                st.sampled_from([{"gpu": "h100"}, {"gpu": "a100", "zone": "a"}, {"gpu": "l4", "capacity": "spot"}])
+            )
+            events.append(labelled(f"n{draw(st.integers(0, 5))}", gpus=draw(st.integers(1, 4)), **labels))
+        else:
+            live.append(f"g{i}")
+            fields: dict[str, Any] = {
+                "flavors": draw(st.sampled_from([(), ("h100",), ("a100", "h100"), ("spot-l4", "a100")])),
+                "tolerations": draw(st.sampled_from([(), ("spot",)])),
+                "node_selector": draw(st.sampled_from([{}, {"zone": "a"}])),
+                "priority": draw(st.sampled_from(["low", "high"])),
+            }
+            tenant = draw(st.sampled_from(["team-a", "team-b"]))
+            events.append(gang(f"g{i}", tenant, gpus=draw(st.integers(1, 3)), nnodes=draw(st.integers(1, 2)), **fields))
+    return events
+
+
+_RANDOM = (
+    FLAVORS
+    + """\
+cohorts: [{name: research}]
+tenants:
+  - {name: team-a, cohort: research, quota: {h100: {gpu: 4}, a100: {gpu: 4}, spot-l4: {gpu: 2}}}
+  - {name: team-b, cohort: research, quota: {a100: {gpu: 4}, h100: {gpu: 2}}, borrowing_limit: {a100: {gpu: 2}}}
+priority_classes: [{name: low, value: 10}, {name: high, value: 100}]
+policy: {min_runtime: 0}
+"""
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(
+    _flavored_stream(), st.sampled_from(["borrow", "try_next_flavor"]), st.sampled_from(["preempt", "try_next_flavor"])
+)
+def test_random_streams_never_place_a_gang_outside_its_flavor_or_selector(
+    events: list[Event], borrow: str, preempt: str
+) -> None:
+    """Every admission is on one of the gang's flavors, on nodes of that flavor carrying its selector, within
+    its tenant's quota on that flavor; every victim runs on the preemptor's flavor; no GPU is held twice; and
+    a policy restored from a snapshot decides alike."""
+    knobs = (
+        f"policy: {{min_runtime: 0, flavor_fungibility: {{when_can_borrow: {borrow}, when_can_preempt: {preempt}}}}}\n"
+    )
+    policy = Policy(config(_RANDOM.replace("policy: {min_runtime: 0}\n", knobs)), node_ttl_s=FOREVER)
+    for at, event in enumerate(events):
+        if at == len(events) // 2:
+            policy = Policy.restore(json.loads(json.dumps(policy.snapshot())))
+        for d in policy.step(event, float(at)):
+            if isinstance(d, Admitted):
+                running = policy.running[d.gang_id]
+                request = running.request
+                assert d.flavor is not None and d.flavor in (
+                    request.flavors or policy.config.tenant_flavors(request.tenant)
+                )
+                for a in d.placement.nodes:
+                    node = policy.inventory.nodes[a.node_id]
+                    assert node.flavor == d.flavor, (d, node)
+                    assert all(node.spec.labels.get(k) == v for k, v in request.node_selector.items())
+                nominal = policy.tenancy.nominal(running.ledger)[0]
+                ceiling = policy.tenancy.tenants[running.ledger].ceilings[0]
+                assert nominal is None or policy.tenancy.used(running.ledger)[0] <= ceiling
+            elif isinstance(d, Preempted) and d.by_tenant:
+                preemptor = policy.pending[d.by]
+                assert policy.running[d.gang_id].flavor == preemptor.flavor
+        held = [(a.node_id, i) for r in policy.running.values() for a in r.placement.nodes for i in a.gpu_ids]
+        assert len(held) == len(set(held))
+        for victim in [g for g, r in policy.running.items() if r.preemption is not None]:
+            comes_back(policy, victim, float(at))
