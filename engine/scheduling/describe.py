@@ -142,8 +142,9 @@ def _node_row(node_id: str, node: Node) -> dict[str, Any]:
         "mem_total": spec.mem,
         "mem_free": node.free_mem if offered or node.free_mem is None else 0,
         "gangs": sorted(node.held),
-        "labels": dict(spec.labels),
-        "flavor": node.flavor,
+        # only when there is something to say: a row of a cluster without labels is as before them
+        **({"labels": dict(spec.labels)} if spec.labels else {}),
+        **({"flavor": node.flavor} if node.flavor is not None else {}),
     }
 
 
@@ -185,7 +186,7 @@ def describe(policy: Policy) -> dict[str, Any]:
                     "grace_s": notice.grace_s,
                 },
                 "admitted_at": entry.admitted_at,
-                "flavor": entry.flavor,
+                **({"flavor": entry.flavor} if entry.flavor is not None else {}),  # none without flavors
                 "nnodes": request.nnodes,
                 "gpus_per_node": request.gpus_per_node,
                 "cpus_per_node": request.cpus_per_node,
@@ -218,7 +219,7 @@ def describe(policy: Policy) -> dict[str, Any]:
             "mem_per_node": q.request.mem_per_node,
             "reason": q.reason,
             "preempting": sorted(q.victims),
-            "flavors": [f for f in q.candidates if f is not None],
+            **({"flavors": list(q.candidates)} if q.flavor is not None else {}),  # none without flavors
         }
         for position, q in enumerate(order)
     ]

@@ -169,14 +169,21 @@ def choose(policy: Policy, queued: Queued, exclude: frozenset[str]) -> None:
         blocked = tenancy.blocked(ledger, vec, not queued.preemptible)
         if blocked is not None and blocked.kind in ("never", "never_protected", "protected"):
             continue
-        placed = blocked is None and policy.inventory.place(request, exclude, admits(flavor, request)) is not None
+        # too few GPUs free on the flavor: no placement to try (the flavor is full, as a waiting gang mostly finds it)
+        placed = (
+            blocked is None
+            and policy.inventory.free_by_flavor.get(flavor, 0) >= vec[0]
+            and policy.inventory.place(request, exclude, admits(flavor, request)) is not None
+        )
         if placed:
             if knobs.when_can_borrow == "borrow" or not tenancy.would_borrow(ledger, vec):
                 chosen = flavor
                 break
             borrow_at = borrow_at or flavor
             continue
-        if _could_preempt(policy, queued, ledger, blocked is not None):
+        if (knobs.when_can_preempt == "preempt" or preempt_at is None) and _could_preempt(
+            policy, queued, ledger, blocked is not None
+        ):
             if knobs.when_can_preempt == "preempt":
                 chosen = flavor
                 break

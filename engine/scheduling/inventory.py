@@ -93,6 +93,7 @@ class Inventory:
         #: totals of the offered nodes (gpu, millicores, bytes): the denominators of fair share
         self.capacity = [0, 0, 0]
         self.free_gpus = 0  # free GPUs on the offered nodes
+        self.free_by_flavor: dict[str | None, int] = {}  # the same per flavor (None: no flavors, or none matched)
         self.drained: set[str] = set()  # ids of the drained nodes
         #: bumps whenever a node is drained or undrained or its drain reason changes (reasons quote them)
         self.drain_changes = 0
@@ -103,7 +104,9 @@ class Inventory:
         """A new configuration's flavors: every node's flavor again (what fits where may change)."""
         self.classify = classify
         for node in self.nodes.values():
+            self._unindex(node)
             node.flavor = classify(node.spec)
+            self._index(node)
         self.topology += 1
 
     # -- the index -------------------------------------------------------------------------------
@@ -113,6 +116,7 @@ class Inventory:
         bucket = self._buckets[len(node.free_gpus)]
         del bucket[bisect.bisect_left(bucket, (node.free_mc, node.spec.node_id))]
         self.free_gpus -= len(node.free_gpus)
+        self.free_by_flavor[node.flavor] = self.free_by_flavor.get(node.flavor, 0) - len(node.free_gpus)
         self.capacity[0] -= node.spec.gpus
         self.capacity[1] -= millicores(node.spec.cpus)
         self.capacity[2] -= node.spec.mem or 0
@@ -122,6 +126,7 @@ class Inventory:
             return
         bisect.insort(self._buckets.setdefault(len(node.free_gpus), []), (node.free_mc, node.spec.node_id))
         self.free_gpus += len(node.free_gpus)
+        self.free_by_flavor[node.flavor] = self.free_by_flavor.get(node.flavor, 0) + len(node.free_gpus)
         self.capacity[0] += node.spec.gpus
         self.capacity[1] += millicores(node.spec.cpus)
         self.capacity[2] += node.spec.mem or 0
@@ -139,7 +144,7 @@ class Inventory:
             node = self.nodes[spec.node_id] = Node(spec=spec, alive=False)
         self._unindex(node)
         node.spec, node.alive, node.last_seen = spec, True, now
-        node.flavor = self.classify(spec)
+        node.flavor = self.classify(spec)  # unindexed above: its free GPUs move to its (new) flavor's count
         node.recompute()
         self._index(node)
         self.topology += 1

@@ -21,6 +21,11 @@ first, then the lowest priority, then the most recently admitted.
 3. Reverse prune (as Kueue does): each victim, last chosen first, is given back if the gang still fits
    without it. What remains is minimal: no victim can be spared.
 
+With flavors (``engine.scheduling.flavors``) a search looks only at the nodes of the gang's flavor (with its
+node selector) and frees quota only in its tenant's ledger on that flavor (borrowers of that flavor's pool,
+its own gangs there): a gang on another flavor is never a victim, as its release would free nothing the
+gang can use.
+
 Everything is tried on the live inventory and tenancy, then undone: nothing changes until the policy
 acts on the answer, and the answer is deterministic.
 """
@@ -84,7 +89,7 @@ def preempt_for(
         queued.request,
         queued.vec,
         policy.running,
-        _on_flavor(policy, queued, rank),
+        rank,
         more,
         lazy=not timed or (policy.config.policy.min_runtime <= 0 and _latest_admission(policy) <= policy._now),
         admits=admits,
@@ -100,7 +105,6 @@ def preempt_for(
         # meanwhile: else short gangs could keep replacing each other there, never old enough, and
         # starve it (the bound in ``engine.scheduling.policy``'s docstring needs this).
         rank, more, _, _ = _ranking(policy, queued, timed=False, defrag=defrag)
-        rank = _on_flavor(policy, queued, rank)
         later = choose_victims(
             policy.inventory,
             policy.tenancy,
@@ -148,15 +152,6 @@ def preempt_for(
     queued.failed_search = None
     policy._reserved[gang_id] = nodes
     return True
-
-
-def _on_flavor(policy: Policy, queued: Queued, rank: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``rank``, with the gangs on another flavor than ``queued``'s never victims (their release frees
-    nothing it can use); ``rank`` itself without flavors."""
-    if queued.flavor is None:
-        return rank
-    flavor, running = queued.flavor, policy.running
-    return lambda gang_id: rank(gang_id) if running[gang_id].flavor == flavor else None
 
 
 def _latest_admission(policy: Policy) -> float:

@@ -176,7 +176,7 @@ def test_a_node_belongs_to_the_first_flavor_its_labels_match_and_one_matching_no
         "- {name: a100, node_labels: {gpu: a100}}\n  - {name: any-a100, node_labels: {zone: a}}",
     )
     policy = policy_of(text)
-    nodes = {n["node_id"]: n["flavor"] for n in policy.describe()["nodes"]}
+    nodes = {n["node_id"]: n.get("flavor") for n in policy.describe()["nodes"]}
     assert nodes == {"h1": "h100", "h2": "h100", "a1": "a100", "a2": "a100", "l1": "spot-l4", "x1": None}
     assert policy.describe()["flavors"]["h100"]["gpus"] == 4
     # 12 GPUs on flavored nodes for team-a's 6 of quota: never on x1
@@ -410,7 +410,7 @@ def test_a_new_configuration_reclassifies_the_nodes_and_requeues_on_the_new_flav
     decisions = policy.step(ConfigApplied(config=config(wider)))
     assert admitted(decisions) == ["g2"] and flavor_of(decisions, "g2") == "h100"
     decisions = policy.step(ConfigApplied(config=config("tenants: [{name: team-a}, {name: team-b}]")))
-    assert {n["flavor"] for n in policy.describe()["nodes"]} == {None}
+    assert {n.get("flavor") for n in policy.describe()["nodes"]} == {None}
     assert admitted(run([gang("plain", "team-a", gpus=2)], policy)) == ["plain"]  # x1 may now take it
     run([GangReleased(gang_id="g1"), GangReleased(gang_id="g2")], policy)
     assert policy.queues()["tenants"]["team-a"]["used"]["gpu"] == 2
