@@ -412,7 +412,8 @@ def show_queues(data: Mapping[str, Any]) -> None:
             who.append(f"cohort {escape(str(conf['cohort']))}")
         if isinstance(conf.get("weight"), int | float):
             who.append(f"weight {conf['weight']:g}")
-        flavors = entry.get("flavors") if isinstance(entry.get("flavors"), Mapping) else {}
+        flavors = entry.get("flavors")
+        flavors = flavors if isinstance(flavors, Mapping) else {}
         table.add_row(
             "\n".join(who),
             *(_amounts(entry.get(k)) for k in ("nominal", "used", "borrowed", "lent")),
