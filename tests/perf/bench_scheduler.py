@@ -3,6 +3,7 @@
     python tests/perf/bench_scheduler.py [--nodes 1000] [--gpus-per-node 8] [--gangs 15000] [--tenants 10]
                                          [--seed 0] [--load 1.5] [--save-s 30] [--grace-s 120]
                                          [--min-runtime-s 60] [--usage-half-life-s H] [--fifo-budget-s 60]
+                                         [--flavors h100:400,a100:600]   # GPU flavors: bench_fleet.py
                                          [--json | --markdown]
     python tests/perf/bench_scheduler.py --render RESULT.json     # the README rows of a saved JSON line
 
