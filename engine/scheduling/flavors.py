@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from engine.scheduling import node_waits, preemption  # used at call time only: the cycle is harmless
 from engine.scheduling.config import QueueConfig
 from engine.scheduling.model import GangRequest, NodeSpec
 from engine.scheduling.state import Queued, Running, Shape, shape_of
@@ -136,8 +137,6 @@ def admits(flavor: str | None, request: GangRequest) -> Callable[[Node], bool] |
 
 def _could_preempt(policy: Policy, queued: Queued, ledger: str, quota_blocked: bool) -> bool:
     """Cheap: whether a victim for ``queued`` could exist on the flavor of ``ledger`` (Kueue's "can preempt")."""
-    from engine.scheduling import preemption
-
     knobs = policy.config.policy
     counts = policy._prio_counts.get(ledger, {})
     if knobs.within_tenant == "lower_priority" and any(n for p, n in counts.items() if p < queued.prio):
@@ -196,8 +195,6 @@ def choose(policy: Policy, queued: Queued, exclude: frozenset[str]) -> None:
 
 def policy_fit(policy: Policy, queued: Queued) -> str:
     """``node_waits.fit`` of the gang on its current flavor alone."""
-    from engine.scheduling import node_waits
-
     return node_waits.fit_on(policy, queued.request, queued.shape, queued.flavor)
 
 
