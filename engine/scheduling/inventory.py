@@ -93,7 +93,7 @@ class Inventory:
         #: totals of the offered nodes (gpu, millicores, bytes): the denominators of fair share
         self.capacity = [0, 0, 0]
         self.free_gpus = 0  # free GPUs on the offered nodes
-        self.free_by_flavor: dict[str | None, int] = {}  # the same per flavor (None: no flavors, or none matched)
+        self.free_by_flavor: dict[str, int] = {}  # the same per flavor (with flavors only)
         self.drained: set[str] = set()  # ids of the drained nodes
         #: bumps whenever a node is drained or undrained or its drain reason changes (reasons quote them)
         self.drain_changes = 0
@@ -116,7 +116,8 @@ class Inventory:
         bucket = self._buckets[len(node.free_gpus)]
         del bucket[bisect.bisect_left(bucket, (node.free_mc, node.spec.node_id))]
         self.free_gpus -= len(node.free_gpus)
-        self.free_by_flavor[node.flavor] = self.free_by_flavor.get(node.flavor, 0) - len(node.free_gpus)
+        if node.flavor is not None:  # kept only with flavors (a full flavor is skipped without a placement)
+            self.free_by_flavor[node.flavor] = self.free_by_flavor.get(node.flavor, 0) - len(node.free_gpus)
         self.capacity[0] -= node.spec.gpus
         self.capacity[1] -= millicores(node.spec.cpus)
         self.capacity[2] -= node.spec.mem or 0
@@ -126,7 +127,8 @@ class Inventory:
             return
         bisect.insort(self._buckets.setdefault(len(node.free_gpus), []), (node.free_mc, node.spec.node_id))
         self.free_gpus += len(node.free_gpus)
-        self.free_by_flavor[node.flavor] = self.free_by_flavor.get(node.flavor, 0) + len(node.free_gpus)
+        if node.flavor is not None:
+            self.free_by_flavor[node.flavor] = self.free_by_flavor.get(node.flavor, 0) + len(node.free_gpus)
         self.capacity[0] += node.spec.gpus
         self.capacity[1] += millicores(node.spec.cpus)
         self.capacity[2] += node.spec.mem or 0
