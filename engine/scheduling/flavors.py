@@ -171,7 +171,7 @@ def choose(policy: Policy, queued: Queued, exclude: frozenset[str]) -> None:
         # too few GPUs free on the flavor: no placement to try (the flavor is full, as a waiting gang mostly finds it)
         placed = (
             blocked is None
-            and policy.inventory.free_by_flavor.get(flavor, 0) >= vec[0]
+            and policy.inventory.free_by_flavor.get(flavor or "", 0) >= vec[0]
             and policy.inventory.place(request, exclude, admits(flavor, request)) is not None
         )
         if placed:
