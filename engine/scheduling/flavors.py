@@ -119,7 +119,7 @@ def assign(config: QueueConfig, queued: Queued) -> None:
     """Its candidates and starting flavor (its first candidate) under ``config``."""
     queued.shape = shape(config, queued.request)
     queued.candidates = candidates(config, queued.request) or (None,)
-    queued.flavor = queued.candidates[0]
+    queued.on(queued.candidates[0])
 
 
 def admits(flavor: str | None, request: GangRequest) -> Callable[[Node], bool] | None:
@@ -160,7 +160,7 @@ def choose(policy: Policy, queued: Queued, exclude: frozenset[str]) -> None:
     fits_at: str | None = None
     chosen: str | None = None
     for flavor in cands:
-        queued.flavor = flavor
+        queued.on(flavor)
         if policy_fit(policy, queued) != "now":
             continue
         fits_at = fits_at or flavor
@@ -187,7 +187,7 @@ def choose(policy: Policy, queued: Queued, exclude: frozenset[str]) -> None:
                 chosen = flavor
                 break
             preempt_at = preempt_at or flavor
-    queued.flavor = chosen or borrow_at or preempt_at or fits_at or cands[0]
+    queued.on(chosen or borrow_at or preempt_at or fits_at or cands[0])
     if queued.ledger != before:  # a lender waiting on the flavor it left no longer waits there
         policy.lenders.forget(tenancy.root(before), request.gang_id)
         policy._quota_texts.pop(request.gang_id, None)

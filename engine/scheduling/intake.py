@@ -87,7 +87,7 @@ def reconfigure(policy: Policy, config: QueueConfig, decisions: list[Decision]) 
         except KeyError:
             pass
         if not config.flavors:  # without flavors every gang is on the implicit one (a flavor gone stays)
-            running.flavor = None
+            running.on(None)
         policy.tenancy.add(running.ledger, running.vec, protected=not running.preemptible)
         policy._by_tenant.setdefault(running.ledger, {})[running.request.gang_id] = running
         policy._count_prio(running, 1)

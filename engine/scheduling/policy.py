@@ -393,7 +393,8 @@ class Policy:
                 tkey: tuple[Any, ...] = ("behind", queued.shape, blocker.request.gang_id, why)
                 self._say(queued, self._text(tkey, behind_reason, request, blocker.request, why), decisions)
                 continue
-            flavors.choose(self, queued, (reserved if blocker is not None else frozenset()) | held)  # several
+            if len(queued.candidates) > 1:  # which of its flavors it is looked at on now
+                flavors.choose(self, queued, (reserved if blocker is not None else frozenset()) | held)
             vec, ledger = queued.vec, queued.ledger  # its tenant on its flavor (its name without flavors)
             if (
                 queued.reason

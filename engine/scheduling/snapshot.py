@@ -223,7 +223,7 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
             cause,
         )
         if len(later) > 1:  # the flavor it was looked at on (its first candidate in a row from before flavors)
-            queued.flavor = later[1]
+            queued.on(later[1])
         if failed is not None:  # a restored policy searches exactly when the original would have
             queued.failed_search = (failed[0], float("inf") if failed[1] is None else failed[1])
         policy._enqueue(queued)

@@ -47,21 +47,24 @@ class Queued:
     #: (None,) and None without flavors
     candidates: tuple[str | None, ...] = (None,)
     flavor: str | None = None
+    #: its tenant's key in the tenancy ledger on that flavor (the tenant's name without flavors), and its shape
+    #: on it (what placement tries, and fails, alike within a cycle): kept by ``on``, read on every look
+    ledger: str = ""
+    placed_shape: tuple[Shape, str | None] = ((), None)
+
+    def __post_init__(self) -> None:
+        self.on(self.flavor)
+
+    def on(self, flavor: str | None) -> None:
+        """Look at it on ``flavor`` (``engine.scheduling.flavors``)."""
+        tenant = self.request.tenant
+        self.flavor = flavor
+        self.ledger = tenant if flavor is None else f"{tenant}/{flavor}"
+        self.placed_shape = (self.shape, flavor)
 
     @property
     def key(self) -> QueueKey:
         return (-self.prio, self.shape, self.preemptible)
-
-    @property
-    def ledger(self) -> str:
-        """Its tenant's key in the tenancy ledger on its flavor now (the tenant's name without flavors)."""
-        tenant = self.request.tenant
-        return tenant if self.flavor is None else f"{tenant}/{self.flavor}"
-
-    @property
-    def placed_shape(self) -> tuple[Shape, str | None]:
-        """Its shape on its flavor now: what placement tries (and fails) alike for gangs within a cycle."""
-        return (self.shape, self.flavor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +97,15 @@ class Running:
     #: at its place in the order when it releases
     preemption: Notice | None = None
     flavor: str | None = None  # the flavor it was admitted on (None without flavors)
+    ledger: str = ""  # its tenant's key in the tenancy ledger (``Queued.ledger``), kept by ``on``
 
-    @property
-    def ledger(self) -> str:
-        """Its tenant's key in the tenancy ledger (``Queued.ledger``)."""
+    def __post_init__(self) -> None:
+        self.on(self.flavor)
+
+    def on(self, flavor: str | None) -> None:
         tenant = self.request.tenant
-        return tenant if self.flavor is None else f"{tenant}/{self.flavor}"
+        self.flavor = flavor
+        self.ledger = tenant if flavor is None else f"{tenant}/{flavor}"
 
 
 def shape_of(request: GangRequest) -> Shape:
