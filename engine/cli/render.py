@@ -412,14 +412,27 @@ def show_queues(data: Mapping[str, Any]) -> None:
             who.append(f"cohort {escape(str(conf['cohort']))}")
         if isinstance(conf.get("weight"), int | float):
             who.append(f"weight {conf['weight']:g}")
+        flavors = entry.get("flavors")
+        flavors = flavors if isinstance(flavors, Mapping) else {}
         table.add_row(
             "\n".join(who),
             *(_amounts(entry.get(k)) for k in ("nominal", "used", "borrowed", "lent")),
             *([_decayed(entry.get("decayed_usage"))] if decayed else []),
             str(entry.get("pending", 0)),
             _share(entry.get("share")),
-            end_section=True,
+            end_section=not flavors,
         )
+        # with flavors, one row per flavor under its tenant (its share is the largest of theirs)
+        for at, (flavor, row) in enumerate(sorted(flavors.items())):
+            row = row if isinstance(row, Mapping) else {}
+            table.add_row(
+                f"  on {escape(str(flavor))}",
+                *(_amounts(row.get(k)) for k in ("nominal", "used", "borrowed", "lent")),
+                *([""] if decayed else []),
+                "",
+                _share(row.get("share")),
+                end_section=at == len(flavors) - 1,
+            )
     console.print(table)
 
 

@@ -16,7 +16,9 @@ from engine.scheduling.tenancy import Vec
 
 __all__ = ["Cause", "Fit", "Notice", "QueueKey", "Queued", "Running", "Shape", "shape_of"]
 
-Shape = tuple[int, int, int, int | None]  # nnodes, GPUs, millicores and bytes per node
+#: nnodes, GPUs, millicores and bytes per node; with flavors or a node selector, then the gang's candidate
+#: flavors and its selector (``engine.scheduling.flavors.shape``)
+Shape = tuple[Any, ...]
 #: (-priority value, shape, preemptible): one FIFO queue per key, and only its head is looked at, so a gang that
 #: may backfill never waits behind one of its shape that may not (it would never get past it)
 QueueKey = tuple[int, Shape, bool]
@@ -41,6 +43,24 @@ class Queued:
     cause: str = ""
     #: the last victim search found nothing: (policy version then, when a too-young victim comes of age)
     failed_search: tuple[int, float] | None = None
+    #: the flavors it may use, in order, and the one it is looked at on now (``engine.scheduling.flavors``);
+    #: (None,) and None without flavors
+    candidates: tuple[str | None, ...] = (None,)
+    flavor: str | None = None
+    #: its tenant's key in the tenancy ledger on that flavor (the tenant's name without flavors), and its shape
+    #: on it (what placement tries, and fails, alike within a cycle): kept by ``on``, read on every look
+    ledger: str = ""
+    placed_shape: tuple[Shape, str | None] = ((), None)
+
+    def __post_init__(self) -> None:
+        self.on(self.flavor)
+
+    def on(self, flavor: str | None) -> None:
+        """Look at it on ``flavor`` (``engine.scheduling.flavors``)."""
+        tenant = self.request.tenant
+        self.flavor = flavor
+        self.ledger = tenant if flavor is None else f"{tenant}/{flavor}"
+        self.placed_shape = (self.shape, flavor)
 
     @property
     def key(self) -> QueueKey:
@@ -76,6 +96,16 @@ class Running:
     #: set once the gang is preempted (for a gang or a drain): it is never chosen again, and it comes back
     #: at its place in the order when it releases
     preemption: Notice | None = None
+    flavor: str | None = None  # the flavor it was admitted on (None without flavors)
+    ledger: str = ""  # its tenant's key in the tenancy ledger (``Queued.ledger``), kept by ``on``
+
+    def __post_init__(self) -> None:
+        self.on(self.flavor)
+
+    def on(self, flavor: str | None) -> None:
+        tenant = self.request.tenant
+        self.flavor = flavor
+        self.ledger = tenant if flavor is None else f"{tenant}/{flavor}"
 
 
 def shape_of(request: GangRequest) -> Shape:

@@ -3,6 +3,7 @@
     python tests/perf/bench_scheduler.py [--nodes 1000] [--gpus-per-node 8] [--gangs 15000] [--tenants 10]
                                          [--seed 0] [--load 1.5] [--save-s 30] [--grace-s 120]
                                          [--min-runtime-s 60] [--usage-half-life-s H] [--fifo-budget-s 60]
+                                         [--flavors h100:400,a100:600]   # GPU flavors: bench_fleet.py
                                          [--json | --markdown]
     python tests/perf/bench_scheduler.py --render RESULT.json     # the README rows of a saved JSON line
 
@@ -383,6 +384,7 @@ class Adapter:
         self.cpu_s = 0.0
         self.counts: dict[str, int] = {}
         self._digest = hashlib.sha256()
+        self.fleet: Any = None  # ``--flavors``: bench_fleet.Fleet (node labels, gangs' flavors, violations)
 
     def register(self, node_id: str, gpus: int, cpus: int, now: float) -> list[Outcome]:
         raise NotImplementedError
@@ -418,6 +420,9 @@ class Adapter:
             if kind == "admitted":
                 nodes = tuple((a.node_id, tuple(a.gpu_ids)) for a in decision.placement.nodes)
                 out.append(Outcome(kind, decision.placement.gang_id, nodes=nodes))
+                if self.fleet is not None:
+                    ids = [n for n, _ in nodes]
+                    self.fleet.check(self.name, decision.placement.gang_id, ids, getattr(decision, "flavor", None))
             elif kind == "preempted":
                 out.append(
                     Outcome(kind, decision.gang_id, by=decision.by, cause=decision.cause, reason=decision.reason)
@@ -452,7 +457,8 @@ class PolicyAdapter(Adapter):
         return self._timed(lambda: self.policy.step(event, now), now)
 
     def register(self, node_id: str, gpus: int, cpus: int, now: float) -> list[Outcome]:
-        spec = self.s.NodeSpec(node_id=node_id, address=f"{node_id}:0", gpus=gpus, cpus=cpus)
+        labels = self.fleet.labels(node_id) if self.fleet is not None else {}
+        spec = self.s.NodeSpec(node_id=node_id, address=f"{node_id}:0", gpus=gpus, cpus=cpus, labels=labels)
         return self._step(self.s.NodeRegistered(spec=spec), now)
 
     def submit(self, gang: SimGang, now: float) -> list[Outcome]:
@@ -463,6 +469,7 @@ class PolicyAdapter(Adapter):
             cpus_per_node=gang.cpus_per_node,
             tenant=gang.tenant,
             priority=gang.priority,
+            flavors=self.fleet.gang_flavors[gang.gang_id] if self.fleet is not None else (),
         )
         return self._step(self.s.GangSubmitted(request=request), now)
 
@@ -1260,8 +1267,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=OPTIONAL_FLAGS["fifo_budget_s"],
         help="wall-clock cap for the FIFO baseline, 0 to skip it (default %(default)s)",
     )
+    parser.add_argument(
+        "--flavors",
+        default=None,
+        help="GPU flavors, NAME:NODES,... (e.g. h100:400,a100:600; replaces --nodes): bench_fleet.py",
+    )
     output_options(parser, json_flag=True)
     args = parser.parse_args(argv)
+    if args.flavors is not None:
+        from bench_fleet import parse_flavors
+
+        try:
+            args.flavors = parse_flavors(args.flavors)
+        except ValueError as error:
+            parser.error(str(error))
+        args.nodes = sum(n for _, n in args.flavors)
     for flag in ("save_s", "min_runtime_s"):
         if getattr(args, flag) is None:
             setattr(args, flag, defaults(args.workload)[flag])
@@ -1305,6 +1325,13 @@ def main(args: argparse.Namespace) -> None:
     else:
         workload = generate_workload(args.nodes, args.gpus_per_node, args.gangs, args.tenants, args.seed, args.load)
     queue = queue_config(workload, args.grace_s, args.min_runtime_s, args.usage_half_life_s)
+    fleet = None
+    if args.flavors:  # bench_fleet.py: labelled nodes, per-flavor quotas, gangs asking for flavors
+        from bench_fleet import Fleet
+
+        fleet = Fleet(args.flavors)
+        fleet.label(workload.node_ids(), [g.gang_id for g in workload.gangs], args.seed)
+        queue = fleet.queue(queue)
     bound = workload.bound()
     config: dict[str, Any] = {
         "workload": workload.name,
@@ -1346,6 +1373,7 @@ def main(args: argparse.Namespace) -> None:
     with LoadSampler() as load:
         try:
             adapter = PolicyAdapter(queue)
+            adapter.fleet = fleet
         except ImportError as exc:
             result["policy"] = {"skipped": f"engine.scheduling.Policy is not available: {exc}"}
         else:
@@ -1361,8 +1389,15 @@ def main(args: argparse.Namespace) -> None:
             else:
                 log(f"fifo (from {BASELINE_COMMIT}, at most {args.fifo_budget_s:g} s) ...")
                 fifo = FifoAdapter(baseline)
+                fifo.fleet = fleet
                 result["fifo"] = simulate(workload, fifo, args.save_s, budget_s=args.fifo_budget_s, progress=log)
                 log(f"  {result['fifo']['events']:,} calls in {result['fifo']['wall_s']:.1f} s")
+    for side in ("fifo", "policy") if fleet is not None else ():
+        if "skipped" not in result[side]:
+            result[side]["flavor_violations"] = fleet.violations.get(side, 0)
+    if fleet is not None:
+        config["flavors"] = dict(fleet.flavors)
+        config["flavor_violation_examples"] = fleet.examples
     result = {
         "benchmark": "scheduler",
         "fifo": result["fifo"],
