@@ -343,9 +343,7 @@ def _spawn_nodes(
         log = state / f"node-{i}.log"
         os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
         own = ["--labels", labels[i]] if i < len(labels) and labels[i] else []
-        nodes.append(
-            spawn([*node, "--node-id", f"node-{i}", "--advertise-addr", "127.0.0.1", *own], log=log, env=env)
-        )
+        nodes.append(spawn([*node, "--node-id", f"node-{i}", "--advertise-addr", "127.0.0.1", *own], log=log, env=env))
     return nodes
 
 
