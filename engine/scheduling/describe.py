@@ -92,6 +92,7 @@ def _node_row(node_id: str, node: Node) -> dict[str, Any]:
         "mem_total": spec.mem,
         "mem_free": node.free_mem if offered or node.free_mem is None else 0,
         "gangs": sorted(node.held),
+        "labels": dict(spec.labels),
     }
 
 
