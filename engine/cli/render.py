@@ -206,7 +206,9 @@ def show_attempts(info: RunInfo) -> None:
             continue
         console.print(f"[bold]{escape(task.call or task.name)}[/] attempts")
         table = Table(show_edge=False, header_style="bold")
-        for column in ("attempt", "ended", "seconds", "steps", "nodes"):
+        # the flavor each attempt was admitted on, where the queue file names flavors (else no column)
+        flavors = any(attempt.get("flavor") for attempt in task.attempts)
+        for column in ("attempt", "ended", "seconds", "steps", "nodes", *(("flavor",) if flavors else ())):
             table.add_column(column)
         for attempt in task.attempts:
             seconds = attempt.get("duration_s")
@@ -218,6 +220,7 @@ def show_attempts(info: RunInfo) -> None:
                 f"{seconds:.1f}" if isinstance(seconds, int | float) else "",
                 _steps(attempt),
                 escape(", ".join(str(n) for n in attempt.get("nodes") or [])),
+                *((escape(str(attempt.get("flavor") or "")),) if flavors else ()),
             )
         console.print(table)
         ledger = add_ledgers(a.get("ledger") for a in task.attempts)

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from engine.core.labels import check_label, check_label_key, check_name
+from engine.core.labels import check_label, check_name
 
 __all__ = ["MEMORY_UNITS", "NEVER_RETRIED", "Resources", "Retry", "parse_memory", "to_timedelta"]
 
@@ -143,7 +143,10 @@ def _selector(value: object) -> dict[str, str] | None:
 def _tolerations(value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, Sequence):
         raise ValueError(f"Resources.tolerations must be a list of taints, e.g. ['spot'], got {value!r}")
-    return tuple(check_label_key(v, "Resources.tolerations: taint") for v in value)
+    for taint in value:  # as the queue file's flavors write taints: any word (``spot``, ``nvidia.com/gpu``)
+        if not isinstance(taint, str) or not taint or any(c.isspace() for c in taint):
+            raise ValueError(f"Resources.tolerations: taint {taint!r} must be a non-empty string without spaces")
+    return tuple(value)
 
 
 @dataclass(frozen=True)

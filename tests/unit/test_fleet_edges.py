@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,12 @@ from engine.client import TenancyError
 from engine.client._fleet import check_fleet, fleet_asks, fleet_facts, label_sets
 from engine.core import definition_of
 from engine.core.gang import GangPlugin, GangShape
+from engine.core.glance import gang_line
 from engine.core.labels import format_labels, node_env, parse_labels
 from engine.executor.gpus import GPU_COUNT_LABEL, GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL, gpu_labels, node_labels
 from engine.scheduling import GangRequest
 from engine.scheduling.tenant_view import own_cluster, own_queues
+from workflows.gang_failures import attempt_record
 from workflows.gang_spec import GangSpec, gang_request
 
 NOWHERE = "127.0.0.1:9"
@@ -152,7 +155,7 @@ def test_resources_say_where_a_gang_may_run() -> None:
         ({"node_selector": {"zone": "a b"}}, "Resources.node_selector: label zone: the value 'a b'"),
         ({"node_selector": {"zone": 1}}, "is not a string"),
         ({"tolerations": "spot"}, "must be a list of taints"),
-        ({"tolerations": ["spot!"]}, "Resources.tolerations: taint 'spot!'"),
+        ({"tolerations": ["spot light"]}, "Resources.tolerations: taint 'spot light'"),
     ],
 )
 def test_bad_placement_asks_are_refused_at_once(kwargs: dict[str, Any], says: str) -> None:
@@ -241,3 +244,13 @@ def test_a_tenant_sees_flavor_names_and_label_sets_without_the_nodes() -> None:
     cluster = own_cluster({"nodes": [*NODES, {"node_id": "n2", "labels": {"gpu": "a100"}}]}, "default")
     assert cluster["nodes"] == [] and cluster["label_sets"] == [{"gpu": "h100", "zone": "a"}, {"gpu": "a100"}]
     assert "n0" not in repr(cluster)
+
+
+# -- shown -------------------------------------------------------------------------------------
+def test_a_placed_gangs_line_names_its_flavor_and_one_without_flavors_reads_as_before() -> None:
+    state = {"phase": "attempt 0: 2 ranks running on n1, n2", "placed": True, "attempt": 0}
+    assert gang_line(state) == "attempt 0: 2 ranks running on n1, n2"
+    assert gang_line({**state, "flavor": "h100"}) == "attempt 0: 2 ranks running on n1, n2 · flavor h100"
+    assert "flavor" not in gang_line({**state, "placed": False, "flavor": "h100"})  # waiting again: none yet
+    record = attempt_record(0, ["n1"], datetime.now(UTC), "h100")
+    assert record["flavor"] == "h100" and "flavor" not in attempt_record(0, ["n1"], datetime.now(UTC))
