@@ -153,7 +153,7 @@ class Client(ClusterClient):
         with contextlib.suppress(ValueError):
             if self.temporal.namespace == tenant_namespace(run.tenant):
                 if asks:
-                    await self._check_fleet_as_tenant(asks)
+                    await self._check_fleet_as_tenant(asks, run.tenant)
                 return
         try:
             queues = await self._scheduler_query(QUEUES_QUERY)
@@ -169,9 +169,9 @@ class Client(ClusterClient):
             if any(task.resources.node_selector for task in asks.values()):
                 described = await self._scheduler_query(DESCRIBE_QUERY) if queues is not None else {}
                 nodes = label_sets(described.get("nodes") or [])
-            check_fleet(asks, *fleet_facts(queues), nodes)
+            check_fleet(asks, fleet_facts(queues, run.tenant), nodes, run.tenant)
 
-    async def _check_fleet_as_tenant(self, asks: Mapping[str, TaskDefinition]) -> None:
+    async def _check_fleet_as_tenant(self, asks: Mapping[str, TaskDefinition], tenant: str) -> None:
         """``check_fleet`` with what the tenant's look shows (flavor and level names, the nodes' label sets);
         a look that gets no answer lets the run through, for the platform to judge."""
         selectors = any(task.resources.node_selector for task in asks.values())
@@ -183,9 +183,8 @@ class Client(ClusterClient):
         if view.get("scheduler") is not None or not isinstance(queues, Mapping):
             return
         sets = cluster.get("label_sets") if isinstance(cluster, Mapping) else None
-        check_fleet(
-            asks, *fleet_facts(queues), label_sets({"labels": s} for s in sets) if isinstance(sets, list) else None
-        )
+        nodes = label_sets({"labels": s} for s in sets) if isinstance(sets, list) else None
+        check_fleet(asks, fleet_facts(queues, tenant), nodes, tenant)
 
     async def start_prepared(self, defn: WorkflowDefinition, envelope: Envelope) -> str:
         await self.check_tenancy(defn, envelope.run)

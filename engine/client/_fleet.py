@@ -23,7 +23,7 @@ from engine.core.labels import format_labels
 
 from ._prepare import TenancyError, workflow_tasks
 
-__all__ = ["check_fleet", "fleet_asks", "fleet_facts", "label_sets", "topology_levels"]
+__all__ = ["check_fleet", "fleet_asks", "fleet_facts", "label_sets", "own_flavors", "topology_levels"]
 
 #: at most this many distinct labels are named in a refusal (a thousand-node cluster has many hostnames)
 _MAX_NAMED = 24
@@ -48,20 +48,38 @@ def fleet_asks(defn: WorkflowDefinition) -> dict[str, TaskDefinition]:
     }
 
 
-def fleet_facts(queues: Mapping[str, Any] | None) -> tuple[list[str] | None, list[str] | None]:
-    """(flavor names, topology levels) of the cluster, from a ``queues`` answer (the Scheduler's, with its
-    ``config``; a tenant's look, with ``flavors`` and ``topology``). None for what it cannot tell (a Scheduler
-    from before flavors says nothing of them); no answer at all (no Scheduler): none declared."""
+def fleet_facts(
+    queues: Mapping[str, Any] | None, tenant: str
+) -> tuple[list[str] | None, list[str] | None, list[str] | None]:
+    """(flavor names, topology levels, the flavors ``tenant`` may use) of the cluster, from a ``queues`` answer
+    (the Scheduler's, with its ``config``; a tenant's look, with ``flavors``, ``topology`` and ``own_flavors``).
+    None for what it cannot tell (a Scheduler from before flavors says nothing of them; a tenant with a quota
+    per resource may use every flavor); no answer at all (no Scheduler): none declared."""
     if queues is None:
-        return [], []
+        return [], [], None
     config = queues.get("config")
     source = config if isinstance(config, Mapping) else queues
     if "flavors" not in source and not isinstance(config, Mapping):
-        return None, None
+        return None, None, None
     flavors = [str(f.get("name")) for f in source.get("flavors") or [] if isinstance(f, Mapping)]
     flavors += [f for f in source.get("flavors") or [] if isinstance(f, str)]  # a tenant's look: names only
     topology = source.get("topology")
-    return flavors, [str(level) for level in topology] if isinstance(topology, list) else []
+    levels = [str(level) for level in topology] if isinstance(topology, list) else []
+    return flavors, levels, own_flavors(source, tenant)
+
+
+def own_flavors(config: Mapping[str, Any], tenant: str) -> list[str] | None:
+    """The flavors ``tenant`` may use where its quota is per flavor (``{h100: {gpu: 8}}``: those it names), from
+    a dumped configuration or a tenant's look (``own_flavors``); None: every declared flavor."""
+    if "own_flavors" in config:
+        named = config["own_flavors"]
+        return [str(f) for f in named] if isinstance(named, list) else None
+    for entry in config.get("tenants") or []:
+        if isinstance(entry, Mapping) and entry.get("name") == tenant:
+            quota = entry.get("quota")
+            if isinstance(quota, Mapping) and quota and all(isinstance(v, Mapping) for v in quota.values()):
+                return [str(name) for name in quota]
+    return None
 
 
 def label_sets(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
@@ -83,13 +101,14 @@ def _known(names: Iterable[str]) -> str:
 
 def check_fleet(
     asks: Mapping[str, TaskDefinition],
-    flavors: list[str] | None,
-    topology: list[str] | None,
+    facts: tuple[list[str] | None, list[str] | None, list[str] | None],
     nodes: list[dict[str, str]] | None,
+    tenant: str,
 ) -> None:
-    """Refuse (TenancyError, naming what exists) a task asking for a flavor not in ``flavors``, a topology level
-    not in ``topology``, or a node selector that no label set of ``nodes`` holds whole. None: not known, not
-    checked."""
+    """Refuse (TenancyError, naming what exists) a task asking for a flavor the cluster does not declare (or
+    only flavors its ``tenant`` may not use), a topology level it does not declare, or a node selector that no
+    label set of ``nodes`` holds whole. ``facts``: ``fleet_facts``; None for any part: not known, not checked."""
+    flavors, topology, usable = facts
     for name, task in asks.items():
         who = f"task {name!r}"
         if flavors is not None:
@@ -100,6 +119,12 @@ def check_fleet(
                         f"{who} asks for flavor {flavor!r}, which the cluster's queue configuration does not declare: "
                         f"{declared} (flavors in the queue configuration; gangflow queues show)"
                     )
+            asked = task.resources.flavors
+            if usable is not None and asked and not set(asked) & set(usable):
+                raise TenancyError(
+                    f"{who} asks for flavor {' or '.join(map(repr, asked))}, which tenant {tenant!r} may not use: its "
+                    f"quota names {_known(usable)} (tenants[].quota in the queue configuration; gangflow queues show)"
+                )
         if topology is not None:
             for level in topology_levels(task):
                 if level not in topology:

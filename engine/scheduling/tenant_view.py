@@ -101,11 +101,16 @@ def own_queues(queues: Mapping[str, Any], tenant: str) -> dict[str, Any]:
     config = config if isinstance(config, Mapping) else {}
     flavors = [str(f.get("name")) for f in config.get("flavors") or [] if isinstance(f, Mapping)]
     levels = config.get("topology")
+    own = next((t for t in config.get("tenants") or [] if isinstance(t, Mapping) and t.get("name") == tenant), {})
+    quota = own.get("quota")
+    per_flavor = isinstance(quota, Mapping) and quota and all(isinstance(v, Mapping) for v in quota.values())
     return {
         "tenant_view": tenant,
         "tenants": {tenant: rows[tenant]} if tenant in rows else {},
         "flavors": flavors,
         "topology": [str(level) for level in levels] if isinstance(levels, list) else [],
+        # the flavors its quota names, where it is per flavor (it may use only those); None: every flavor
+        "own_flavors": [str(name) for name in quota] if per_flavor and isinstance(quota, Mapping) else None,
     }
 
 

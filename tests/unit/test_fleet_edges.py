@@ -205,16 +205,16 @@ def test_the_asks_of_a_workflows_tasks_are_found() -> None:
 
 
 def test_a_run_asking_for_what_the_cluster_has_passes() -> None:
-    check_fleet(fleet_asks(definition_of(pipeline)), *fleet_facts(QUEUES), label_sets(NODES))
+    check_fleet(fleet_asks(definition_of(pipeline)), fleet_facts(QUEUES, "default"), label_sets(NODES), "default")
 
 
-def _refusal(queues: Any, nodes: Any, **resources: Any) -> str:
+def _refusal(queues: Any, nodes: Any, tenant: str = "default", **resources: Any) -> str:
     @task(name="asks", plugin=Ranks(), resources=Resources(gpu=1, **resources))
     def asks(n: int) -> int:
         return n
 
     with pytest.raises(TenancyError) as caught:
-        check_fleet({"asks": definition_of(asks)}, *fleet_facts(queues), label_sets(nodes))
+        check_fleet({"asks": definition_of(asks)}, fleet_facts(queues, tenant), label_sets(nodes), tenant)
     return str(caught.value)
 
 
@@ -233,14 +233,23 @@ def test_an_unknown_flavor_or_label_is_refused_naming_what_exists() -> None:
     assert "no node is registered" in text
 
 
+def test_a_flavor_the_tenants_quota_does_not_name_is_refused() -> None:
+    queues = {**QUEUES, "config": {**QUEUES["config"], "tenants": [{"name": "team-a", "quota": {"a100": {"gpu": 2}}}]}}
+    text = _refusal(queues, NODES, "team-a", flavor="h100")
+    assert "flavor 'h100', which tenant 'team-a' may not use: its quota names a100" in text
+    check_fleet(fleet_asks(definition_of(pipeline)), fleet_facts(queues, "team-a"), label_sets(NODES), "team-a")
+    assert fleet_facts(own_queues(queues, "team-a"), "team-a")[2] == ["a100"]  # as the tenant's look shows it
+    assert fleet_facts(queues, "default")[2] is None  # a tenant not in the file: the Scheduler says why
+
+
 def test_a_scheduler_from_before_flavors_is_not_asked_about_them() -> None:
-    assert fleet_facts({"tenants": {}}) == (None, None)  # answers without a config: cannot tell
+    assert fleet_facts({"tenants": {}}, "default") == (None, None, None)  # answers without a config: cannot tell
 
 
 def test_a_tenant_sees_flavor_names_and_label_sets_without_the_nodes() -> None:
     queues = own_queues(QUEUES, "default")
     assert queues["flavors"] == ["h100", "a100"] and queues["topology"] == ["rack"]
-    assert fleet_facts(queues) == (["h100", "a100"], ["rack"])
+    assert fleet_facts(queues, "default") == (["h100", "a100"], ["rack"], None)
     cluster = own_cluster({"nodes": [*NODES, {"node_id": "n2", "labels": {"gpu": "a100"}}]}, "default")
     assert cluster["nodes"] == [] and cluster["label_sets"] == [{"gpu": "h100", "zone": "a"}, {"gpu": "a100"}]
     assert "n0" not in repr(cluster)

@@ -198,7 +198,6 @@ class World:
                 f"{where}: cohort {root} pool {total} exceeded"
             )
 
-
     def check_protected(self, request: GangRequest) -> None:
         """A gang that is not preemptible was admitted only within its tenant's nominal quota, counting the
         tenant's other such gangs: only preemptible gangs borrow."""

@@ -51,6 +51,7 @@ def test_a_tenant_sees_its_own_rows_and_capacity_only() -> None:
         "tenants": {"team-b": ROW_B},
         "flavors": [],
         "topology": [],
+        "own_flavors": None,
     }
     assert own_cluster({"tenants": {}}, "team-c")["tenants"] == {}  # a tenant the configuration lacks
 
