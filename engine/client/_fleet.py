@@ -27,6 +27,8 @@ __all__ = ["check_fleet", "fleet_asks", "fleet_facts", "label_sets", "own_flavor
 
 #: at most this many distinct labels are named in a refusal (a thousand-node cluster has many hostnames)
 _MAX_NAMED = 24
+#: the innermost topology level, the node itself: implicit, never declared (engine.core.placement.HOST_LEVEL)
+_HOST_LEVEL = "host"
 
 
 def topology_levels(task: TaskDefinition) -> list[str]:
@@ -127,8 +129,8 @@ def check_fleet(
                 )
         if topology is not None:
             for level in topology_levels(task):
-                if level not in topology:
-                    declared = f"its levels are {_known(topology)}" if topology else "it declares none"
+                if level not in topology and level != _HOST_LEVEL:
+                    declared = f"its levels are {_known([*topology, _HOST_LEVEL])}" if topology else "it declares none"
                     raise TenancyError(
                         f"{who} asks for topology level {level!r}, which the cluster's queue configuration does not "
                         f"declare: {declared} (topology in the queue configuration)"
