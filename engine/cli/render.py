@@ -416,14 +416,26 @@ def show_queues(data: Mapping[str, Any]) -> None:
             who.append(f"cohort {escape(str(conf['cohort']))}")
         if isinstance(conf.get("weight"), int | float):
             who.append(f"weight {conf['weight']:g}")
+        flavors = entry.get("flavors") if isinstance(entry.get("flavors"), Mapping) else {}
         table.add_row(
             "\n".join(who),
             *(_amounts(entry.get(k)) for k in ("nominal", "used", "borrowed", "lent")),
             *([_decayed(entry.get("decayed_usage"))] if decayed else []),
             str(entry.get("pending", 0)),
             _share(entry.get("share")),
-            end_section=True,
+            end_section=not flavors,
         )
+        # with flavors, one row per flavor under its tenant (its share is the largest of theirs)
+        for at, (flavor, row) in enumerate(sorted(flavors.items())):
+            row = row if isinstance(row, Mapping) else {}
+            table.add_row(
+                f"  on {escape(str(flavor))}",
+                *(_amounts(row.get(k)) for k in ("nominal", "used", "borrowed", "lent")),
+                *([""] if decayed else []),
+                "",
+                _share(row.get("share")),
+                end_section=at == len(flavors) - 1,
+            )
     console.print(table)
 
 
@@ -571,7 +583,8 @@ def _nodes_table(data: Mapping[str, Any]) -> None:
             _node_state(n),
             "yes" if n.get("sandboxed") else "no",  # an older Scheduler does not say: its agents did not sandbox
             *_capacity(n),
-            escape(format_labels(labels)) if isinstance(labels, Mapping) else "",
+            escape(format_labels(labels) if isinstance(labels, Mapping) else "")
+            + (f" (flavor {escape(str(n['flavor']))})" if n.get("flavor") else ""),
             ", ".join(n["gangs"]),
         )
     console.print(nodes if data.get("nodes") else "no nodes registered")

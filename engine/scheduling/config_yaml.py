@@ -127,7 +127,7 @@ def mark_written_cpus(data: Mapping[Any, Any]) -> dict[Any, Any]:
                 amounts = tenant.get(field)
                 if isinstance(amounts, Mapping) and amounts and all(isinstance(v, Mapping) for v in amounts.values()):
                     tenant[field] = {name: _marked(each) for name, each in amounts.items()}  # per flavor
-                else:
+                elif amounts is not None:
                     tenant[field] = _marked(amounts)
         marked.append(tenant)
     copied["tenants"] = marked

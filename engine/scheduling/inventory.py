@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from engine.scheduling.model import GangRequest, NodeAssignment, NodeSpec, Placement
@@ -51,6 +51,8 @@ class Node:
     free_gpus: list[int] = field(default_factory=list)
     free_mc: int = 0
     free_mem: int | None = None
+    #: the flavor its labels put it in (``engine.scheduling.flavors``); None: no flavors, or it matches none
+    flavor: str | None = None
 
     @property
     def offered(self) -> bool:
@@ -94,6 +96,15 @@ class Inventory:
         self.drained: set[str] = set()  # ids of the drained nodes
         #: bumps whenever a node is drained or undrained or its drain reason changes (reasons quote them)
         self.drain_changes = 0
+        #: a node's flavor from its spec (``engine.scheduling.flavors.classifier``); none without flavors
+        self.classify: Callable[[NodeSpec], str | None] = _no_flavor
+
+    def reclassify(self, classify: Callable[[NodeSpec], str | None]) -> None:
+        """A new configuration's flavors: every node's flavor again (what fits where may change)."""
+        self.classify = classify
+        for node in self.nodes.values():
+            node.flavor = classify(node.spec)
+        self.topology += 1
 
     # -- the index -------------------------------------------------------------------------------
     def _unindex(self, node: Node) -> None:
@@ -128,6 +139,7 @@ class Inventory:
             node = self.nodes[spec.node_id] = Node(spec=spec, alive=False)
         self._unindex(node)
         node.spec, node.alive, node.last_seen = spec, True, now
+        node.flavor = self.classify(spec)
         node.recompute()
         self._index(node)
         self.topology += 1
@@ -204,9 +216,14 @@ class Inventory:
             node.recompute()  # exact, and clamps a node that shrank while the gang ran
             self._index(node)
 
-    def place(self, request: GangRequest, exclude: frozenset[str] = frozenset()) -> Placement | None:
-        """Best fit for ``request`` on what is free now, off the ``exclude``d nodes, or None (see the module
-        docstring)."""
+    def place(
+        self,
+        request: GangRequest,
+        exclude: frozenset[str] = frozenset(),
+        admits: Callable[[Node], bool] | None = None,
+    ) -> Placement | None:
+        """Best fit for ``request`` on what is free now, off the ``exclude``d nodes and on the nodes ``admits``
+        says yes to (its flavor's, with its node selector; None: any), or None (see the module docstring)."""
         gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
         n = request.nnodes
         sizes = sorted(k for k in self._buckets if k >= gpus)
@@ -220,6 +237,8 @@ class Inventory:
                 if exclude and node.spec.node_id in exclude:
                     continue
                 if mem is not None and node.free_mem is not None and node.free_mem < mem:
+                    continue
+                if admits is not None and not admits(node):
                     continue
                 chosen.append(node)
                 if len(chosen) == n:
@@ -248,18 +267,26 @@ class Inventory:
             and node.fits_idle(request.gpus_per_node, mc, request.mem_per_node)
         )
 
-    def fit_counts(self, request: GangRequest) -> tuple[int, int, int, int]:
-        """``count_fitting_idle`` four ways in one pass over the nodes: (offered, alive with the drained ones,
-        not drained with the lost ones, every registered node)."""
+    def fit_counts(
+        self, request: GangRequest, admits: Callable[[Node], bool] | None = None
+    ) -> tuple[int, int, int, int]:
+        """``count_fitting_idle`` four ways in one pass over the nodes (those ``admits`` says yes to): (offered,
+        alive with the drained ones, not drained with the lost ones, every registered node)."""
         mc = millicores(request.cpus_per_node)
         counts = [0, 0, 0, 0]
         for node in self.nodes.values():
+            if admits is not None and not admits(node):
+                continue
             if node.fits_idle(request.gpus_per_node, mc, request.mem_per_node):
                 counts[3] += 1
                 counts[0] += node.alive and not node.drained
                 counts[1] += node.alive
                 counts[2] += not node.drained
         return counts[0], counts[1], counts[2], counts[3]
+
+
+def _no_flavor(spec: NodeSpec) -> str | None:
+    return None
 
 
 def _placement(gang_id: str, chosen: list[Node], gpus: int) -> Placement:

@@ -16,7 +16,9 @@ from engine.scheduling.tenancy import Vec
 
 __all__ = ["Cause", "Fit", "Notice", "QueueKey", "Queued", "Running", "Shape", "shape_of"]
 
-Shape = tuple[int, int, int, int | None]  # nnodes, GPUs, millicores and bytes per node
+#: nnodes, GPUs, millicores and bytes per node; with flavors or a node selector, then the gang's candidate
+#: flavors and its selector (``engine.scheduling.flavors.shape``)
+Shape = tuple[Any, ...]
 #: (-priority value, shape, preemptible): one FIFO queue per key, and only its head is looked at, so a gang that
 #: may backfill never waits behind one of its shape that may not (it would never get past it)
 QueueKey = tuple[int, Shape, bool]
@@ -41,10 +43,25 @@ class Queued:
     cause: str = ""
     #: the last victim search found nothing: (policy version then, when a too-young victim comes of age)
     failed_search: tuple[int, float] | None = None
+    #: the flavors it may use, in order, and the one it is looked at on now (``engine.scheduling.flavors``);
+    #: (None,) and None without flavors
+    candidates: tuple[str | None, ...] = (None,)
+    flavor: str | None = None
 
     @property
     def key(self) -> QueueKey:
         return (-self.prio, self.shape, self.preemptible)
+
+    @property
+    def ledger(self) -> str:
+        """Its tenant's key in the tenancy ledger on its flavor now (the tenant's name without flavors)."""
+        tenant = self.request.tenant
+        return tenant if self.flavor is None else f"{tenant}/{self.flavor}"
+
+    @property
+    def placed_shape(self) -> tuple[Shape, str | None]:
+        """Its shape on its flavor now: what placement tries (and fails) alike for gangs within a cycle."""
+        return (self.shape, self.flavor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +93,13 @@ class Running:
     #: set once the gang is preempted (for a gang or a drain): it is never chosen again, and it comes back
     #: at its place in the order when it releases
     preemption: Notice | None = None
+    flavor: str | None = None  # the flavor it was admitted on (None without flavors)
+
+    @property
+    def ledger(self) -> str:
+        """Its tenant's key in the tenancy ledger (``Queued.ledger``)."""
+        tenant = self.request.tenant
+        return tenant if self.flavor is None else f"{tenant}/{self.flavor}"
 
 
 def shape_of(request: GangRequest) -> Shape:
