@@ -2,8 +2,9 @@
 configuration is the Scheduler's, shared by every run on a server, so these tests never touch the
 session's): ``queues apply`` refuses a bad file and changes nothing, applies the example, ``queues show
 --json`` has the issue's shape, ``run`` refuses an unknown tenant or priority class with exit 2 before
-anything starts, ``run --tenant team-a --priority high`` runs a gang on a 2-node cluster, and ``dev
---queues`` applies its file once the stack is up."""
+anything starts, ``run --tenant team-a --priority high`` runs a gang on a 2-node cluster, a gang asking for a
+flavor lands on the node agent labelled for it (and a flavor or label the cluster lacks is refused with exit 2),
+and ``dev --queues`` applies its file once the stack is up."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -268,15 +270,17 @@ def test_a_run_as_team_a_at_high_priority_runs_its_gang(stack, project, tmp_path
 
 
 def test_a_gang_asking_for_h100_lands_on_the_h100_node_and_an_unknown_flavor_is_refused(stack, project, tmp_path):
-    """Flavors on real node agents: ``gangflow node --labels`` gives q0 ``gpu=h100,zone=a`` and q1 ``gpu=a100``,
-    the queue file declares both flavors; a gang asking for h100 runs on q0 and its rank sees the node's id and
+    """Flavors on real node agents: ``gangflow node --labels`` gives q0 ``gpu=a100`` and q1 ``gpu=h100,zone=a``
+    (the second: a flavor-blind choice would take q0 first), the queue file declares both flavors; a gang
+    asking for h100 runs on q1, which ``gangflow status`` names as its flavor, and its rank sees the node's id and
     labels; a run asking for a flavor (or a node label) the cluster lacks exits 2 naming what exists, before
     anything starts. The example configuration is applied again after (the agents' labels then match nothing)."""
     address = stack.server.address
-    labelled = {"q0": {"gpu": "h100", "zone": "a"}, "q1": {"gpu": "a100"}}
+    labelled = {"q0": {"gpu": "a100"}, "q1": {"gpu": "h100", "zone": "a"}}
     for node_id, labels in labelled.items():
         stack.nodes[node_id].args = ["--labels", ",".join(f"{k}={v}" for k, v in labels.items())]
-        stack.nodes[node_id].restart()
+    with ThreadPoolExecutor(2) as pool:  # both at once: each stop waits for its agent to drain and exit
+        list(pool.map(lambda node_id: stack.nodes[node_id].restart(), labelled))
     asyncio.run(
         stack.wait_for(
             "the agents registered with their labels",
@@ -284,9 +288,11 @@ def test_a_gang_asking_for_h100_lands_on_the_h100_node_and_an_unknown_flavor_is_
             90,
         )
     )
-    (tmp_path / "flavors.yaml").write_text(FLAVORS)
-    applied = cli(address, "queues", "apply", str(tmp_path / "flavors.yaml"))
-    assert applied.returncode == 0, applied.stderr
+
+    async def apply(config: str) -> None:  # in this process: a CLI process each would cost seconds under load
+        await (await stack.client()).apply_queues(config)
+
+    asyncio.run(apply(FLAVORS))
     try:
         before = run_ids(address)
         for flow, named in (
@@ -312,14 +318,13 @@ def test_a_gang_asking_for_h100_lands_on_the_h100_node_and_an_unknown_flavor_is_
         )
         assert done.returncode == 0, done.stderr
         answer = json.loads(done.stdout)
-        assert answer["result"] == "q0 gpu=h100,zone=a", answer
+        assert answer["result"] == "q1 gpu=h100,zone=a", answer
         status = cli(address, "status", answer["run_id"], "--json")
         assert status.returncode == 0 and '"flavor": "h100"' in status.stdout, status.stdout
         shown_nodes = cli(address, "cluster")
         assert "gpu=h100,zone=a" in shown_nodes.stdout and "gpu=a100" in shown_nodes.stdout, shown_nodes.stdout
     finally:
-        again = cli(address, "queues", "apply", EXAMPLE)
-        assert again.returncode == 0, again.stderr
+        asyncio.run(apply(Path(EXAMPLE).read_text()))
 
 
 def _wait_done(address: str, run_id: str, timeout: float = 120) -> dict[str, Any]:
