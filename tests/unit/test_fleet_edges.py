@@ -283,3 +283,23 @@ def test_a_topology_level_the_queue_file_does_not_declare_is_refused() -> None:
     object.__setattr__(defn, "placement", Placement(required="block"))
     with pytest.raises(TenancyError, match=r"topology level 'block'.*its levels are rack, host"):
         check_fleet({"racked": defn}, fleet_facts(QUEUES, "default"), None, "default")
+
+
+def test_gangflow_cluster_shows_each_nodes_labels_and_flavor(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engine.cli.render import show_queue
+    from engine.scheduling import NodeRegistered, NodeSpec, Policy, load_queue_config
+
+    monkeypatch.setenv("COLUMNS", "250")
+    policy = Policy(load_queue_config(QUEUE_FILE), node_ttl_s=1e12)
+    for node_id, labels in (("h", {"gpu": "h100", "zone": "a"}), ("plain", {})):
+        policy.step(NodeRegistered(spec=NodeSpec(node_id=node_id, address="a", gpus=1, cpus=1, labels=labels)), 0.0)
+    view = policy.describe()
+    assert {n["node_id"]: n["labels"] for n in view["nodes"]} == {"h": {"gpu": "h100", "zone": "a"}, "plain": {}}
+    show_queue(view, now=0.0)
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert "labels" in lines["node"] and "gpu=h100,zone=a (flavor h100)" in lines["h"], lines
+
+
+QUEUE_FILE = "flavors: [{name: h100, node_labels: {gpu: h100}}]\ntenants: [{name: default}]\n"
