@@ -197,7 +197,12 @@ def _amounts_kind(value: object) -> str:
     (``{h100: {gpu: 8}}``: every value a mapping). The tags never show in an error (``config_errors``)."""
     if isinstance(value, ResourceAmounts):
         return "ResourceAmounts"
-    if isinstance(value, Mapping) and value and all(isinstance(v, Mapping | ResourceAmounts) for v in value.values()):
+    if (
+        isinstance(value, Mapping)
+        and value
+        and not set(value) <= set(_RESOURCES)  # ``{mem: {...}}`` is a bad amount, not a flavor named mem
+        and all(isinstance(v, Mapping | ResourceAmounts) for v in value.values())
+    ):
         return "PerFlavor"
     return "ResourceAmounts"
 
@@ -220,6 +225,8 @@ class FlavorConfig(Frozen):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
+        if value in _RESOURCES:  # a quota ``{gpu: {...}}`` would read as a bad amount, not as this flavor
+            raise ValueError(f"flavor name {value!r} is the name of a resource; call it e.g. '{value}-pool'")
         return _check_label(value, "flavor name")
 
     @field_validator("taints")
@@ -365,11 +372,11 @@ class PolicyConfig(Frozen):
 class QueueConfig(Frozen):
     """The whole configuration. Constructing one checks every cross-reference (see ``_check_references``)."""
 
-    flavors: tuple[FlavorConfig, ...] = ()
     cohorts: tuple[CohortConfig, ...] = ()
     tenants: tuple[TenantConfig, ...]
     priority_classes: tuple[PriorityClass, ...] = ()
     policy: PolicyConfig = PolicyConfig()
+    flavors: tuple[FlavorConfig, ...] = ()
 
     # lookups the policy does on every event: built once, never part of the data
     _tenants: dict[str, TenantConfig] = PrivateAttr(default_factory=dict)

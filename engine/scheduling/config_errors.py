@@ -49,7 +49,7 @@ def _unwrap(annotation: Any) -> Any:
         annotation = typing.get_args(annotation)[0]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         members = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return members[0] if len(members) == 1 else annotation
+        return _unwrap(members[0]) if len(members) == 1 else annotation
     return annotation
 
 
