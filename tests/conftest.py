@@ -279,6 +279,7 @@ class NodeAgent:
     def __init__(self, address: str, node_id: str, gpus: int, home: Path, env: dict[str, str] | None = None) -> None:
         self.address, self.node_id, self.gpus, self.home = address, node_id, gpus, home
         self.env = dict(env or {})  # more environment, e.g. GANGFLOW_SCHEDULER_EVENTS_PER_RUN
+        self.args: list[str] = []  # more options, e.g. --labels gpu=h100 (taken at the next start)
         home.mkdir(parents=True, exist_ok=True)
         self.log = home / f"{node_id}.log"
         self.start()
@@ -291,7 +292,7 @@ class NodeAgent:
         env.update(self.env)
         cmd = ["node", "--node-id", self.node_id, "--cpus", "4"]
         cmd += ["--gpus", str(self.gpus)] if self.gpus >= 0 else []  # negative: detect with nvidia-smi
-        cmd += ["--address", self.address, "--advertise-addr", "127.0.0.1"]
+        cmd += ["--address", self.address, "--advertise-addr", "127.0.0.1", *self.args]
         self.proc = spawn(
             [sys.executable, "-m", "engine.cli", *cmd], log=self.log, env=env, new_session=True, parent_death=None
         )

@@ -191,6 +191,13 @@ def _define(func: Callable[..., Any], options: TaskOptions, deprecated: dict[str
         raise DefinitionError(f"{owner}: a distributed task (plugin=) cannot be lightweight")
     if lightweight and resources is not None and resources.gpu:
         raise DefinitionError(f"{owner}: a lightweight task runs in the workflow worker and cannot ask for GPUs")
+    if plugin is None and resources is not None and resources.placed:
+        # a plain task runs on a worker's CPU queue, which no flavor or node label describes: refused rather than
+        # ignored, so no one believes a plain task ran on an H100 because it asked for one
+        raise DefinitionError(
+            f"{owner}: Resources(flavor=, node_selector=, tolerations=) choose the nodes of a distributed task "
+            "(plugin=...), which run on node agents; a plain task runs on a worker's CPU queue and cannot ask for them"
+        )
     shape = gang_shape(plugin, resources or Resources(), owner) if plugin is not None else None
     gang = _gang_options(owner, shape, options.get("gang"), deprecated)
     needs = check_secrets(owner, options.get("secrets"))
