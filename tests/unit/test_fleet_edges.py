@@ -296,7 +296,10 @@ def test_gangflow_cluster_shows_each_nodes_labels_and_flavor(
     for node_id, labels in (("h", {"gpu": "h100", "zone": "a"}), ("plain", {})):
         policy.step(NodeRegistered(spec=NodeSpec(node_id=node_id, address="a", gpus=1, cpus=1, labels=labels)), 0.0)
     view = policy.describe()
-    assert {n["node_id"]: n["labels"] for n in view["nodes"]} == {"h": {"gpu": "h100", "zone": "a"}, "plain": {}}
+    assert {n["node_id"]: n.get("labels", {}) for n in view["nodes"]} == {
+        "h": {"gpu": "h100", "zone": "a"},
+        "plain": {},
+    }
     show_queue(view, now=0.0)
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert "labels" in lines["node"] and "gpu=h100,zone=a (flavor h100)" in lines["h"], lines
