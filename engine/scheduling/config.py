@@ -7,6 +7,7 @@ One YAML file, in the shape Kueue users know (``examples/queues.yaml`` is a comm
       - {name: team-a, cohort: research, weight: 1, quota: {gpu: 2, cpu: 16, mem: 64Gi}, priority_classes: [low]}
     priority_classes: [{name: low, value: 10}, {name: high, value: 100, preemptible: false}]
     policy: {min_runtime: 60s, preemption_grace: 120s, max_pending: 1000, usage_half_life: 7d}
+    topology: [block, rack]
 
 Semantics (Kueue's, where Kueue has the concept):
 
@@ -57,6 +58,13 @@ Semantics (Kueue's, where Kueue has the concept):
   survives continue-as-new and a new configuration (which drops it when the key is removed). See
   ``engine.scheduling.usage_decay``.
 
+- **topology** — the topology levels, outermost first, each a node label key (``[block, rack]``: nodes with
+  the same ``rack`` label are one rack). The node itself is the innermost level, ``host``, always there
+  and never listed. A gang asks for one level (``Topology(required="rack")`` or ``preferred="rack"``):
+  required puts all its nodes in one domain of that level or it waits, preferred spans as few domains as
+  the policy finds now. A node without a level's label is in no domain of that level: a gang requiring
+  that level never runs there. See ``engine.scheduling.topology``.
+
 Units: ``gpu`` whole GPUs; ``cpu`` stored as integer *millicores*; ``mem`` stored as integer *bytes*
 (written ``68719476736``, ``"64Gi"``, ``"64G"``, ``"512Mi"``); durations stored as float seconds (written
 ``60``, ``"60s"``, ``"2m"``, ``"1h"``, ``"1m30s"``). See ``engine.scheduling.units``.
@@ -83,6 +91,7 @@ from typing import Any, Literal
 
 from pydantic import PrivateAttr, ValidationError, field_validator, model_validator
 
+from engine.core.placement import HOST_LEVEL, label_key_problem
 from engine.core.protocol import check_tenant
 from engine.errors import QueueConfigError
 from engine.scheduling.config_errors import explain
@@ -298,6 +307,8 @@ class QueueConfig(Frozen):
     tenants: tuple[TenantConfig, ...]
     priority_classes: tuple[PriorityClass, ...] = ()
     policy: PolicyConfig = PolicyConfig()
+    #: topology levels, outermost first, each a node label key (``engine.scheduling.topology``)
+    topology: tuple[str, ...] = ()
 
     # lookups the policy does on every event: built once, never part of the data
     _tenants: dict[str, TenantConfig] = PrivateAttr(default_factory=dict)
@@ -438,6 +449,25 @@ def _amount(resource: str, value: int) -> str:
     return f"{value} GPUs"
 
 
+def _check_levels(levels: tuple[str, ...]) -> None:
+    """``topology``: node label keys, each once; ``host`` (the node itself) is implicit."""
+    seen: dict[str, int] = {}
+    for index, level in enumerate(levels):
+        problem = label_key_problem(level)
+        if problem is not None:
+            raise QueueConfigError(f"topology[{index}]: {problem}")
+        if level == HOST_LEVEL:
+            raise QueueConfigError(
+                f"topology[{index}]: {HOST_LEVEL!r} is the node itself, the innermost level, always there: "
+                "list only the levels above it (node label keys such as block, rack)"
+            )
+        if level in seen:
+            raise QueueConfigError(
+                f"topology[{index}]: level {level!r} is listed twice (already topology[{seen[level]}])"
+            )
+        seen[level] = index
+
+
 def _check_references(config: QueueConfig) -> None:
     """Everything one field cannot check alone; raises ``QueueConfigError`` naming the field."""
     if not config.tenants:
@@ -453,6 +483,7 @@ def _check_references(config: QueueConfig) -> None:
             raise QueueConfigError(f"tenants[{index}].cohort: unknown cohort {tenant.cohort!r} ({known})")
         _check_limits(index, tenant)
         _check_allowed_classes(index, tenant, config.priority_classes)
+    _check_levels(config.topology)
     default = config.policy.default_priority
     if default is not None and default not in {p.name for p in config.priority_classes}:
         known = _names(config.priority_classes) or "none are defined"
@@ -495,6 +526,8 @@ def dump_queue_config(config: QueueConfig) -> dict[str, Any]:
     but as millicores by ``model_validate`` (see the module docstring). Unset values are left out.
     """
     dumped = config.model_dump(mode="json", exclude_none=True)
+    if not dumped.get("topology"):  # absent, as before topology existed (snapshots stay byte for byte)
+        dumped.pop("topology", None)
     for tenant in dumped["tenants"]:
         for field in AMOUNT_FIELDS:
             amounts = tenant.get(field)

@@ -19,9 +19,13 @@ import bisect
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.scheduling.model import GangRequest, NodeAssignment, NodeSpec, Placement
 from engine.scheduling.units import MILLI
+
+if TYPE_CHECKING:
+    from engine.scheduling.topology import DomainIndex
 
 __all__ = ["MILLI", "Hold", "Inventory", "Node", "millicores"]
 
@@ -94,6 +98,8 @@ class Inventory:
         self.drained: set[str] = set()  # ids of the drained nodes
         #: bumps whenever a node is drained or undrained or its drain reason changes (reasons quote them)
         self.drain_changes = 0
+        #: free capacity per topology domain, when the queue file declares levels (``engine.scheduling.topology``)
+        self.domains: DomainIndex | None = None
 
     # -- the index -------------------------------------------------------------------------------
     def _unindex(self, node: Node) -> None:
@@ -101,6 +107,8 @@ class Inventory:
             return
         bucket = self._buckets[len(node.free_gpus)]
         del bucket[bisect.bisect_left(bucket, (node.free_mc, node.spec.node_id))]
+        if self.domains is not None:
+            self.domains.remove(node)
         self.free_gpus -= len(node.free_gpus)
         self.capacity[0] -= node.spec.gpus
         self.capacity[1] -= millicores(node.spec.cpus)
@@ -110,6 +118,8 @@ class Inventory:
         if not node.offered:
             return
         bisect.insort(self._buckets.setdefault(len(node.free_gpus), []), (node.free_mc, node.spec.node_id))
+        if self.domains is not None:
+            self.domains.add(node)
         self.free_gpus += len(node.free_gpus)
         self.capacity[0] += node.spec.gpus
         self.capacity[1] += millicores(node.spec.cpus)
@@ -206,7 +216,12 @@ class Inventory:
 
     def place(self, request: GangRequest, exclude: frozenset[str] = frozenset()) -> Placement | None:
         """Best fit for ``request`` on what is free now, off the ``exclude``d nodes, or None (see the module
-        docstring)."""
+        docstring); a gang naming a declared topology level is placed by ``engine.scheduling.topology``."""
+        if (
+            self.domains is not None
+            and (request.topology_required or request.topology_preferred) in self.domains.levels
+        ):
+            return self.domains.place(self, request, exclude)
         gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
         n = request.nnodes
         sizes = sorted(k for k in self._buckets if k >= gpus)
@@ -250,7 +265,10 @@ class Inventory:
 
     def fit_counts(self, request: GangRequest) -> tuple[int, int, int, int]:
         """``count_fitting_idle`` four ways in one pass over the nodes: (offered, alive with the drained ones,
-        not drained with the lost ones, every registered node)."""
+        not drained with the lost ones, every registered node); for a gang requiring a topology level, the
+        most nodes of ONE domain of it (``engine.scheduling.topology``)."""
+        if self.domains is not None and request.topology_required in self.domains.levels:
+            return self.domains.fit_counts(self, request)
         mc = millicores(request.cpus_per_node)
         counts = [0, 0, 0, 0]
         for node in self.nodes.values():

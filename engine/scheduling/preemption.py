@@ -31,8 +31,9 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from engine.scheduling import topology
 from engine.scheduling.events import Decision, Preempted
-from engine.scheduling.inventory import Inventory, millicores
+from engine.scheduling.inventory import Inventory, Node, millicores
 from engine.scheduling.model import GangRequest, Placement
 from engine.scheduling.reasons import needs
 from engine.scheduling.state import Cause, Notice, Queued, Running
@@ -76,7 +77,9 @@ def preempt_for(
         return False
     policy._searches_left -= 1
     rank, more, routes, young = _ranking(policy, queued, timed=timed, defrag=defrag)
-    chosen = choose_victims(
+    # a gang requiring a topology level: the same search per domain (engine.scheduling.topology)
+    choose = topology.chooser(choose_victims, policy.inventory, queued.request, policy._now)
+    chosen = choose(
         policy.inventory,
         policy.tenancy,
         queued.request,
@@ -96,7 +99,7 @@ def preempt_for(
         # meanwhile: else short gangs could keep replacing each other there, never old enough, and
         # starve it (the bound in ``engine.scheduling.policy``'s docstring needs this).
         rank, more, _, _ = _ranking(policy, queued, timed=False, defrag=defrag)
-        later = choose_victims(policy.inventory, policy.tenancy, queued.request, queued.vec, policy.running, rank, more)
+        later = choose(policy.inventory, policy.tenancy, queued.request, queued.vec, policy.running, rank, more)
         if later is not None:
             policy._reserved[queued.request.gang_id] = later[1]
     if not victims:
@@ -317,10 +320,12 @@ def choose_victims(
     more: Callable[[], Iterable[str]],
     *,
     lazy: bool = False,
+    among: Iterable[Node] | None = None,
 ) -> tuple[list[Victim], frozenset[str]] | None:
     """The victims to preempt so that ``request`` fits and the nodes it will take once they are gone, or
     None when none are found. ``lazy``: ``rank`` has no effect that matters beyond its answer (it notes no
-    gang too young to go), so a node is left at the first gang it may not preempt that keeps it too full."""
+    gang too young to go), so a node is left at the first gang it may not preempt that keeps it too full.
+    ``among``: the nodes to free, most free first (one topology domain's); None: the cluster's."""
     gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
     ranks: dict[str, Any] = {}
     unranked = object()
@@ -333,7 +338,7 @@ def choose_victims(
 
     options: list[tuple[int, Any, str, list[str]]] = []  # (victims, worst victim's rank, node id, victims)
     budget = request.nnodes + NODES_LOOKED_AT
-    for node in inventory.most_free_first():
+    for node in inventory.most_free_first() if among is None else among:
         if budget == 0:
             break
         budget -= 1

@@ -56,6 +56,8 @@ def take(policy: Policy) -> dict[str, Any]:
             r.priority,
             r.preemptible,
             r.lost_node_wait_s,
+            r.topology_required,  # topology (engine.scheduling.topology): rows from before it have neither
+            r.topology_preferred,
         ]
 
     data = {
@@ -76,6 +78,7 @@ def take(policy: Policy) -> dict[str, Any]:
                 sid(n.drain_reason),
                 n.spec.sandboxed,
                 n.spec.leased,
+                n.spec.labels,  # topology levels (and flavors) read them; rows from before labels have none
             ]
             for n in policy.inventory.nodes.values()
         ],
@@ -143,6 +146,8 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
             priority=v[6],
             preemptible=v[7],
             lost_node_wait_s=v[8],
+            topology_required=v[9] if len(v) > 9 else None,
+            topology_preferred=v[10] if len(v) > 10 else None,
         )
 
     policy = cls(load_queue_config(data["config"]), node_ttl_s=data["ttl"])
@@ -154,8 +159,16 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
     for node_id, address, gpus, cpus, mem, alive, last_seen, drained, *more in data["nodes"]:
         sandboxed = bool(more[1]) if len(more) > 1 else False  # a row from before it carried ``sandboxed``
         leased = bool(more[2]) if len(more) > 2 else False  # a row from before node leases: its agent re-registers
+        labels = dict(more[3]) if len(more) > 3 else {}  # a row from before node labels
         spec = NodeSpec(
-            node_id=node_id, address=address, gpus=gpus, cpus=cpus, mem=mem, sandboxed=sandboxed, leased=leased
+            node_id=node_id,
+            address=address,
+            gpus=gpus,
+            cpus=cpus,
+            mem=mem,
+            sandboxed=sandboxed,
+            leased=leased,
+            labels=labels,
         )
         inventory.register(spec, last_seen)
         reason = strings[more[0]] if more else ""
