@@ -4,9 +4,14 @@ file's ``topology`` key and the snapshot round trip (node labels and the request
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from scheduling_builders import FOREVER, admitted, config, gang, nodes_of, only, preempted, run
 
+from engine import DefinitionError, GangPlugin, Topology, task
+from engine.core import definition_of
+from engine.core.gang import GangShape
 from engine.errors import QueueConfigError
 from engine.scheduling import (
     GangRejected,
@@ -20,6 +25,7 @@ from engine.scheduling import (
     load_queue_config,
 )
 from engine.scheduling.topology import DomainIndex
+from workflows.gang_spec import GangSpec, gang_request
 
 RACKS = """\
 tenants: [{name: default}]
@@ -275,3 +281,50 @@ def test_snapshot_keeps_node_labels_and_the_levels_asked() -> None:
     )
     events = [GangReleased(gang_id="a"), labelled("r2-3", "r2"), gang("z", nnodes=2, gpus=2, topology_required="rack")]
     assert run(events, restored) == run(events, policy)
+
+
+# -- the task side: @task(placement=Topology(...)) -> GangSpec -> the gang request ----------------------------
+class _Ranks(GangPlugin):
+    nnodes, nproc_per_node = 2, 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "Topology needs exactly one of required= or preferred="),
+        ({"required": "rack", "preferred": "block"}, "Topology needs exactly one of required= or preferred="),
+        ({"required": ""}, "Topology.required: must be a non-empty node label key"),
+        ({"preferred": "a b"}, "Topology.preferred: 'a b' is not a node label key"),
+    ],
+)
+def test_topology_is_checked_when_written(kwargs: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Topology(**kwargs)
+
+
+def test_a_distributed_task_carries_its_placement_into_the_gang_request() -> None:
+    @task(plugin=_Ranks(), placement=Topology(required="rack"))
+    def train() -> None: ...
+
+    defn = definition_of(train)
+    assert defn.placement == Topology(required="rack") and defn.placement.level == "rack"
+    shape = GangShape(nnodes=2, nproc_per_node=1, gpus_per_node=1, cpus_per_node=1.0, mem_per_node=None)
+    spec = GangSpec(task="t", call="t-1", shape=shape, timeout_s=60, heartbeat_timeout_s=10, tenant="default")
+    assert "topology_required" not in gang_request(spec, "g")  # unset: the payload of before
+    spec = GangSpec(**{**spec.__dict__, "topology_required": "rack"})
+    assert gang_request(spec, "g")["topology_required"] == "rack"
+    spec = GangSpec(**{**spec.__dict__, "topology_required": None, "topology_preferred": "block"})
+    request = gang_request(spec, "g")
+    assert request["topology_preferred"] == "block" and "topology_required" not in request
+
+
+def test_a_plain_task_with_a_placement_is_refused_at_decoration() -> None:
+    with pytest.raises(DefinitionError, match=r"placement= applies to distributed tasks \(plugin=\.\.\.\) only"):
+
+        @task(placement=Topology(required="rack"))
+        def plain() -> None: ...
+
+    with pytest.raises(DefinitionError, match=r"placement must be a Topology"):
+
+        @task(plugin=_Ranks(), placement="rack")  # type: ignore[typeddict-item]
+        def wrong() -> None: ...
