@@ -113,8 +113,9 @@ class DomainIndex:
     def __init__(self, levels: tuple[str, ...], nodes: Iterable[Node] = ()) -> None:
         self.levels = levels
         self.buckets: dict[str, dict[str, Buckets]] = {level: {} for level in levels}
-        #: per gang, the most nodes one domain had free for it at its last failed required placement
-        self.largest: dict[str, tuple[int, str]] = {}
+        #: per shape (gangs of one shape fit alike), the most nodes one domain had free for it at its last failed
+        #: required placement: what its reason names (a shape the policy skips in a cycle reads its first try's)
+        self.largest: dict[tuple[Any, ...], tuple[int, str]] = {}
         for node in nodes:
             self.add(node)
 
@@ -163,11 +164,11 @@ class DomainIndex:
                 continue  # cannot hold it
             found = self._walk(inventory, domains[value], request, exclude, n)
             if len(found) == n:
-                self.largest.pop(request.gang_id, None)
+                self.largest.pop(_key(request), None)
                 return found
             walked = max(walked, (len(found), value))
         best = max([walked] + [b for b in bounds if b[0] < n])
-        self.largest[request.gang_id] = best
+        self.largest[_key(request)] = best
         if len(self.largest) > 10_000:  # a cache for reasons only: bounded
             self.largest.clear()
         return None
@@ -178,7 +179,7 @@ class DomainIndex:
         one = self._in_one(inventory, request, level, exclude)
         if one is not None:
             return one
-        self.largest.pop(request.gang_id, None)
+        self.largest.pop(_key(request), None)
         n = request.nnodes
         fitting = {v: self._walk(inventory, d, request, exclude, n) for v, d in self.buckets[level].items()}
         chosen: list[Node] = []
@@ -244,7 +245,11 @@ class DomainIndex:
     def largest_free(self, request: GangRequest) -> tuple[int, str]:
         """(nodes, domain): the most nodes one domain had free for the gang when it last failed to be placed
         in one (``(0, "")``: none, or not looked at)."""
-        return self.largest.get(request.gang_id, (0, ""))
+        return self.largest.get(_key(request), (0, ""))
+
+
+def _key(request: GangRequest) -> tuple[Any, ...]:
+    return (request.nnodes, request.gpus_per_node, request.cpus_per_node, request.mem_per_node, shape_tag(request))
 
 
 def _best_fit(inventory: Inventory, buckets: Buckets, request: GangRequest, exclude: frozenset[str]) -> Iterator[Node]:
