@@ -331,11 +331,21 @@ def test_a_plain_task_with_a_placement_is_refused_at_decoration() -> None:
 
 
 def test_a_restored_policy_words_the_waits_of_gangs_of_one_shape_alike() -> None:
-    # the second gang of a shape is not placed again in a cycle: its reason reads the first one's try
-    policy = policy_of()
+    # the second gang of a shape (another tenant's) is not placed again in a cycle: its reason reads the first's
+    policy = policy_of("tenants: [{name: default}, {name: other}]\ntopology: [block, rack]\n")
     three = {"nnodes": 3, "gpus": 2, "topology_required": "rack"}
-    run([*racks({"r1": 2, "r2": 2}), gang("a", **three), gang("b", **three)], policy)
-    assert "the largest rack (rack=r2) has 2 free" in policy.pending["b"].reason
+    two = {"nnodes": 2, "gpus": 2, "topology_required": "rack"}
+    run(
+        [
+            *racks({"r1": 3, "r2": 3}),
+            gang("x", **two),
+            gang("y", **two),
+            gang("a", **three),
+            gang("b", "other", **three),
+        ],
+        policy,
+    )
+    assert "the largest rack (rack=r2) has 1 free" in policy.pending["b"].reason
     restored = Policy.restore(policy.snapshot())
-    events = [gang("c", gpus=2), labelled("r1-2", "r1"), gang("d", **three), GangReleased(gang_id="c")]
+    events = [gang("c", gpus=2), gang("d", **three), GangReleased(gang_id="y"), GangReleased(gang_id="x")]
     assert run(events, restored) == run(events, policy)
