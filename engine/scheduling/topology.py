@@ -25,7 +25,8 @@ until one holds the gang — O(domains × distinct free-GPU counts + nodes looke
 every node. An inventory without declared levels has no index and pays nothing.
 
 **Defragmentation** (``chooser``): a required gang that would fit one domain if some gangs moved searches
-each domain that could hold it when idle for the victims that free it (``preemption.choose_victims``
+the ``DOMAINS_LOOKED_AT`` domains that could hold it when idle with the most nodes free for it, for the
+victims that free each (``preemption.choose_victims``
 restricted to that domain's nodes, under the same rules: preemptible victims only, ``min_runtime``, no
 cycles, moved gangs must fit elsewhere at once) and takes the domain whose victims lose the least work:
 the fewest GPU-seconds run since admission (``lost_gpu_seconds``; a checkpoint-aware cost plugs in there),
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from engine.scheduling.config import QueueConfig
 
 __all__ = [
+    "DOMAINS_LOOKED_AT",
     "DomainIndex",
     "chooser",
     "declare",
@@ -56,6 +58,8 @@ __all__ = [
 ]
 
 Buckets = dict[int, list[tuple[int, str]]]  # free GPUs -> sorted (free millicores, node id)
+#: how many domains a required gang's defragmentation searches (those with the most nodes free for it first)
+DOMAINS_LOOKED_AT = 4
 
 
 def level_of(request: GangRequest) -> str | None:
@@ -285,10 +289,18 @@ def chooser(choose: Callable[..., Any], inventory: Inventory, request: GangReque
     def in_one_domain(*args: Any, **kwargs: Any) -> Any:
         gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
         best: tuple[tuple[float, int, str], Any] | None = None
-        for value in sorted(index.buckets[level]):
+        # the domains with the most nodes that have the GPUs free first (the fewest victims), at most
+        # DOMAINS_LOOKED_AT of them: a search costs O(that), not O(domains)
+        domains = index.buckets[level]
+        free = sorted((-sum(len(b) for k, b in d.items() if k >= gpus), value) for value, d in domains.items())
+        looked = 0
+        for _, value in free:
+            if looked == DOMAINS_LOOKED_AT:
+                break
             nodes = list(index.most_free_first(inventory, level, value))
             if sum(node.fits_idle(gpus, mc, mem) for node in nodes) < request.nnodes:
                 continue  # not even idle could it hold the gang
+            looked += 1
             found = choose(*args, among=nodes, **kwargs)
             if found is None:
                 continue
