@@ -46,6 +46,8 @@ class GangSpec:
     flavors: list[str] = field(default_factory=list)
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[str] = field(default_factory=list)
+    topology_required: str | None = None  # the task's ``placement=Topology(required=...)``: one domain of it
+    topology_preferred: str | None = None  # ``Topology(preferred=...)``: as few domains of it as can be
 
     @property
     def retry(self) -> Retry:
@@ -73,6 +75,8 @@ def gang_request(spec: GangSpec, gang_id: str) -> dict[str, Any]:
             flavors=tuple(spec.flavors),
             node_selector=dict(spec.node_selector),
             tolerations=tuple(spec.tolerations),
+            topology_required=spec.topology_required,
+            topology_preferred=spec.topology_preferred,
         )
     except ValidationError as exc:
         raise ApplicationError(f"a malformed gang request: {exc}", type="Unschedulable", non_retryable=True) from None

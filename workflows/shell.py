@@ -155,6 +155,8 @@ class _TemporalDispatcher:
             flavors=list(task.resources.flavors),
             node_selector=dict(task.resources.node_selector or {}),
             tolerations=list(task.resources.tolerations),
+            topology_required=task.placement.required if task.placement else None,
+            topology_preferred=task.placement.preferred if task.placement else None,
         )
         summary = f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)"
         # its state comes by signal (workflows.glance), but from a gang in the platform's namespace (a tenant's,

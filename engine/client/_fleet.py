@@ -20,6 +20,7 @@ from typing import Any
 
 from engine.core.definitions import TaskDefinition, WorkflowDefinition
 from engine.core.labels import format_labels
+from engine.core.placement import HOST_LEVEL
 
 from ._prepare import TenancyError, workflow_tasks
 
@@ -27,17 +28,11 @@ __all__ = ["check_fleet", "fleet_asks", "fleet_facts", "label_sets", "own_flavor
 
 #: at most this many distinct labels are named in a refusal (a thousand-node cluster has many hostnames)
 _MAX_NAMED = 24
-#: the innermost topology level, the node itself: implicit, never declared (engine.core.placement.HOST_LEVEL)
-_HOST_LEVEL = "host"
 
 
 def topology_levels(task: TaskDefinition) -> list[str]:
-    """The topology levels a task's ``placement=Topology(required=..., preferred=...)`` names. The hook for
-    the option engine/core defines: read by attribute, so a definition without it names none."""
-    placement = getattr(task, "placement", None)
-    return [
-        level for level in (getattr(placement, a, None) for a in ("required", "preferred")) if isinstance(level, str)
-    ]
+    """The topology level a task's ``placement=Topology(required=..., preferred=...)`` names (none without)."""
+    return [] if task.placement is None else [task.placement.level]
 
 
 def fleet_asks(defn: WorkflowDefinition) -> dict[str, TaskDefinition]:
@@ -129,8 +124,8 @@ def check_fleet(
                 )
         if topology is not None:
             for level in topology_levels(task):
-                if level not in topology and level != _HOST_LEVEL:
-                    declared = f"its levels are {_known([*topology, _HOST_LEVEL])}" if topology else "it declares none"
+                if level not in topology and level != HOST_LEVEL:
+                    declared = f"its levels are {_known([*topology, HOST_LEVEL])}" if topology else "it declares none"
                     raise TenancyError(
                         f"{who} asks for topology level {level!r}, which the cluster's queue configuration does not "
                         f"declare: {declared} (topology in the queue configuration)"

@@ -8,6 +8,7 @@ One YAML file, in the shape Kueue users know (``examples/queues.yaml`` is a comm
     priority_classes: [{name: low, value: 10}, {name: high, value: 100, preemptible: false}]
     policy: {min_runtime: 60s, preemption_grace: 120s, max_pending: 1000, usage_half_life: 7d}
     flavors: [{name: h100, node_labels: {gpu: h100}}, {name: spot-l4, node_labels: {gpu: l4}, taints: [spot]}]
+    topology: [block, rack]
 
 Semantics (Kueue's, where Kueue has the concept):
 
@@ -74,6 +75,12 @@ Semantics (Kueue's, where Kueue has the concept):
   first) and ``when_can_preempt: try_next_flavor`` (before preempting anyone on its first flavor, a gang
   looks for a later flavor where it starts without preempting: destroying work is the last resort;
   ``preempt`` preempts on the first flavor that allows it).
+- **topology** — the topology levels, outermost first, each a node label key (``[block, rack]``: nodes with
+  the same ``rack`` label are one rack). The node itself is the innermost level, ``host``, always there
+  and never listed. A gang asks for one level (``Topology(required="rack")`` or ``preferred="rack"``):
+  required puts all its nodes in one domain of that level or it waits, preferred spans as few domains as
+  the policy finds now. A node without a level's label is in no domain of that level: a gang requiring
+  that level never runs there. See ``engine.scheduling.topology``.
 
 Units: ``gpu`` whole GPUs; ``cpu`` stored as integer *millicores*; ``mem`` stored as integer *bytes*
 (written ``68719476736``, ``"64Gi"``, ``"64G"``, ``"512Mi"``); durations stored as float seconds (written
@@ -377,6 +384,8 @@ class QueueConfig(Frozen):
     priority_classes: tuple[PriorityClass, ...] = ()
     policy: PolicyConfig = PolicyConfig()
     flavors: tuple[FlavorConfig, ...] = ()
+    #: topology levels, outermost first, each a node label key (``engine.scheduling.topology``)
+    topology: tuple[str, ...] = ()
 
     # lookups the policy does on every event: built once, never part of the data
     _tenants: dict[str, TenantConfig] = PrivateAttr(default_factory=dict)
@@ -480,6 +489,8 @@ def dump_queue_config(config: QueueConfig) -> dict[str, Any]:
         del dumped["flavors"]
     if config.policy.flavor_fungibility == FlavorFungibility():
         del dumped["policy"]["flavor_fungibility"]
+    if not dumped.get("topology"):  # absent, as before topology existed (snapshots stay byte for byte)
+        dumped.pop("topology", None)
     for tenant in dumped["tenants"]:
         for field in AMOUNT_FIELDS:
             amounts = tenant.get(field)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from engine.core.placement import HOST_LEVEL, label_key_problem
 from engine.errors import QueueConfigError
 from engine.scheduling.units import cpus_of
 
@@ -150,6 +151,25 @@ def _amount(resource: str, value: int) -> str:
     return f"{value} GPUs"
 
 
+def check_levels(levels: tuple[str, ...]) -> None:
+    """``topology``: node label keys, each once; ``host`` (the node itself) is implicit."""
+    seen: dict[str, int] = {}
+    for index, level in enumerate(levels):
+        problem = label_key_problem(level)
+        if problem is not None:
+            raise QueueConfigError(f"topology[{index}]: {problem}")
+        if level == HOST_LEVEL:
+            raise QueueConfigError(
+                f"topology[{index}]: {HOST_LEVEL!r} is the node itself, the innermost level, always there: "
+                "list only the levels above it (node label keys such as block, rack)"
+            )
+        if level in seen:
+            raise QueueConfigError(
+                f"topology[{index}]: level {level!r} is listed twice (already topology[{seen[level]}])"
+            )
+        seen[level] = index
+
+
 def check_references(config: QueueConfig) -> None:
     """Everything one field cannot check alone; raises ``QueueConfigError`` naming the field."""
     if not config.tenants:
@@ -166,6 +186,7 @@ def check_references(config: QueueConfig) -> None:
             raise QueueConfigError(f"tenants[{index}].cohort: unknown cohort {tenant.cohort!r} ({known})")
         check_limits(index, tenant, tenant_flavors(config, tenant))
         check_allowed_classes(index, tenant, config.priority_classes)
+    check_levels(config.topology)
     default = config.policy.default_priority
     if default is not None and default not in {p.name for p in config.priority_classes}:
         known = _names(config.priority_classes) or "none are defined"

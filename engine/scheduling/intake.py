@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.scheduling import flavors, node_waits
+from engine.scheduling import flavors, node_waits, topology
 from engine.scheduling.config import QueueConfig
 from engine.scheduling.events import Decision, GangRejected
 from engine.scheduling.model import GangRequest
@@ -35,6 +35,9 @@ def refusal(policy: Policy, request: GangRequest, *, arriving: bool) -> str | No
     malformed = malformed_reason(request)
     if malformed is not None:
         return malformed
+    placement = topology.refusal(policy.config, request)  # a topology level the queue file does not declare
+    if placement is not None:
+        return placement
     gang_id = request.gang_id
     if gang_id in policy.running:
         return f"rejected: gang id {gang_id!r} is already running; release it before submitting it again"
@@ -73,6 +76,8 @@ def reconfigure(policy: Policy, config: QueueConfig, decisions: list[Decision]) 
     had_flavors, policy.config = bool(policy.config.flavors), config
     if config.flavors or had_flavors:  # the nodes' flavors under the new ones (none without)
         policy.inventory.reclassify(flavors.classifier(config))
+    topology.declare(policy.inventory, config.topology)  # rebuilt when the levels changed
+    policy._fits.clear()  # whether a shape fits reads the levels
     ledger, policy.tenancy = policy.tenancy, Tenancy(config)
     policy.tenancy.carry(ledger)  # its clock, and the decayed usage when both have a half-life
     policy._tier_cache.clear()

@@ -19,9 +19,13 @@ import bisect
 import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.scheduling.model import GangRequest, NodeAssignment, NodeSpec, Placement
 from engine.scheduling.units import MILLI
+
+if TYPE_CHECKING:
+    from engine.scheduling.topology import DomainIndex
 
 __all__ = ["MILLI", "Hold", "Inventory", "Node", "millicores"]
 
@@ -99,6 +103,8 @@ class Inventory:
         self.drain_changes = 0
         #: a node's flavor from its spec (``engine.scheduling.flavors.classifier``); none without flavors
         self.classify: Callable[[NodeSpec], str | None] = _no_flavor
+        #: free capacity per topology domain, when the queue file declares levels (``engine.scheduling.topology``)
+        self.domains: DomainIndex | None = None
 
     def reclassify(self, classify: Callable[[NodeSpec], str | None]) -> None:
         """A new configuration's flavors: every node's flavor again (what fits where may change)."""
@@ -115,6 +121,8 @@ class Inventory:
             return
         bucket = self._buckets[len(node.free_gpus)]
         del bucket[bisect.bisect_left(bucket, (node.free_mc, node.spec.node_id))]
+        if self.domains is not None:
+            self.domains.remove(node)
         self.free_gpus -= len(node.free_gpus)
         if node.flavor is not None:  # kept only with flavors (a full flavor is skipped without a placement)
             self.free_by_flavor[node.flavor] = self.free_by_flavor.get(node.flavor, 0) - len(node.free_gpus)
@@ -126,6 +134,8 @@ class Inventory:
         if not node.offered:
             return
         bisect.insort(self._buckets.setdefault(len(node.free_gpus), []), (node.free_mc, node.spec.node_id))
+        if self.domains is not None:
+            self.domains.add(node)
         self.free_gpus += len(node.free_gpus)
         if node.flavor is not None:
             self.free_by_flavor[node.flavor] = self.free_by_flavor.get(node.flavor, 0) + len(node.free_gpus)
@@ -230,7 +240,13 @@ class Inventory:
         admits: Callable[[Node], bool] | None = None,
     ) -> Placement | None:
         """Best fit for ``request`` on what is free now, off the ``exclude``d nodes and on the nodes ``admits``
-        says yes to (its flavor's, with its node selector; None: any), or None (see the module docstring)."""
+        says yes to (its flavor's, with its node selector; None: any), or None (see the module docstring); a
+        gang naming a declared topology level is placed by ``engine.scheduling.topology``."""
+        if (
+            self.domains is not None
+            and (request.topology_required or request.topology_preferred) in self.domains.levels
+        ):
+            return self.domains.place(self, request, exclude, admits)
         gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
         n = request.nnodes
         sizes = sorted(k for k in self._buckets if k >= gpus)
@@ -278,7 +294,10 @@ class Inventory:
         self, request: GangRequest, admits: Callable[[Node], bool] | None = None
     ) -> tuple[int, int, int, int]:
         """``count_fitting_idle`` four ways in one pass over the nodes (those ``admits`` says yes to): (offered,
-        alive with the drained ones, not drained with the lost ones, every registered node)."""
+        alive with the drained ones, not drained with the lost ones, every registered node); for a gang
+        requiring a topology level, the most nodes of ONE domain of it (``engine.scheduling.topology``)."""
+        if self.domains is not None and request.topology_required in self.domains.levels:
+            return self.domains.fit_counts(self, request, admits)
         mc = millicores(request.cpus_per_node)
         counts = [0, 0, 0, 0]
         for node in self.nodes.values():

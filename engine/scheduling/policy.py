@@ -81,7 +81,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.scheduling import describe as views
-from engine.scheduling import flavors, intake, node_waits, preemption
+from engine.scheduling import flavors, intake, node_waits, preemption, topology
 from engine.scheduling import snapshot as snapshots
 from engine.scheduling.config import DEFAULT_QUEUE_CONFIG, QueueConfig
 from engine.scheduling.counters import Counters
@@ -130,6 +130,7 @@ class Policy:
         self.inventory = Inventory(node_ttl_s)
         if config.flavors:  # a node's flavor from its labels (``engine.scheduling.flavors``)
             self.inventory.reclassify(flavors.classifier(config))
+        topology.declare(self.inventory, config.topology)  # domains of its levels (none declared: no index)
         self.tenancy = Tenancy(config)
         self.running: dict[str, Running] = {}  # in admission order
         self.pending: dict[str, Queued] = {}
@@ -144,8 +145,7 @@ class Policy:
         self._prio_counts: dict[str, dict[int, int]] = {}  # tenant -> priority value -> running gangs
         self._requeue: dict[str, int] = {}  # a preempted gang's place in the order, until it comes back
         self._evicted_for: dict[str, set[str]] = {}  # gang -> the gangs it was preempted for (no cycles)
-        #: pending gangs waiting for the gangs they preempted to leave -> the nodes they will take: nothing
-        #: backfills there meanwhile, so the freed GPUs go to them
+        #: pending gangs waiting for their victims to leave -> the nodes they will take (nothing backfills there)
         self._reserved: dict[str, frozenset[str]] = {}
         self._lost_waiters: set[str] = set()
         self._retry: dict[str, float] = {}  # blocked gangs whose victim search waits for a gang to come of age
@@ -452,7 +452,8 @@ class Policy:
                     held = preemption.hold(self, queued, holds, held)
                     why = "waits for the gangs it preempted to release"
                 else:
-                    tkey = ("capacity", shape, policy.backfill, self.inventory.drain_changes)
+                    said = self.inventory.domains.said(request) if self.inventory.domains else None  # topology
+                    tkey = ("capacity", shape, policy.backfill, self.inventory.drain_changes, said)
                     text = self._text(tkey, capacity_reason, request, policy.backfill, self.inventory, queued.flavor)
                     self._say(queued, text, decisions)
                     why = "waits for capacity"

@@ -36,7 +36,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engine.scheduling import flavors
+from engine.scheduling import flavors, topology
 from engine.scheduling.events import Decision, Preempted
 from engine.scheduling.inventory import Inventory, Node, millicores
 from engine.scheduling.model import GangRequest, Placement
@@ -83,7 +83,9 @@ def preempt_for(
     policy._searches_left -= 1
     rank, more, routes, young = _ranking(policy, queued, timed=timed, defrag=defrag)
     admits, ledger = flavors.admits(queued.flavor, queued.request), queued.ledger
-    chosen = choose_victims(
+    # a gang requiring a topology level: the same search per domain (engine.scheduling.topology)
+    choose = topology.chooser(choose_victims, policy.inventory, queued.request, policy._now)
+    chosen = choose(
         policy.inventory,
         policy.tenancy,
         queued.request,
@@ -105,7 +107,7 @@ def preempt_for(
         # meanwhile: else short gangs could keep replacing each other there, never old enough, and
         # starve it (the bound in ``engine.scheduling.policy``'s docstring needs this).
         rank, more, _, _ = _ranking(policy, queued, timed=False, defrag=defrag)
-        later = choose_victims(
+        later = choose(
             policy.inventory,
             policy.tenancy,
             queued.request,
@@ -341,12 +343,14 @@ def choose_victims(
     lazy: bool = False,
     admits: Callable[[Node], bool] | None = None,
     ledger: str | None = None,
+    among: Iterable[Node] | None = None,
 ) -> tuple[list[Victim], frozenset[str]] | None:
     """The victims to preempt so that ``request`` fits and the nodes it will take once they are gone, or
     None when none are found. ``lazy``: ``rank`` has no effect that matters beyond its answer (it notes no
     gang too young to go), so a node is left at the first gang it may not preempt that keeps it too full.
     ``admits``: the nodes it may use (its flavor's, with its node selector; None: any); ``ledger``: its
-    tenant's ledger key on that flavor (None: its tenant's name, as without flavors)."""
+    tenant's ledger key on that flavor (None: its tenant's name, as without flavors); ``among``: the nodes to
+    free, most free first (one topology domain's); None: the cluster's."""
     tenant = request.tenant if ledger is None else ledger
     gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
     ranks: dict[str, Any] = {}
@@ -360,7 +364,7 @@ def choose_victims(
 
     options: list[tuple[int, Any, str, list[str]]] = []  # (victims, worst victim's rank, node id, victims)
     budget = request.nnodes + NODES_LOOKED_AT
-    for node in inventory.most_free_first():
+    for node in inventory.most_free_first() if among is None else among:
         if budget == 0:
             break
         node_id = node.spec.node_id

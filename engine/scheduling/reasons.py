@@ -126,6 +126,15 @@ def never_fits_reason(request: GangRequest, inventory: Inventory, count_lost: bo
     """Why the request cannot fit the offered nodes (with ``count_lost``: every registered node, the lost
     and the drained ones too) even with nothing running, or None if it could."""
     big = inventory.count_fitting_idle(request, count_lost=count_lost, count_drained=count_lost)
+    level = request.topology_required
+    if big >= request.nnodes and inventory.domains is not None and level in inventory.domains.levels:
+        most = inventory.domains.fit_counts(inventory, request)[3 if count_lost else 0]
+        if most < request.nnodes:
+            return (
+                f"rejected: needs {_count(request.nnodes, 'node')} in one {level} ({per_node(request)} per node); "
+                f"no {level} has that many that big even when idle (the most in one {level}: {most}; nodes "
+                f"without a {level!r} label are in no {level})"
+            )
     if big >= request.nnodes:
         return None
     counted = [n.spec for _, n in sorted(inventory.nodes.items()) if n.offered or count_lost]
@@ -299,6 +308,14 @@ def capacity_reason(
     n = request.nnodes
     where = f"no {kind}node{with_labels} has" if n == 1 else f"fewer than {n} {kind}nodes{with_labels} have"
     reason = f"pending: waiting for capacity: needs {needs(request)}; {where} {per_node(request)} free"
+    level = request.topology_required
+    if inventory is not None and inventory.domains is not None and level in inventory.domains.levels:
+        most, domain = inventory.domains.largest_free(request)
+        where = f"the largest {level} ({level}={domain}) has {most}" if domain else f"no {level} has any"
+        reason = (
+            f"pending: waiting for capacity: needs {_count(request.nnodes, 'node')} in one {level} "
+            f"({per_node(request)} per node); {where} free"
+        )
     if backfill and request.gpus_per_node:
         reason += " (smaller gangs may use the idle GPUs meanwhile, preemptibly, until this gang fits)"
     if inventory is not None and inventory.drained:

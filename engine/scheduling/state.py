@@ -16,8 +16,9 @@ from engine.scheduling.tenancy import Vec
 
 __all__ = ["Cause", "Fit", "Notice", "QueueKey", "Queued", "Running", "Shape", "shape_of"]
 
-#: nnodes, GPUs, millicores and bytes per node; with flavors or a node selector, then the gang's candidate
-#: flavors and its selector (``engine.scheduling.flavors.shape``)
+#: nnodes, GPUs, millicores and bytes per node; for a gang naming a topology level then "required:rack" (or
+#: "preferred:rack"); with flavors or a node selector, then the gang's candidate flavors and its selector
+#: (``engine.scheduling.flavors.shape``): gangs of one shape are placed alike
 Shape = tuple[Any, ...]
 #: (-priority value, shape, preemptible): one FIFO queue per key, and only its head is looked at, so a gang that
 #: may backfill never waits behind one of its shape that may not (it would never get past it)
@@ -109,4 +110,8 @@ class Running:
 
 
 def shape_of(request: GangRequest) -> Shape:
-    return (request.nnodes, request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node)
+    shape = (request.nnodes, request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node)
+    level = request.topology_required or request.topology_preferred
+    if level is None:
+        return shape
+    return (*shape, f"required:{level}" if request.topology_required else f"preferred:{level}")

@@ -4,6 +4,7 @@
                                          [--seed 0] [--load 1.5] [--save-s 30] [--grace-s 120]
                                          [--min-runtime-s 60] [--usage-half-life-s H] [--fifo-budget-s 60]
                                          [--flavors h100:400,a100:600]   # GPU flavors: bench_fleet.py
+                                         [--racks 50]
                                          [--json | --markdown]
     python tests/perf/bench_scheduler.py --render RESULT.json     # the README rows of a saved JSON line
 
@@ -53,6 +54,8 @@ Metrics, per scheduler:
   (``deadlines_advance``), every gang finished (``all_finished``); ``violations`` says what failed.
   A trace also stops after 100 scheduler calls per gang, lest a preemption loop never end.
 * ``decision_hash`` — SHA-256 of every decision and its time: the same seed gives the same hash.
+* ``--racks N``: topology-aware placement against topology-blind placement on the same racked nodes, a
+  ``blind`` side beside ``policy``, each with ``gangs_in_one_domain`` (``bench_topology``).
 
 Prints ONE JSON line ``{"benchmark": "scheduler", "fifo": {...}, "policy": {...}, "config": {...}, ...}`` on
 stdout and a table on stderr (``--markdown``: the README's rows; ``--json``: no table). Not a test:
@@ -1214,6 +1217,7 @@ def table(result: dict[str, Any]) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    import bench_topology  # imports this module: not at the top (an import cycle)
     from benchenv import arguments, at_least_one, output_options
 
     parser = arguments(__doc__)
@@ -1272,6 +1276,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="GPU flavors, NAME:NODES,... (e.g. h100:400,a100:600; replaces --nodes): bench_fleet.py",
     )
+    bench_topology.add_arguments(parser)
     output_options(parser, json_flag=True)
     args = parser.parse_args(argv)
     if args.flavors is not None:
@@ -1282,6 +1287,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         except ValueError as error:
             parser.error(str(error))
         args.nodes = sum(n for _, n in args.flavors)
+    bench_topology.check_arguments(parser, args, args.nodes)
     for flag in ("save_s", "min_runtime_s"):
         if getattr(args, flag) is None:
             setattr(args, flag, defaults(args.workload)[flag])
@@ -1314,6 +1320,7 @@ def source_digest() -> str:
 
 
 def main(args: argparse.Namespace) -> None:
+    import bench_topology
     from benchenv import LoadSampler, emit, environment, log, render
 
     if args.render:
@@ -1363,6 +1370,7 @@ def main(args: argparse.Namespace) -> None:
         "high_priority": sum(1 for g in workload.gangs if g.priority == "high"),
         "queue": queue,
         "policy_source": source_digest(),
+        **({"racks": args.racks} if args.racks else {}),
     }
     log(
         f"{workload.name}: {len(workload.gangs):,} gangs, {len(workload.tenants)} tenants, "
@@ -1377,9 +1385,12 @@ def main(args: argparse.Namespace) -> None:
         except ImportError as exc:
             result["policy"] = {"skipped": f"engine.scheduling.Policy is not available: {exc}"}
         else:
-            log("policy ...")
-            result["policy"] = simulate(workload, adapter, args.save_s, progress=log)
-            log(f"  {result['policy']['events']:,} calls in {result['policy']['wall_s']:.1f} s")
+            if args.racks:  # topology-aware ("policy") and blind ("blind") on racked nodes (bench_topology)
+                result.update(bench_topology.run_sides(simulate, workload, queue, args.racks, args.save_s, log))
+            else:
+                log("policy ...")
+                result["policy"] = simulate(workload, adapter, args.save_s, progress=log)
+                log(f"  {result['policy']['events']:,} calls in {result['policy']['wall_s']:.1f} s")
         if args.fifo_budget_s == 0:
             result["fifo"] = {"skipped": "--fifo-budget-s 0"}
         else:
@@ -1402,6 +1413,7 @@ def main(args: argparse.Namespace) -> None:
         "benchmark": "scheduler",
         "fifo": result["fifo"],
         "policy": result["policy"],
+        **({"blind": result["blind"]} if "blind" in result else {}),
         "config": config,
         "environment": environment(),
         "load": load.summary(),

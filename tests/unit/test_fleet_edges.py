@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 from conftest import gangflow_cli
 
-from engine import DefinitionError, Resources, task, workflow
+from engine import DefinitionError, Resources, Topology, task, workflow
 from engine.cli.common import CliError
 from engine.cli.devstacks import dev_node_labels
 from engine.client import TenancyError
 from engine.client._fleet import check_fleet, fleet_asks, fleet_facts, label_sets, topology_levels
 from engine.core import definition_of
+from engine.core.definitions import TaskDefinition
 from engine.core.gang import GangPlugin, GangShape
 from engine.core.glance import gang_line
 from engine.core.labels import format_labels, node_env, parse_labels
@@ -266,23 +267,19 @@ def test_a_placed_gangs_line_names_its_flavor_and_one_without_flavors_reads_as_b
 
 
 def test_a_topology_level_the_queue_file_does_not_declare_is_refused() -> None:
-    @task(name="racked", plugin=Ranks(), resources=Resources(gpu=1))
-    def racked(n: int) -> int:
-        return n
+    def racked(placement: Topology) -> TaskDefinition:
+        @task(name="racked", plugin=Ranks(), resources=Resources(gpu=1), placement=placement)
+        def body(n: int) -> int:
+            return n
 
-    defn = definition_of(racked)
+        return definition_of(body)
 
-    class Placement:  # what ``placement=Topology(required=...)`` leaves on the definition (read by attribute)
-        def __init__(self, required: str | None = None, preferred: str | None = None) -> None:
-            self.required, self.preferred = required, preferred
-
-    for placement, level in ((Placement(required="rack"), "rack"), (Placement(preferred="host"), "host")):
-        object.__setattr__(defn, "placement", placement)
+    for placement, level in ((Topology(required="rack"), "rack"), (Topology(preferred="host"), "host")):
+        defn = racked(placement)
         assert topology_levels(defn) == [level]
         check_fleet({"racked": defn}, fleet_facts(QUEUES, "default"), None, "default")
-    object.__setattr__(defn, "placement", Placement(required="block"))
     with pytest.raises(TenancyError, match=r"topology level 'block'.*its levels are rack, host"):
-        check_fleet({"racked": defn}, fleet_facts(QUEUES, "default"), None, "default")
+        check_fleet({"racked": racked(Topology(required="block"))}, fleet_facts(QUEUES, "default"), None, "default")
 
 
 def test_gangflow_cluster_shows_each_nodes_labels_and_flavor(
