@@ -2,6 +2,7 @@
 
 from engine import task, workflow, Resources, Retry, File, Directory
 @task(plugin=PyTorch(nnodes=2), gang=Gang(max_restarts=1, preemptible=False)): a distributed task's options
+@task(plugin=PyTorch(nnodes=4), placement=Topology(required="rack")): all its nodes in one rack
 engine.now(), engine.random(), engine.uuid4(), await engine.sleep(s): replay-safe in a workflow body
 engine.preemption(): in a rank, the preemption notice (deadline, reason) or None
 @task(secrets=[Secret("hf-token", env="HF_TOKEN")]); engine.secret("hf-token") inside the task
@@ -19,6 +20,7 @@ from engine.core import (
     PayloadTooLargeError,
     Resources,
     Retry,
+    Topology,
     TypeMismatchError,
     task,
     workflow,
@@ -53,6 +55,7 @@ __all__ = [
     "Retry",
     "Schema",
     "Secret",
+    "Topology",
     "TypeMismatchError",
     "WaitTimedOut",
     "approve",

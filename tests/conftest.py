@@ -49,6 +49,49 @@ def gangflow_cli(
     )
 
 
+class _Exited(BaseException):
+    """``os._exit`` of an in-process CLI: the code it would have ended the process with."""
+
+
+def gangflow_main(
+    *args: str, cwd: Path | str | None = None, stdin: str = "", **more: str
+) -> subprocess.CompletedProcess[str]:
+    """``gangflow ARGS`` run in this process (``engine.cli.app.main``, its exit caught, output captured, ``more``
+    added to the environment for the call): for checks of what the CLI refuses before it loads a workflow file,
+    connects or starts anything, where a process start (about 1.7 s of CPU) is most of the test's time.
+    :func:`gangflow_cli` (a real process) for anything else; each module using this keeps one real-process
+    check of the same refusal, the entry point included."""
+    import io
+
+    from engine.cli import app
+
+    def _exit(code: int) -> None:
+        raise _Exited(code)
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd, saved_exit, saved_stdin = dict(os.environ), os.getcwd(), os._exit, sys.stdin
+    code: Any = 0
+    try:
+        os.environ.update(more)
+        if cwd is not None:
+            os.chdir(cwd)
+        os._exit = _exit  # type: ignore[assignment]
+        sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                app.main(list(args))
+            except _Exited as exited:
+                code = exited.args[0]
+            except SystemExit as exited:  # argparse's exit 2
+                code = exited.code
+    finally:
+        os._exit, sys.stdin = saved_exit, saved_stdin  # type: ignore[assignment]
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["gangflow", *args], code, out.getvalue(), err.getvalue())
+
+
 def status_json(address: str, run_id: str) -> dict[str, Any]:
     """``gangflow status RUN --json`` as a user runs it (a real process), parsed."""
     done = gangflow_cli("status", run_id, "--json", GANGFLOW_ADDRESS=address)
@@ -236,6 +279,7 @@ class NodeAgent:
     def __init__(self, address: str, node_id: str, gpus: int, home: Path, env: dict[str, str] | None = None) -> None:
         self.address, self.node_id, self.gpus, self.home = address, node_id, gpus, home
         self.env = dict(env or {})  # more environment, e.g. GANGFLOW_SCHEDULER_EVENTS_PER_RUN
+        self.args: list[str] = []  # more options, e.g. --labels gpu=h100 (taken at the next start)
         home.mkdir(parents=True, exist_ok=True)
         self.log = home / f"{node_id}.log"
         self.start()
@@ -248,7 +292,7 @@ class NodeAgent:
         env.update(self.env)
         cmd = ["node", "--node-id", self.node_id, "--cpus", "4"]
         cmd += ["--gpus", str(self.gpus)] if self.gpus >= 0 else []  # negative: detect with nvidia-smi
-        cmd += ["--address", self.address, "--advertise-addr", "127.0.0.1"]
+        cmd += ["--address", self.address, "--advertise-addr", "127.0.0.1", *self.args]
         self.proc = spawn(
             [sys.executable, "-m", "engine.cli", *cmd], log=self.log, env=env, new_session=True, parent_death=None
         )

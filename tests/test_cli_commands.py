@@ -16,9 +16,12 @@ from typing import Any
 
 import pytest
 from conftest import NodeAgent, Stack, gangflow_cli
+from temporalio.client import Client
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 from engine.errors import GangflowError
 from engine.runtime import free_port
+from engine.runtime.connection import PIPELINE, TENANT
 
 FLOW = """
 from engine import task, workflow
@@ -43,6 +46,11 @@ async def talk(n: int = 1) -> int:
 @workflow
 async def hush(n: int = 1) -> int:
     return await quiet(n=n)
+
+
+@workflow
+async def nest(n: int = 1) -> int:
+    return await hush(n=n) + 1
 """
 
 
@@ -52,12 +60,13 @@ def cli(address: str, *args: str, columns: int = 100, cwd: Path | None = None, *
 
 @pytest.fixture(scope="module")
 def runs(server, worker, state_root, tmp_path_factory):
-    """Two finished runs of the flow above: one whose task printed, one whose task printed nothing."""
+    """Three finished runs of the flow above: one whose task printed, one whose task printed nothing, and one
+    that calls a child workflow."""
     tmp_path = tmp_path_factory.mktemp("cli-commands")
     artifacts = str(state_root / "artifacts")  # the `artifacts` fixture's folder (that one is per test)
     (tmp_path / "flow.py").write_text(FLOW)
     suffix = os.urandom(4).hex()
-    ids = {"talk": f"talk-run-with-a-rather-long-id-{suffix}", "hush": f"hush-run-with-a-rather-long-id-{suffix}"}
+    ids = {name: f"{name}-run-with-a-rather-long-id-{suffix}" for name in ("talk", "hush", "nest")}
     for name, run_id in ids.items():
         done = cli(
             server.address,
@@ -103,6 +112,36 @@ def test_list_never_cuts_a_run_id_short(server, runs, columns):
         assert listed.returncode == 0, listed.stderr
         assert any(run_id in line for line in listed.stdout.splitlines()), listed.stdout
         assert "…" not in listed.stdout
+
+
+def test_list_shows_runs_not_their_child_workflow_calls(server, runs):
+    """The child call of ``nest`` keeps its run's pipeline; ``GangflowKind`` tells it from the run."""
+    listed = cli(server.address, "list", "--pipeline", "nest", "--limit", "50", "--json")
+    assert listed.returncode == 0, listed.stderr
+    ids = [row["run_id"] for row in json.loads(listed.stdout)]
+    assert runs["nest"] in ids
+    assert not [i for i in ids if i.startswith(f"{runs['nest']}.")], ids  # its child call: not a run
+
+
+def test_list_still_shows_a_run_started_before_gangflow_kind(server):
+    """A run from before ``GangflowKind`` carries only its pipeline: it stays listed (nobody polls its queue:
+    it only has to exist)."""
+    legacy = f"legacy-{os.urandom(4).hex()}"
+
+    async def start() -> Any:
+        client = await Client.connect(server.address)
+        pairs = [SearchAttributePair(PIPELINE, "legacy"), SearchAttributePair(TENANT, "default")]
+        return await client.start_workflow(
+            "legacy", id=legacy, task_queue="nobody-polls", search_attributes=TypedSearchAttributes(pairs)
+        )
+
+    handle = asyncio.run(start())
+    try:
+        listed = cli(server.address, "list", "--pipeline", "legacy", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert legacy in [row["run_id"] for row in json.loads(listed.stdout)]
+    finally:
+        asyncio.run(handle.terminate("test over"))
 
 
 def test_dev_prints_the_export_line_whole_in_a_narrow_terminal(tmp_path):

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, gangflow_cli
+from conftest import ROOT, gangflow_cli, gangflow_main
 
 pytestmark = pytest.mark.slow
 
@@ -50,6 +50,11 @@ async def pipeline(steps: int = 200, checkpoint_every: int = 10, step_seconds: f
 def demo(*args: str, cwd: Path = ROOT, timeout: float = DEMO_TIMEOUT) -> subprocess.CompletedProcess[str]:
     # wide enough that no table row folds: one event a line
     return gangflow_cli("demo", "--tenants", *args, cwd=cwd, timeout=timeout, COLUMNS="250")
+
+
+def refused(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """``demo`` in this process, for what it refuses before anything starts (no process start)."""
+    return gangflow_main("demo", "--tenants", *args, cwd=cwd, COLUMNS="250")
 
 
 def timeline(stdout: str) -> list[tuple[float, str, str, str]]:
@@ -113,7 +118,7 @@ def test_the_tenants_demo_takes_no_file_and_starts_nothing() -> None:
     assert "--tenants runs its own pipelines" in done.stderr and "it takes no --file" in done.stderr, done.stderr
     assert done.stdout == "" and time.monotonic() - started < 30  # refused before any server started
 
-    done = demo("--nodes", "3", timeout=60)
+    done = refused("--nodes", "3")
     assert done.returncode == 2 and "--tenants needs 2 node agents" in done.stderr, (done.stdout, done.stderr)
 
 
@@ -127,7 +132,7 @@ def test_the_tenants_demo_refuses_a_queue_file_it_cannot_play(tmp_path: Path) ->
     assert "tenants[0].quota.gpu" in done.stderr, done.stderr
 
     queues.write_text(QUEUES.replace("team-b", "team-c"))
-    done = demo("--headless", cwd=tmp_path, timeout=60)
+    done = refused("--headless", cwd=tmp_path)
     assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
     said = " ".join(done.stderr.split())
     assert "the demo needs tenants team-a and team-b, it has ['team-a', 'team-c']" in said, done.stderr

@@ -33,7 +33,9 @@ def test_a_gang_submitted_before_any_node_agent_runs_when_they_register(tmp_path
                 reason = pending[0]["reason"] if pending else ""
                 await asyncio.sleep(0.5)
             assert "waiting up to 600 s for a node that can hold it to register" in reason
-            await asyncio.sleep(15)  # the agents come up late, as on a slow machine or a scaling node pool
+            # the agents come up late, as on a slow machine or a scaling node pool (the gang already waits, with its
+            # reason, above: a few more seconds show it stays waiting; the bound is its lost_node_wait, 600 s)
+            await asyncio.sleep(5)
             assert (await client.status(run_id)).status == "RUNNING"
             for i in range(2):
                 stack.nodes[f"early{i}"] = NodeAgent(stack.server.address, f"early{i}", 2, tmp_path / "nodes")

@@ -151,6 +151,11 @@ async def trained(steps: int, every: int = 1000, save_s: float = 0.0) -> dict:
 
 
 @workflow
+async def nested(steps: int) -> dict:
+    return await trained(steps=steps)
+
+
+@workflow
 async def stubborn_run(steps: int, every: int) -> dict:
     return await stubborn(steps=steps, every=every)
 
@@ -474,8 +479,36 @@ def test_a_priority_preemption_of(stack: Stack, flows: Path, flow: str, task: st
         assert (await result(client, flows, high, "trained"))["applied"] == 5
         await client.cancel(filler)
         await settled(stack)
+        # `gangflow usage --by priority`: each call counts under the class its gang asked for (read from its
+        # run's history), the filler, which named none, under the default class
+        shown = gangflow_cli("usage", "--json", "--by", "priority", GANGFLOW_ADDRESS=stack.server.address)
+        assert shown.returncode == 0, shown.stderr
+        rows = {r["priority"]: r for r in json.loads(shown.stdout)["rows"]}
+        assert {"low", "high", "default"} <= set(rows), rows
+        assert rows["low"]["badput"]["lost_preemption"] > 0 and rows["high"]["allocated_gpu_s"] > 0, rows
+        assert "team-b" in rows["default"]["tenants"] and rows["high"]["tenants"] == ["team-a"], rows
 
     run(main())
+
+
+def test_usage_counts_a_gang_called_in_a_child_workflow_under_its_run(stack: Stack, flows: Path) -> None:
+    """``gangflow list`` and ``usage`` read runs only; the gang of a child workflow call is its run's."""
+
+    async def main() -> str:
+        client = await stack.client()
+        await client.apply_queues(CONFIG)
+        run_id = await start(client, flows, "nested", {"steps": 5}, tenant="team-b")
+        assert (await result(client, flows, run_id, "nested"))["applied"] == 5
+        await settled(stack)
+        return run_id
+
+    run_id = run(main())
+    shown = gangflow_cli("usage", "--json", "--by", "run", "--since", "1h", GANGFLOW_ADDRESS=stack.server.address)
+    assert shown.returncode == 0, shown.stderr
+    rows = json.loads(shown.stdout)["rows"]
+    (row,) = [r for r in rows if r["run"] == run_id]
+    assert row["allocated_gpu_s"] > 0 and row["tenant"] == "team-b", row
+    assert not [r for r in rows if r["run"].startswith(f"{run_id}.")], rows  # its child call is no run
 
 
 def test_a_drain_moves_a_running_gang_to_another_node_through_a_checkpoint(stack: Stack, flows: Path) -> None:

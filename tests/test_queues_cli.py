@@ -2,8 +2,9 @@
 configuration is the Scheduler's, shared by every run on a server, so these tests never touch the
 session's): ``queues apply`` refuses a bad file and changes nothing, applies the example, ``queues show
 --json`` has the issue's shape, ``run`` refuses an unknown tenant or priority class with exit 2 before
-anything starts, ``run --tenant team-a --priority high`` runs a gang on a 2-node cluster, and ``dev
---queues`` applies its file once the stack is up."""
+anything starts, ``run --tenant team-a --priority high`` runs a gang on a 2-node cluster, a gang asking for a
+flavor lands on the node agent labelled for it (and a flavor or label the cluster lacks is refused with exit 2),
+and ``dev --queues`` applies its file once the stack is up."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,51 @@ async def rush(n: int = 1) -> int:
 @workflow
 async def plain(n: int = 1) -> int:
     return n
+
+
+@dataclass(frozen=True)
+class OneNode(GangPlugin):
+    nnodes: int = 1
+    nproc_per_node: int = 1
+
+
+@task(plugin=OneNode(), resources=Resources(gpu=1, flavor="h100"))
+def where() -> str:
+    return os.environ["GANGFLOW_NODE_ID"] + " " + os.environ["GANGFLOW_NODE_LABELS"]
+
+
+@workflow
+async def on_h100() -> str:
+    return await where()
+
+
+@task(plugin=OneNode(), resources=Resources(gpu=1, flavor=["a100", "h200"]))
+def nowhere() -> str:
+    return "never"
+
+
+@workflow
+async def on_h200() -> str:
+    return await nowhere()
+
+
+@task(plugin=OneNode(), resources=Resources(gpu=1, node_selector={"zone": "b"}))
+def elsewhere() -> str:
+    return "never"
+
+
+@workflow
+async def in_zone_b() -> str:
+    return await elsewhere()
+"""
+
+#: two flavors, one per node agent of the stack (the labels its test gives them)
+FLAVORS = """\
+flavors:
+  - {name: h100, node_labels: {gpu: h100}}
+  - {name: a100, node_labels: {gpu: a100}}
+tenants:
+  - {name: team-a, quota: {gpu: 4}}
 """
 
 BAD = """\
@@ -220,6 +267,64 @@ def test_a_run_as_team_a_at_high_priority_runs_its_gang(stack, project, tmp_path
     status = _wait_done(address, run_id)
     assert status["status"] == "COMPLETED", status
     assert (status["tenant"], status["priority"], status["result"]) == ("team-a", "high", 0)
+
+
+def test_a_gang_asking_for_h100_lands_on_the_h100_node_and_an_unknown_flavor_is_refused(stack, project, tmp_path):
+    """Flavors on real node agents: ``gangflow node --labels`` gives q0 ``gpu=a100`` and q1 ``gpu=h100,zone=a``
+    (the second: a flavor-blind choice would take q0 first), the queue file declares both flavors; a gang
+    asking for h100 runs on q1, which ``gangflow status`` names as its flavor, and its rank sees the node's id and
+    labels; a run asking for a flavor (or a node label) the cluster lacks exits 2 naming what exists, before
+    anything starts. The example configuration is applied again after (the agents' labels then match nothing)."""
+    address = stack.server.address
+    labelled = {"q0": {"gpu": "a100"}, "q1": {"gpu": "h100", "zone": "a"}}
+    for node_id, labels in labelled.items():
+        stack.nodes[node_id].args = ["--labels", ",".join(f"{k}={v}" for k, v in labels.items())]
+    with ThreadPoolExecutor(2) as pool:  # both at once: each stop waits for its agent to drain and exit
+        list(pool.map(lambda node_id: stack.nodes[node_id].restart(), labelled))
+    asyncio.run(
+        stack.wait_for(
+            "the agents registered with their labels",
+            lambda q: {n["node_id"]: n.get("labels") for n in q["nodes"] if n["alive"]} == labelled,
+            90,
+        )
+    )
+
+    async def apply(config: str) -> None:  # in this process: a CLI process each would cost seconds under load
+        await (await stack.client()).apply_queues(config)
+
+    asyncio.run(apply(FLAVORS))
+    try:
+        before = run_ids(address)
+        for flow, named in (
+            (
+                "on_h200",
+                "asks for flavor 'h200', which the cluster's queue configuration does not declare: the "
+                "cluster's flavors are h100, a100",
+            ),
+            ("in_zone_b", "no registered node carries zone=b; the nodes' labels are gpu=a100, gpu=h100, zone=a"),
+        ):
+            refused = cli(address, "run", f"flow.py:{flow}", "--tenant", "team-a", "--detach", cwd=project)
+            assert refused.returncode == 2 and named in refused.stderr, refused.stderr
+        assert run_ids(address) == before  # nothing was started
+        done = cli(
+            address,
+            "run",
+            "flow.py:on_h100",
+            "--tenant",
+            "team-a",
+            "--json",
+            cwd=project,
+            GANGFLOW_ARTIFACTS=stack.artifacts,
+        )
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout)
+        assert answer["result"] == "q1 gpu=h100,zone=a", answer
+        status = cli(address, "status", answer["run_id"], "--json")
+        assert status.returncode == 0 and '"flavor": "h100"' in status.stdout, status.stdout
+        shown_nodes = cli(address, "cluster")
+        assert "gpu=h100,zone=a" in shown_nodes.stdout and "gpu=a100" in shown_nodes.stdout, shown_nodes.stdout
+    finally:
+        asyncio.run(apply(Path(EXAMPLE).read_text()))
 
 
 def _wait_done(address: str, run_id: str, timeout: float = 120) -> dict[str, Any]:

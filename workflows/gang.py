@@ -129,6 +129,7 @@ def _first_line(text: str) -> str:
 class GangTask:
     def __init__(self) -> None:
         self.placement: Placement | None = None
+        self.flavor: str | None = None  # the flavor of the placement (Admitted.flavor), None without flavors
         self.rejected: str | None = None
         self.pending: str | None = None
         self.phase = "submitted"
@@ -150,7 +151,11 @@ class GangTask:
     @workflow.signal(name=PLACEMENT_SIGNAL)
     def on_placement(self, placement: Any) -> None:
         try:
-            self.placement = Placement.model_validate(placement)
+            # the flavor it was admitted on rides beside the placement (only when the queue file names flavors)
+            flavor = placement.get("flavor") if isinstance(placement, dict) else None
+            fields = {k: v for k, v in placement.items() if k != "flavor"} if isinstance(placement, dict) else placement
+            self.placement = Placement.model_validate(fields)
+            self.flavor = flavor if isinstance(flavor, str) else None
         except (ValidationError, TypeError, ValueError) as exc:
             workflow.logger.warning("ignoring a malformed placement %r: %s", placement, exc)
 
@@ -217,6 +222,7 @@ class GangTask:
             "preemption": self.noticed,
             "failed_attempts": self._failed(),
             "attempts": self.attempts,
+            "flavor": self.flavor,
         }
 
     def _failed(self) -> list[dict[str, Any]]:
@@ -245,6 +251,8 @@ class GangTask:
             "max_restarts": self.max_restarts,
             "progress": self.progress,
             "ended": self.ended,
+            # only with flavors: a state without one is what it was before (the run's details, replayed)
+            **({"flavor": self.flavor} if self.flavor is not None else {}),
         }
 
     @workflow.run
@@ -259,7 +267,7 @@ class GangTask:
             self.attempt, self.progress = attempt, None
             placement = await self._place(spec, scheduler)
             nodes = [n.node_id for n in sorted(placement.nodes, key=lambda n: n.node_rank)]
-            record = attempt_record(attempt, nodes, workflow.now())
+            record = attempt_record(attempt, nodes, workflow.now(), self.flavor)
             self.attempts.append(record)
             failure: AttemptFailed | None = None
             preempted: PreemptedAttempt | None = None
@@ -349,7 +357,7 @@ class GangTask:
 
     async def _place(self, spec: GangSpec, scheduler: Any) -> Placement:
         gang_id = workflow.info().workflow_id
-        self.placement, self.rejected, self.pending, self.preempt = None, None, None, None
+        self.placement, self.rejected, self.pending, self.preempt, self.flavor = None, None, None, None, None
         request = gang_request(spec, gang_id)
         # said before the submit: the Scheduler's answer (a pending reason) can arrive before the submit's own
         # acknowledgement, and must not be overwritten by this line

@@ -77,10 +77,11 @@ def ended_line(reason: str) -> str:
     return found.group(1) if found else first
 
 
-def attempt_record(attempt: int, nodes: list[str], now: datetime) -> dict[str, Any]:
+def attempt_record(attempt: int, nodes: list[str], now: datetime, flavor: str | None = None) -> dict[str, Any]:
     """One attempt of a gang as GangTask keeps it (``status`` query, memo): running until
-    :func:`finish_record`; times are epoch seconds of workflow time (the same on every replay)."""
-    return {
+    :func:`finish_record`; times are epoch seconds of workflow time (the same on every replay). ``flavor``: the
+    one it was admitted on, kept only when there is one (a record without flavors is what it was before)."""
+    record: dict[str, Any] = {
         "attempt": attempt,
         "kind": "running",
         "ended": None,
@@ -90,6 +91,9 @@ def attempt_record(attempt: int, nodes: list[str], now: datetime) -> dict[str, A
         "ended_at": None,
         "duration_s": None,
     }
+    if flavor is not None:
+        record["flavor"] = flavor
+    return record
 
 
 def finish_record(record: dict[str, Any], kind: str, reason: str, now: datetime, ended: str | None = None) -> None:

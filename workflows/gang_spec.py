@@ -41,6 +41,13 @@ class GangSpec:
     priority: str | None = None  # a priority class name: the task's own, else the run's
     preemptible: bool = True  # False (the task's own): never preempted, whatever its class says
     preemption_grace_s: float | None = None  # the task's own grace; None: the cluster's (in the notice)
+    # where its nodes may be (``Resources(flavor=, node_selector=, tolerations=)``); empty: anywhere its tenant's
+    # quota reaches. Lists, not tuples: what the payload converter reads back the same
+    flavors: list[str] = field(default_factory=list)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[str] = field(default_factory=list)
+    topology_required: str | None = None  # the task's ``placement=Topology(required=...)``: one domain of it
+    topology_preferred: str | None = None  # ``Topology(preferred=...)``: as few domains of it as can be
 
     @property
     def retry(self) -> Retry:
@@ -65,6 +72,11 @@ def gang_request(spec: GangSpec, gang_id: str) -> dict[str, Any]:
             priority=spec.priority,
             preemptible=spec.preemptible,
             lost_node_wait_s=spec.lost_node_wait_s,
+            flavors=tuple(spec.flavors),
+            node_selector=dict(spec.node_selector),
+            tolerations=tuple(spec.tolerations),
+            topology_required=spec.topology_required,
+            topology_preferred=spec.topology_preferred,
         )
     except ValidationError as exc:
         raise ApplicationError(f"a malformed gang request: {exc}", type="Unschedulable", non_retryable=True) from None

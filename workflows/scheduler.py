@@ -431,6 +431,8 @@ class Scheduler:
         payload: Any
         if isinstance(decision, Admitted):
             gang_id, name, payload = decision.gang_id, PLACEMENT_SIGNAL, decision.placement.model_dump(mode="json")
+            if decision.flavor is not None:  # only then: a placement without flavors keeps its old payload
+                payload["flavor"] = decision.flavor
         elif isinstance(decision, GangRejected):
             gang_id, name, payload = decision.gang_id, REJECTED_SIGNAL, decision.reason
         elif isinstance(decision, Pending):

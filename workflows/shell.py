@@ -152,6 +152,11 @@ class _TemporalDispatcher:
             priority=task.priority or self.envelope.run.priority,
             preemptible=task.preemptible,
             preemption_grace_s=task.preemption_grace.total_seconds() if task.preemption_grace else None,
+            flavors=list(task.resources.flavors),
+            node_selector=dict(task.resources.node_selector or {}),
+            tolerations=list(task.resources.tolerations),
+            topology_required=task.placement.required if task.placement else None,
+            topology_preferred=task.placement.preferred if task.placement else None,
         )
         summary = f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)"
         # its state comes by signal (workflows.glance), but from a gang in the platform's namespace (a tenant's,

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from engine.artifacts.store import cache_dir
 from engine.core.atomic import write_atomic
+from engine.core.labels import parse_labels
 
 from .common import EXIT_BAD_INPUT, CliError
 
-__all__ = ["DevStackRecord", "recorded", "running_stacks", "state_dir_for"]
+__all__ = ["DevStackRecord", "dev_node_labels", "recorded", "running_stacks", "state_dir_for"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +101,24 @@ def state_dir_for(given: str | None, command: str) -> str:
         f"{command}: {len(stacks)} dev stacks run ({listed}): pass --state-dir DIR or set GANGFLOW_ADDRESS",
         EXIT_BAD_INPUT,
     )
+
+
+def dev_node_labels(text: str | None, nodes: int) -> list[str]:
+    """``gangflow dev --node-labels 'gpu=h100,rack=r1;gpu=a100,rack=r2'``: one group of labels per node agent,
+    node-0's first (an empty group: none), checked whole before anything starts (exit 2 naming the fault)."""
+    if text is None:
+        return []
+    groups = [group.strip() for group in text.split(";")]
+    if len(groups) != nodes:
+        raise CliError(
+            f"--node-labels {text!r} has {len(groups)} group(s) separated by ';' for --nodes {nodes}: give one "
+            "group per node agent, in order (an empty group for a node without labels)",
+            EXIT_BAD_INPUT,
+        )
+    for i, group in enumerate(groups):
+        if group:
+            try:
+                parse_labels(group, f"--node-labels (node-{i})")
+            except ValueError as exc:
+                raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    return groups

@@ -29,6 +29,7 @@ _AGENT_OPTIONS = {
     "cpus": "--cpus",
     "mem": "--mem",
     "advertise_addr": "--advertise-addr",
+    "labels": "--labels",
     "standby": "--standby",
     "warm": "--warm",
     "drain_timeout": "--drain-timeout",

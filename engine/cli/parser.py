@@ -67,6 +67,12 @@ def _dev(command: Command) -> None:
     p.add_argument("--nodes", type=int, default=0, help="node agents to start on this machine (default 0)")
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPU slots per node agent (logical on a CPU box)")
     p.add_argument(
+        "--node-labels",
+        metavar="K=V,...;...",
+        help="labels of the node agents, one group per node in order, separated by ';' (node-0's first), e.g. "
+        "'gpu=h100,rack=r1;gpu=a100,rack=r2'",
+    )
+    p.add_argument(
         "--queues", metavar="FILE", help="a queue configuration (YAML: tenants, quotas, priority classes) to apply"
     )
     p.add_argument(
@@ -100,6 +106,12 @@ def _node(command: Command) -> None:
     p.add_argument("--cpus", type=float, help="CPUs to offer (default: all)")
     p.add_argument("--mem", help="memory to offer, e.g. 64Gi (default: all)")
     p.add_argument("--advertise-addr", help="address other nodes reach this one at (default: this host's IP)")
+    p.add_argument(
+        "--labels",
+        metavar="K=V,...",
+        help="the node's labels, e.g. gpu=h100,zone=a,capacity=spot (Kubernetes label syntax), for flavors and node "
+        "selectors; added to the GPU model and memory nvidia-smi reports (gangflow.io/gpu.product, gpu.memory)",
+    )
     p.add_argument("--task-queue", default=TASK_QUEUE, help="the workflow workers' queue (default %(default)s)")
     _metrics_option(p, "0.0.0.0")
     p.add_argument(

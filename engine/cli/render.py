@@ -17,6 +17,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from engine.client import RunInfo, to_jsonable
+from engine.core.labels import format_labels
 from engine.core.waits import duration_text
 from engine.rank.view import format_age, format_metrics
 from engine.runtime.history import TaskRecord
@@ -206,7 +207,9 @@ def show_attempts(info: RunInfo) -> None:
             continue
         console.print(f"[bold]{escape(task.call or task.name)}[/] attempts")
         table = Table(show_edge=False, header_style="bold")
-        for column in ("attempt", "ended", "seconds", "steps", "nodes"):
+        # the flavor each attempt was admitted on, where the queue file names flavors (else no column)
+        flavors = any(attempt.get("flavor") for attempt in task.attempts)
+        for column in ("attempt", "ended", "seconds", "steps", "nodes", *(("flavor",) if flavors else ())):
             table.add_column(column)
         for attempt in task.attempts:
             seconds = attempt.get("duration_s")
@@ -218,6 +221,7 @@ def show_attempts(info: RunInfo) -> None:
                 f"{seconds:.1f}" if isinstance(seconds, int | float) else "",
                 _steps(attempt),
                 escape(", ".join(str(n) for n in attempt.get("nodes") or [])),
+                *((escape(str(attempt.get("flavor") or "")),) if flavors else ()),
             )
         console.print(table)
         ledger = add_ledgers(a.get("ledger") for a in task.attempts)
@@ -413,14 +417,27 @@ def show_queues(data: Mapping[str, Any]) -> None:
             who.append(f"cohort {escape(str(conf['cohort']))}")
         if isinstance(conf.get("weight"), int | float):
             who.append(f"weight {conf['weight']:g}")
+        flavors = entry.get("flavors")
+        flavors = flavors if isinstance(flavors, Mapping) else {}
         table.add_row(
             "\n".join(who),
             *(_amounts(entry.get(k)) for k in ("nominal", "used", "borrowed", "lent")),
             *([_decayed(entry.get("decayed_usage"))] if decayed else []),
             str(entry.get("pending", 0)),
             _share(entry.get("share")),
-            end_section=True,
+            end_section=not flavors,
         )
+        # with flavors, one row per flavor under its tenant (its share is the largest of theirs)
+        for at, (flavor, row) in enumerate(sorted(flavors.items())):
+            row = row if isinstance(row, Mapping) else {}
+            table.add_row(
+                f"  on {escape(str(flavor))}",
+                *(_amounts(row.get(k)) for k in ("nominal", "used", "borrowed", "lent")),
+                *([""] if decayed else []),
+                "",
+                _share(row.get("share")),
+                end_section=at == len(flavors) - 1,
+            )
     console.print(table)
 
 
@@ -561,15 +578,18 @@ def show_queue(data: dict[str, Any], now: float | None = None) -> None:
 def _nodes_table(data: Mapping[str, Any]) -> None:
     nodes = Table(title="nodes", show_edge=False, header_style="bold")
     nodes.add_column("node", no_wrap=True, overflow="fold")  # ids are copied into other commands: never "…"
-    for column in ("address", "state", "sandbox", "GPUs free/total", "free ids", "CPUs free/total", "gangs"):
+    for column in ("address", "state", "sandbox", "GPUs free/total", "free ids", "CPUs free/total", "labels", "gangs"):
         nodes.add_column(column, overflow="fold")
     for n in data.get("nodes", []):
+        labels = n.get("labels") or {}  # an older Scheduler does not say: its agents carried none
         nodes.add_row(
             n["node_id"],
             n["address"],
             _node_state(n),
             "yes" if n.get("sandboxed") else "no",  # an older Scheduler does not say: its agents did not sandbox
             *_capacity(n),
+            escape(format_labels(labels) if isinstance(labels, Mapping) else "")
+            + (f" (flavor {escape(str(n['flavor']))})" if n.get("flavor") else ""),
             ", ".join(n["gangs"]),
         )
     console.print(nodes if data.get("nodes") else "no nodes registered")

@@ -26,11 +26,12 @@ from temporalio.service import RPCError
 from engine.artifacts.store import default_artifact_root
 from engine.client import Client, load_workflow_file, prepare_run, to_jsonable
 from engine.core.definitions import WorkflowDefinition
+from engine.core.labels import format_labels
 from engine.core.protocol import DEFAULT_TENANT, PLATFORM_NAMESPACE, TASK_QUEUE, TenantRoute, tenant_namespace
 from engine.core.resources import parse_memory
 from engine.core.wire import Envelope
 from engine.errors import GangflowError, InputError
-from engine.executor.gpus import detect_gpus
+from engine.executor.gpus import detect_gpus, node_labels
 from engine.executor.ports import free_port
 from engine.executor.process import spawn, stop_processes
 from engine.executor.standby import default_warm_modules
@@ -62,7 +63,7 @@ from .common import (
     until_signalled,
 )
 from .demo_tenants import TenantsDemo
-from .devstacks import recorded
+from .devstacks import dev_node_labels, recorded
 from .render import console, err_console, print_json, print_unwrapped, show_failure, show_status
 from .secrets import configure_secrets_dir
 
@@ -276,6 +277,7 @@ def _node_config(args: argparse.Namespace) -> NodeConfig:
         standby=max(1, gpus) if args.standby is None else args.standby,
         warm=default_warm_modules() if args.warm is None else tuple(m for m in args.warm.split(",") if m),
         drain_timeout_s=DRAIN_TIMEOUT_S if args.drain_timeout is None else args.drain_timeout,
+        labels=node_labels(args.labels),
     )
 
 
@@ -298,6 +300,7 @@ async def cmd_node(args: argparse.Namespace) -> int:
         f"gangflow node {config.node_id} on {endpoint.address}: {config.gpus} GPU(s), {config.cpus:g} CPU(s), "
         f"reachable at {config.address}; queue node/{config.node_id}; {config.standby} standby rank process(es)"
         + (f" with {', '.join(config.warm)} imported" if config.standby and config.warm else "")
+        + (f"; labels {format_labels(config.labels)}" if config.labels else "")
     )
     activities = NodeActivities(config)
     async with _metrics(args, "0.0.0.0", sdk_port) as sources:
@@ -326,7 +329,7 @@ async def cmd_codec_server(args: argparse.Namespace) -> int:
 
 
 def _spawn_nodes(
-    address: str, count: int, gpus: int, state: Path, namespace: str = "default"
+    address: str, count: int, gpus: int, state: Path, namespace: str = "default", labels: Sequence[str] = ()
 ) -> list[subprocess.Popen[bytes]]:
     """Node agents beside the dev worker, each a real ``gangflow node`` process standing in for a server. They
     stop at once (no drain): the whole stack is stopping, its worker first, so no Scheduler would answer. The
@@ -339,7 +342,8 @@ def _spawn_nodes(
     for i in range(count):
         log = state / f"node-{i}.log"
         os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
-        nodes.append(spawn([*node, "--node-id", f"node-{i}", "--advertise-addr", "127.0.0.1"], log=log, env=env))
+        own = ["--labels", labels[i]] if i < len(labels) and labels[i] else []
+        nodes.append(spawn([*node, "--node-id", f"node-{i}", "--advertise-addr", "127.0.0.1", *own], log=log, env=env))
     return nodes
 
 
@@ -368,6 +372,7 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     # checked before anything starts: a bad file is bad input (exit 2), not a stack that half came up
     queues = read_queue_file(args.queues) if args.queues else None
+    labels = dev_node_labels(args.node_labels, args.nodes)
     auth = dev_auth(args, queues)
     sdk_port = _metrics_sdk(args, "127.0.0.1")
     server = DevServer(
@@ -417,7 +422,7 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         else:
             # one line however narrow the terminal: a wrapped second line would be pasted as a separate command
             print_unwrapped(f"  export GANGFLOW_ADDRESS={server.address} GANGFLOW_ARTIFACTS={state / 'artifacts'}")
-        helpers += _spawn_nodes(server.address, args.nodes, args.gpus_per_node, state, namespace)
+        helpers += _spawn_nodes(server.address, args.nodes, args.gpus_per_node, state, namespace, labels)
         if args.nodes:
             console.print(
                 f"{args.nodes} node agent(s) with {args.gpus_per_node} GPU slot(s) each; see 'gangflow cluster'"

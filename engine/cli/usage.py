@@ -1,20 +1,24 @@
 """``gangflow usage``: where the GPU-hours went, from the goodput ledger of every gang attempt.
 
-    gangflow usage [--tenant T] [--since 7d] [--by tenant|run|node|cause] [--json | --csv] [--limit N] [--plot F.png]
+    gangflow usage [--tenant T] [--since 7d] [--by tenant|run|priority|node|cause] [--json | --csv] [--limit N]
+                   [--plot F.png]
 
-Each run's distributed task calls are read as ``gangflow status`` reads them (``Client.status``: the
-attempts, their ledgers, engine.runtime.ledger), and summed per tenant, per run, per node (each attempt's
-ledger split over its nodes by their GPUs: ``engine.runtime.ledger.node_shares``) or per cause. ``wait_s``
-is how long the task calls waited for their first placement (queueing is time, not GPU-seconds). The CSV
-has one column per cause, for chargeback. Only runs that started within ``--since`` count, newest first, at
-most ``--limit`` of them. ``--plot`` also draws GPU use by tenant over time and badput by cause
-(engine.cli.usage_plot, the ``plots`` extra), beside the rows printed as usual.
+Each run's distributed task calls, and those of the child workflows it calls (``Client.runs`` lists runs only),
+are read as ``gangflow status`` reads them (``Client.status``: the attempts, their ledgers,
+engine.runtime.ledger), and summed per tenant, per run, per priority class (the class each call's gang asked
+for, read from its run's history; a call that named none counts under the cluster's default class), per node
+(each attempt's ledger split over its nodes by their GPUs: ``engine.runtime.ledger.node_shares``) or per
+cause. ``wait_s`` is how long the task calls waited for their first placement (queueing is time, not
+GPU-seconds). The CSV has one column per cause, for chargeback. Only runs that started within ``--since``
+count, newest first, at most ``--limit`` of them. ``--plot`` also draws GPU use by tenant over time and badput
+by cause (engine.cli.usage_plot, the ``plots`` extra), beside the rows printed as usual.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import re
 import sys
@@ -22,9 +26,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from temporalio.service import RPCError
+
 from engine.errors import GangflowError
 from engine.runtime.history import TaskRecord
 from engine.runtime.ledger import BADPUT, add_ledgers, node_shares
+from engine.scheduling.config import DEFAULT_PRIORITY
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError, client_for
 from .render import console, print_json
@@ -33,9 +40,14 @@ from .usage_plot import PLOTS_MISSING, matplotlib_missing, plot_usage
 __all__ = ["add_usage_parser", "cmd_usage", "parse_since", "usage_rows"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-GROUPS = ("tenant", "run", "node", "cause")
+GROUPS = ("tenant", "run", "priority", "node", "cause")
+#: the groups a task call belongs to as a whole (its attempts all count there); ``node`` splits each attempt
+#: over its nodes, ``cause`` sums everything
+CALL_GROUPS = ("tenant", "run", "priority")
 #: runs whose status is read at once (each a few round trips to Temporal and the artifact store)
 READ_AT_ONCE = 8
+#: how deep usage follows child workflows calling child workflows for their gang calls
+CHILD_DEPTH = 8
 
 
 def parse_since(text: str) -> float:
@@ -55,7 +67,10 @@ def add_usage_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], c
     connection(p)  # its --tenant also narrows the rows to that tenant's runs
     p.add_argument("--since", default="7d", help="only runs started within this long, e.g. 24h (default 7d)")
     p.add_argument(
-        "--by", choices=GROUPS, default="tenant", help="one row per tenant, run, node or cause (default tenant)"
+        "--by",
+        choices=GROUPS,
+        default="tenant",
+        help="one row per tenant, run, priority class, node or cause (default tenant)",
     )
     p.add_argument("--limit", type=int, default=1000, help="at most this many runs, newest first (default 1000)")
     p.add_argument(
@@ -89,7 +104,8 @@ def _spans(task: TaskRecord) -> list[tuple[float, float, int]]:
 
 def usage_rows(entries: Sequence[Mapping[str, Any]], by: str) -> list[dict[str, Any]]:
     """Rows of ``gangflow usage`` from its entries (one per distributed task call: ``tenant``, ``run``,
-    ``ledger``, ``wait_s``), biggest first. Pure: the unit tests call it."""
+    ``priority``, ``ledger``, ``attempts`` (their ledgers), ``wait_s``), biggest first. Pure: the unit tests call
+    it."""
     if by == "cause":
         total = add_ledgers(e.get("ledger") for e in entries)
         if total is None:
@@ -99,6 +115,9 @@ def usage_rows(entries: Sequence[Mapping[str, Any]], by: str) -> list[dict[str, 
         return [{"cause": c, "gpu_s": v, "share": round(v / whole, 4) if whole else None} for c, v in parts]
     if by == "node":
         return _node_rows(entries)
+    # --by flavor goes here once the gang records the flavor its placement was admitted on (``Admitted.flavor``)
+    # in each attempt's record: an attempt's ledger then counts wholly under its flavor (a requeued call may run
+    # its attempts on different flavors), grouped over ``entry["attempts"]`` as _node_rows groups them by node.
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for entry in entries:
         groups.setdefault(str(entry[by]), []).append(entry)
@@ -108,9 +127,11 @@ def usage_rows(entries: Sequence[Mapping[str, Any]], by: str) -> list[dict[str, 
         row: dict[str, Any] = {"tenant": str(members[0]["tenant"])}
         if by == "run":
             row["run"] = key
+        elif by == "priority":  # a class serves many tenants: the row names them
+            row = {"priority": key, "tenants": sorted({str(m["tenant"]) for m in members})}
         row.update(_figures(total), wait_s=round(sum(float(m.get("wait_s") or 0.0) for m in members), 3))
         rows.append(row)
-    return sorted(rows, key=lambda r: (-r["allocated_gpu_s"], str(r.get("run", r["tenant"]))))
+    return sorted(rows, key=lambda r: (-r["allocated_gpu_s"], str(r.get(by, ""))))
 
 
 def _node_rows(entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -126,6 +147,17 @@ def _node_rows(entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for name, parts in shares.items():
         rows.append({"node": name, "tenants": sorted(tenants[name]), **_figures(add_ledgers(parts))})
     return sorted(rows, key=lambda r: (-r["allocated_gpu_s"], r["node"]))
+
+
+async def _default_class(client: Any) -> str:
+    """The class a gang that names none gets: the queue configuration's ``policy.default_priority``, else
+    ``default`` (also where the Scheduler cannot be asked: a tenant's look in the isolated layout)."""
+    with contextlib.suppress(GangflowError, RPCError):
+        config = (await client.queues()).get("config")
+        named = ((config or {}).get("policy") or {}).get("default_priority") if isinstance(config, dict) else None
+        if isinstance(named, str):
+            return named
+    return DEFAULT_PRIORITY.name
 
 
 def _figures(total: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -161,21 +193,37 @@ async def cmd_usage(args: argparse.Namespace) -> int:
         # in the runs' order (a thousand runs one after another took minutes)
         gate = asyncio.Semaphore(READ_AT_ONCE)
 
-        async def read(run_id: str) -> Any:
+        async def read(workflow_id: str, parent: Any = None, depth: int = 0) -> list[TaskRecord]:
+            """The task calls of a run and of the child workflows it called (``gangflow list`` lists runs
+            only: a gang called inside a child workflow is its run's), the gate released before going down."""
             async with gate:
-                return await client.status(run_id)
+                if parent is None:
+                    info = await client.status(workflow_id)
+                else:  # a child that cannot be read (never started, or gone) adds nothing
+                    try:
+                        info = await client.status(workflow_id, parent=parent)
+                    except (GangflowError, RPCError):
+                        return []
+            found = list(info.tasks)
+            children = [t.child_id for t in found if t.kind == "workflow" and t.child_id]
+            if children and depth < CHILD_DEPTH:
+                for more in await asyncio.gather(*(read(c, parent or info, depth + 1) for c in children)):
+                    found += more
+            return found
 
-        infos = await asyncio.gather(*(read(run.run_id) for run in runs))
+        calls = await asyncio.gather(*(read(run.run_id) for run in runs))
     except GangflowError as exc:
         raise CliError(str(exc)) from None
+    default_class = await _default_class(client) if args.by == "priority" else DEFAULT_PRIORITY.name
     entries: list[dict[str, Any]] = []
-    for run, info in zip(runs, infos, strict=True):
-        for task in info.tasks:
+    for run, tasks in zip(runs, calls, strict=True):
+        for task in tasks:
             if task.kind == "gang" and task.attempts:
                 entries.append(
                     {
                         "tenant": run.tenant,
                         "run": run.run_id,
+                        "priority": task.priority or default_class,
                         "ledger": add_ledgers(a.get("ledger") for a in task.attempts),
                         "attempts": [a["ledger"] for a in task.attempts if a.get("ledger")],
                         "wait_s": _wait_s(task),
@@ -215,6 +263,8 @@ def _columns(by: str) -> tuple[list[str], str]:
     """A row's key columns and its last one: what a task call waited, or (per node) whose gangs it held."""
     if by == "node":
         return ["node"], "tenants"
+    if by == "priority":
+        return ["priority"], "wait_s"
     return (["tenant", "run"] if by == "run" else ["tenant"]), "wait_s"
 
 

@@ -27,19 +27,22 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from engine.artifacts import ArtifactStore, default_artifact_root
 from engine.client._cluster import ClusterClient, NoScheduler
+from engine.client._fleet import check_fleet, fleet_asks, fleet_facts, label_sets
 from engine.client._prepare import (
     check_tenancy,
     prepare_run,
     start_options,
     task_priorities,
 )
-from engine.core.definitions import WorkflowDefinition, definition_of
+from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
 from engine.core.glance import gang_line
 from engine.core.protocol import (
     ATTEMPTS_MEMO,
     DEFAULT_TENANT,
+    DESCRIBE_QUERY,
     PROGRESS_QUERY,
     QUEUES_QUERY,
+    RUNS_ONLY,
     STATUS_QUERY,
     TASK_QUEUE,
     tenant_namespace,
@@ -141,22 +144,48 @@ class Client(ClusterClient):
 
     async def check_tenancy(self, defn: WorkflowDefinition, run: RunContext) -> None:
         """Refuse (TenancyError) a tenant or priority class the cluster's queue configuration lacks: the
-        run's own, and those of the tasks the workflow calls (``task_priorities``). A Scheduler that does
+        run's own, and those of the tasks the workflow calls (``task_priorities``); and a flavor, node selector
+        or topology level of those tasks the cluster does not have (engine.client._fleet). A Scheduler that does
         not answer (GangflowError) lets only what needs no configuration through: tenant "default", no class.
         A run in its tenant's own namespace (the isolated layout) cannot see the Scheduler: the platform judges
-        its gangs when they ask for a placement."""
+        its tenant and classes when its gangs ask for a placement; its flavors and node labels are checked
+        through the tenant's look (``tenant_view``) when a task names any."""
+        asks = fleet_asks(defn)
         with contextlib.suppress(ValueError):
             if self.temporal.namespace == tenant_namespace(run.tenant):
+                if asks:
+                    await self._check_fleet_as_tenant(asks, run.tenant)
                 return
         try:
             queues = await self._scheduler_query(QUEUES_QUERY)
         except NoScheduler:
             queues = None
         except GangflowError:
-            if run.tenant == DEFAULT_TENANT and run.priority is None and not task_priorities(defn):
+            if run.tenant == DEFAULT_TENANT and run.priority is None and not task_priorities(defn) and not asks:
                 return  # what runs without any configuration: the Scheduler judges it when it answers again
             raise
         check_tenancy(queues, run, task_priorities(defn))
+        if asks:
+            nodes = None
+            if any(task.resources.node_selector for task in asks.values()):
+                described = await self._scheduler_query(DESCRIBE_QUERY) if queues is not None else {}
+                nodes = label_sets(described.get("nodes") or [])
+            check_fleet(asks, fleet_facts(queues, run.tenant), nodes, run.tenant)
+
+    async def _check_fleet_as_tenant(self, asks: Mapping[str, TaskDefinition], tenant: str) -> None:
+        """``check_fleet`` with what the tenant's look shows (flavor and level names, the nodes' label sets);
+        a look that gets no answer lets the run through, for the platform to judge."""
+        selectors = any(task.resources.node_selector for task in asks.values())
+        try:
+            view = await self.tenant_view(queues=True, cluster=selectors)
+        except GangflowError:
+            return
+        queues, cluster = view.get("queues"), view.get("cluster")
+        if view.get("scheduler") is not None or not isinstance(queues, Mapping):
+            return
+        sets = cluster.get("label_sets") if isinstance(cluster, Mapping) else None
+        nodes = label_sets({"labels": s} for s in sets) if isinstance(sets, list) else None
+        check_fleet(asks, fleet_facts(queues, tenant), nodes, tenant)
 
     async def start_prepared(self, defn: WorkflowDefinition, envelope: Envelope) -> str:
         await self.check_tenancy(defn, envelope.run)
@@ -201,7 +230,9 @@ class Client(ClusterClient):
             return None
 
     # -- inspecting -----------------------------------------------------------------------------
-    async def status(self, run_id: str, *, with_tasks: bool = True) -> RunInfo:
+    async def status(self, run_id: str, *, with_tasks: bool = True, parent: RunInfo | None = None) -> RunInfo:
+        """A run's status (``parent``: the run that ``run_id``, a child workflow call, belongs to: its calls
+        saved their ranks in that run's store, under that run's id)."""
         handle = self.handle(run_id)
         desc = await handle.describe()
         memo = (await desc.memo()).get("gangflow") or {}
@@ -220,11 +251,12 @@ class Client(ClusterClient):
         )
         if with_tasks:
             info.tasks, info.error = await read_tasks(handle, self.temporal.data_converter.payload_codec)
-            store = ArtifactStore(info.artifacts or self.artifacts)
+            store = ArtifactStore((parent.artifacts if parent else None) or info.artifacts or self.artifacts)
+            saved_under = parent.run_id if parent else run_id
             looked = await self._platform_gangs(run_id, info.tasks) if status == "RUNNING" else {}
             for record in info.tasks:
                 if record.kind == "gang" and record.status != "cached":  # a cache hit launched no gang
-                    await self._gang_attempts(record, run_id, store, looked.get(record.call or ""))
+                    await self._gang_attempts(record, saved_under, store, looked.get(record.call or ""))
         if desc.status == WorkflowExecutionStatus.COMPLETED:
             info.result = unpack(await handle.result())
         elif desc.status == WorkflowExecutionStatus.RUNNING:
@@ -296,7 +328,8 @@ class Client(ClusterClient):
             record.attempt = record.attempts[-1]["attempt"]
 
     async def runs(self, *, status: str | None = None, pipeline: str | None = None, limit: int = 20) -> list[RunInfo]:
-        clauses = [f"{PIPELINE.name} IS NOT NULL"]
+        """The runs (``RUNS_ONLY``: not their child workflow calls, map chunks or gangs), newest first."""
+        clauses = [RUNS_ONLY]
         if status:
             clauses.append(f"ExecutionStatus = '{_status_name(status)}'")
         if pipeline:

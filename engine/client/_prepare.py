@@ -39,6 +39,7 @@ __all__ = [
     "start_options",
     "task_priorities",
     "to_jsonable",
+    "workflow_tasks",
 ]
 
 #: the tenant of a run that names none (and no GANGFLOW_TENANT): the only one a cluster without a queue
@@ -47,8 +48,9 @@ NO_QUEUE_CONFIG = "no queue configuration is applied here: gangflow queues apply
 
 
 class TenancyError(GangflowError, ValueError):
-    """A run names a tenant or priority class that the cluster's queue configuration does not have
-    (refused before the run starts; ``gangflow run`` exits 2)."""
+    """A run names a tenant or priority class that the cluster's queue configuration does not have, or a task
+    of it a flavor the configuration does not declare or node labels no registered node carries (refused
+    before the run starts; ``gangflow run`` exits 2)."""
 
     kind = "TenancyError"
 
@@ -196,12 +198,17 @@ def start_options(defn: WorkflowDefinition, envelope: Envelope) -> dict[str, Any
 
 
 def task_priorities(defn: WorkflowDefinition) -> dict[str, str]:
-    """Task name → priority class of the distributed tasks with ``Gang(priority=...)`` that the workflow's body
-    names (``train(...)``, ``lib.train(...)``), also inside the child workflows it names and the helper
-    functions of its own file it calls: what can be checked before the run starts. Read from the code's
-    names, not by running it, so a task reached another way (a task passed in as a value) is checked by
-    the Scheduler only, when its gang is submitted."""
-    found: dict[str, str] = {}
+    """Task name → priority class of the distributed tasks with ``Gang(priority=...)`` among ``workflow_tasks``."""
+    return {name: t.priority for name, t in workflow_tasks(defn).items() if t.priority is not None}
+
+
+def workflow_tasks(defn: WorkflowDefinition) -> dict[str, TaskDefinition]:
+    """Task name → definition of the tasks that the workflow's body names (``train(...)``, ``lib.train(...)``),
+    also inside the child workflows it names and the helper functions of its own file it calls: what can be
+    checked before the run starts (priority classes, flavors, node selectors). Read from the code's names, not
+    by running it, so a task reached another way (a task passed in as a value) is checked by the Scheduler
+    only, when its gang is submitted."""
+    found: dict[str, TaskDefinition] = {}
     seen: set[int] = set()
 
     def visit(fn: Any) -> None:
@@ -215,8 +222,8 @@ def task_priorities(defn: WorkflowDefinition) -> dict[str, str]:
             # ``lib.train``: the attribute names are among the code's names too
             for candidate in [getattr(value, n, None) for n in names] if inspect.ismodule(value) else [value]:
                 found_defn = definition_of(candidate)
-                if isinstance(found_defn, TaskDefinition) and found_defn.priority is not None:
-                    found[found_defn.name] = found_defn.priority
+                if isinstance(found_defn, TaskDefinition):
+                    found[found_defn.name] = found_defn
                 elif isinstance(found_defn, WorkflowDefinition):
                     visit(found_defn.fn)
                 elif inspect.isfunction(candidate) and candidate.__module__ == defn.module:

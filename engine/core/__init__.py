@@ -4,6 +4,7 @@ from engine.core.definitions import TaskDefinition, WorkflowDefinition, definiti
 from engine.core.dispatch import Dispatcher, current_dispatcher, using_dispatcher
 from engine.core.interface import Interface, Param
 from engine.core.options import Gang, TaskOptions
+from engine.core.placement import Topology
 from engine.core.resources import Resources, Retry
 from engine.errors import (
     DefinitionError,
@@ -26,6 +27,7 @@ __all__ = [
     "Retry",
     "TaskDefinition",
     "TaskOptions",
+    "Topology",
     "TypeMismatchError",
     "WorkflowDefinition",
     "current_dispatcher",

@@ -28,6 +28,7 @@ from engine.core.options import (
     gang_from_keywords,
     warn_deprecated_keywords,
 )
+from engine.core.placement import Topology
 from engine.core.resources import Resources, Retry, to_timedelta
 from engine.core.secrets import Secret, check_secrets
 from engine.errors import DefinitionError
@@ -101,6 +102,8 @@ class TaskDefinition:
     #: successful results are cached by (name, cache_version, interface, inputs): see engine.core.cache_key
     cache: bool = False
     cache_version: str | None = None
+    #: where the task's gang's nodes may be (``Topology``: one topology domain, or as few as can be); None: anywhere
+    placement: Topology | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,8 @@ def task(fn: Callable[..., Any] | None = None, /, **options: Unpack[TaskOptions]
     durable and retried, but without a round trip through the task queue (a few ms instead of tens); meant
     for short CPU work. ``plugin`` makes it a distributed task run as a gang of ranks, and ``gang`` (a
     :class:`Gang`, with ``plugin`` only) says how its gangs are restarted, watched, queued and preempted.
+    ``placement`` (a :class:`Topology`, with ``plugin`` only) keeps a gang's nodes in one topology domain
+    (``Topology(required="rack")``) or in as few as the scheduler finds (``Topology(preferred="block")``).
     ``secrets`` lists the :class:`~engine.Secret` names the task needs: a plain task with secrets runs in a
     process of its own that alone gets their values (``engine.secret(name)``); ranks get them likewise.
     ``cache=True`` reuses the result of an earlier successful call with the same inputs (Files and Directories
@@ -191,8 +196,24 @@ def _define(func: Callable[..., Any], options: TaskOptions, deprecated: dict[str
         raise DefinitionError(f"{owner}: a distributed task (plugin=) cannot be lightweight")
     if lightweight and resources is not None and resources.gpu:
         raise DefinitionError(f"{owner}: a lightweight task runs in the workflow worker and cannot ask for GPUs")
+    if plugin is None and resources is not None and resources.placed:
+        # a plain task runs on a worker's CPU queue, which no flavor or node label describes: refused rather than
+        # ignored, so no one believes a plain task ran on an H100 because it asked for one
+        raise DefinitionError(
+            f"{owner}: Resources(flavor=, node_selector=, tolerations=) choose the nodes of a distributed task "
+            "(plugin=...), which run on node agents; a plain task runs on a worker's CPU queue and cannot ask for them"
+        )
     shape = gang_shape(plugin, resources or Resources(), owner) if plugin is not None else None
     gang = _gang_options(owner, shape, options.get("gang"), deprecated)
+    placement = options.get("placement")
+    if placement is not None and not isinstance(placement, Topology):
+        raise DefinitionError(
+            f"{owner}: placement must be a Topology(required=...) or Topology(preferred=...), got {placement!r}"
+        )
+    if placement is not None and shape is None:
+        raise DefinitionError(
+            f"{owner}: placement= applies to distributed tasks (plugin=...) only: a plain task runs on one worker"
+        )
     needs = check_secrets(owner, options.get("secrets"))
     cache, cache_version = options.get("cache", False), options.get("cache_version")
     _check_cache(owner, cache, cache_version)
@@ -224,6 +245,7 @@ def _define(func: Callable[..., Any], options: TaskOptions, deprecated: dict[str
         secrets=needs,
         cache=cache,
         cache_version=(cache_version if cache_version is not None else "0") if cache else None,
+        placement=placement,
     )
 
     @functools.wraps(func)

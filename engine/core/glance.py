@@ -15,6 +15,7 @@ GangTask's status query (``workflows.gang``) that matter here:
   stays in the node activities' heartbeats and ``gangflow status``;
 * ``goodput`` — once the call has ended, its ledger's line (engine.runtime.ledger ``goodput_line``), as its
   run looked it up.
+* ``flavor`` — the flavor its placement was admitted on, where the queue file names flavors.
 
 Pure: the standard library only (a workflow renders it).
 """
@@ -146,6 +147,9 @@ def gang_line(state: Mapping[str, Any]) -> str:
     progress = state.get("progress")
     if isinstance(progress, Mapping) and progress.get("attempt") == state.get("attempt") and "step" in progress:
         line += f": {progress_text(progress)}"
+    flavor = state.get("flavor")
+    if isinstance(flavor, str) and flavor and state.get("placed", state.get("placement")):
+        line += f" · flavor {flavor}"
     restarts, budget = state.get("restarts"), state.get("max_restarts")
     if isinstance(restarts, int) and restarts > 0:
         line += f" · restarts {restarts}" + (f" of {budget}" if isinstance(budget, int) else "")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypedDict
 
+from engine.core.placement import Topology
 from engine.core.resources import Resources, Retry, to_timedelta
 from engine.core.secrets import Secret
 from engine.errors import DefinitionError
@@ -109,6 +110,7 @@ class TaskOptions(TypedDict, total=False):
     lightweight: bool
     plugin: Any
     gang: Gang | None
+    placement: Topology | None
     secrets: Sequence[Secret] | None
     cache: bool
     cache_version: str | None

@@ -68,6 +68,7 @@ __all__ = [
     "RELEASE_SIGNAL",
     "REMOTE_COMMAND",
     "RESERVE_PORT",
+    "RUNS_ONLY",
     "RUN_RANKS",
     "SCHEDULED_BY_ATTRIBUTE",
     "SCHEDULER_EVENTS_ENV",
@@ -118,6 +119,10 @@ KIND_GANG = "gang"  # a GangTask (one distributed task call); it carries its run
 KIND_SCHEDULER = "scheduler"  # the Scheduler (it serves every tenant: it carries no tenant)
 KIND_LEASE = "lease"  # a node's lease
 KIND_VIEW = "view"  # a tenant's short look through its Nexus endpoint (TenantView)
+#: the list query of a user's runs (``gangflow list``, ``gangflow usage``): runs only, not the child workflow
+#: calls, map chunks, gangs, leases or the Scheduler. A run started before ``GangflowKind`` existed carries none
+#: (nor did its child calls, which kept its pipeline): those still show as they did, by their pipeline.
+RUNS_ONLY = f'({KIND_ATTRIBUTE} = "{KIND_RUN}" OR ({PIPELINE_ATTRIBUTE} IS NOT NULL AND {KIND_ATTRIBUTE} IS NULL))'
 
 
 def node_queue(node_id: str) -> str:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+
+from engine.core.labels import check_label, check_name
 
 __all__ = ["MEMORY_UNITS", "NEVER_RETRIED", "Resources", "Retry", "parse_memory", "to_timedelta"]
 
@@ -67,11 +70,21 @@ class Resources:
     """What one task call (or one rank of a distributed task) needs.
 
     ``mem`` accepts Kubernetes-style quantities (``"4Gi"``) and is stored in bytes.
+
+    Where a distributed task's nodes may be (a plain task runs on a worker's CPU queue and may name none):
+    ``flavor`` one flavor of the queue file (``"h100"``) or several, any of them, tried in the order given
+    (``["h100", "a100"]``; kept as a tuple); ``node_selector`` labels every node of the gang must carry
+    (``{"zone": "a"}``); ``tolerations`` the taints of flavors it accepts (``["spot"]``). Checked here
+    against Kubernetes' name and label syntax; whether the cluster has them, when the run starts.
     """
 
     cpu: float = 1
     mem: int | str | None = None
     gpu: int = 0
+    flavor: str | tuple[str, ...] | None = None
+    # a dict is not hashable: two Resources with equal selectors still compare equal
+    node_selector: Mapping[str, str] | None = field(default=None, hash=False)
+    tolerations: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if self.cpu <= 0:
@@ -79,11 +92,61 @@ class Resources:
         if not isinstance(self.gpu, int) or self.gpu < 0:
             raise ValueError(f"Resources.gpu must be a non-negative int, got {self.gpu!r}")
         object.__setattr__(self, "mem", parse_memory(self.mem))
+        object.__setattr__(self, "flavor", _flavor(self.flavor))
+        object.__setattr__(self, "node_selector", _selector(self.node_selector))
+        object.__setattr__(self, "tolerations", _tolerations(self.tolerations))
+
+    @property
+    def flavors(self) -> tuple[str, ...]:
+        """The flavors asked for, in order (empty: any the tenant has)."""
+        flavor = self.flavor
+        return () if flavor is None else (flavor,) if isinstance(flavor, str) else tuple(flavor)
+
+    @property
+    def placed(self) -> bool:
+        """Whether it says where its nodes may be (a flavor, a node selector or a toleration)."""
+        return bool(self.flavor is not None or self.node_selector or self.tolerations)
 
     @property
     def mem_bytes(self) -> int | None:
         assert self.mem is None or isinstance(self.mem, int)
         return self.mem
+
+
+def _flavor(value: object) -> str | tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return check_name(value, "Resources.flavor")
+    if not isinstance(value, Sequence) or not value:
+        raise ValueError(
+            f"Resources.flavor must be a flavor's name or a non-empty list of them (any of, in order), got {value!r}"
+        )
+    names = tuple(check_name(v, "Resources.flavor") for v in value)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"Resources.flavor names {', '.join(map(repr, twice))} more than once: {list(names)!r}")
+    return names
+
+
+def _selector(value: object) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"Resources.node_selector must be a dict of node labels, e.g. {{'zone': 'a'}}, got {value!r}")
+    try:
+        return dict(check_label(k, v) for k, v in value.items())
+    except ValueError as exc:
+        raise ValueError(f"Resources.node_selector: {exc}") from None
+
+
+def _tolerations(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise ValueError(f"Resources.tolerations must be a list of taints, e.g. ['spot'], got {value!r}")
+    for taint in value:  # as the queue file's flavors write taints: any word (``spot``, ``nvidia.com/gpu``)
+        if not isinstance(taint, str) or not taint or any(c.isspace() for c in taint):
+            raise ValueError(f"Resources.tolerations: taint {taint!r} must be a non-empty string without spaces")
+    return tuple(value)
 
 
 @dataclass(frozen=True)

@@ -272,6 +272,13 @@ def isolate(plan: MountPlan) -> None:
     laid out by ``plan``. Raises OSError when the kernel refuses (the caller's spawn then fails)."""
     if _LIBC is None:
         raise OSError("no libc: cannot create a mount namespace")
+    # a forked child has its working directory already (subprocess changes it before the preexec hook): that
+    # directory is the node's, not the read-only bind laid over it below, and from it ``..`` would walk into what
+    # the covers hide. Taken again by name once the namespace is laid out (or / where it is not there).
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:
+        cwd = None
     _check(_LIBC.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _mount(None, "/", None, _MS_REC | _MS_SLAVE)  # nothing done here reaches the node's namespace
     # descriptors of what is bound back, taken before covering hides it (bound from /proc/self/fd/N)
@@ -305,6 +312,10 @@ def isolate(plan: MountPlan) -> None:
     finally:
         for fd in (*held, *devs):
             os.close(fd)
+    try:
+        os.chdir(cwd or "/")
+    except OSError:
+        os.chdir("/")
 
 
 _SUPPORTED: bool | None = None

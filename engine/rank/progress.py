@@ -8,8 +8,9 @@ calling it on every step costs nothing measurable. A report the throttle holds b
 thread writes the newest one when the interval ends, and :func:`flush` writes it at once (at interpreter
 exit, and for a runner that leaves with ``os._exit``), so the last report, usually the final step, is the
 one the file keeps and ``gangflow status`` shows. Each report also names the first step this rank reported
-(``first_step``): where this attempt started, which ``gangflow status`` lists per attempt. Outside a rank
-it does nothing.
+(``first_step``): where this attempt started, which ``gangflow status`` lists per attempt, and the seconds
+this rank paused between reports so far (``idle_s``: engine.rank.pace, a few float operations per report).
+Outside a rank it does nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from typing import Any
 
 from engine.core.atomic import write_atomic
+from engine.rank.pace import Pace
 
 __all__ = ["checkpointed", "flush", "report"]
 
@@ -40,6 +42,7 @@ _since: dict[str, float] = {}
 #: took: what the goodput ledger (engine.runtime.ledger) splits an attempt's GPU-seconds by
 _checkpoints: dict[str, float] = {}
 _last: tuple[int, dict[str, Any]] | None = None  # the latest report's step and metrics (``checkpointed``)
+_paces: dict[str, Pace] = {}  # each progress file's step pace: its pauses between reports (``idle_s``)
 
 
 def _write(path: str, step: int, metrics: dict[str, Any], when: float) -> None:
@@ -48,6 +51,7 @@ def _write(path: str, step: int, metrics: dict[str, Any], when: float) -> None:
     _last_write = time.monotonic()
     clean = {k: (v if isinstance(v, int | float | str | bool) or v is None else str(v)) for k, v in metrics.items()}
     fields = {"step": step, "time": when, "pid": os.getpid(), "first_step": _first[path], "since": _since[path]}
+    fields["idle_s"] = round(_paces[path].idle_s, 3)
     line = json.dumps({**clean, **fields, **_checkpoints})
     # rewritten many times a second and stale after a crash anyway: no fsync
     write_atomic(path, line.encode(), durable=False)
@@ -80,6 +84,7 @@ def report(step: int, *, force: bool = False, **metrics: Any) -> None:
     with _lock:
         _first.setdefault(path, int(step))
         _since.setdefault(path, time.time())
+        _paces.setdefault(path, Pace()).step(int(step), now)
         if not force and _last_write and now - _last_write < _MIN_INTERVAL:
             _pending = (path, int(step), metrics, time.time())
             if _writer is None:
@@ -95,7 +100,11 @@ def checkpointed(step: int, seconds: float) -> None:
     """A checkpoint of ``step`` was saved, taking ``seconds`` (``engine.checkpoint.save`` says so): the next
     report carries it (``ckpt_step``, ``ckpt_time``, ``ckpt_s`` in all), and the last report is written again
     with it at once, so a rank killed right after still shows its checkpoint."""
+    pace = _paces.get(os.environ.get("GANGFLOW_PROGRESS_FILE") or "")
     with _lock:
+        if pace is not None:
+            pace.saved(seconds)  # not a pause: the ledger counts it as checkpoint
+            _checkpoints["ckpt_idle_s"] = round(pace.idle_s, 3)  # the pauses before it: kept work's, not lost
         _checkpoints["ckpt_step"] = int(step)
         _checkpoints["ckpt_time"] = time.time()
         _checkpoints["ckpt_s"] = round(_checkpoints.get("ckpt_s", 0.0) + max(0.0, seconds), 6)

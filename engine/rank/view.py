@@ -20,7 +20,9 @@ from engine.core.glance import format_metrics  # its one home: a workflow's curr
 __all__ = ["RankRow", "format_age", "format_metrics", "rank_rows", "summary_line"]
 
 #: the report's own keys; everything else in a report is a metric the rank chose to report
-_REPORT_KEYS = frozenset({"step", "time", "pid", "first_step", "since", "ckpt_step", "ckpt_time", "ckpt_s"})
+_REPORT_KEYS = frozenset(
+    {"step", "time", "pid", "first_step", "since", "ckpt_step", "ckpt_time", "ckpt_s", "idle_s", "ckpt_idle_s"}
+)
 
 RankRow = dict[str, Any]
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
@@ -44,6 +45,9 @@ class TaskRecord:
     #: a distributed task call's attempts, oldest first: {"attempt", "ended", "kind", "duration_s", "first_step",
     #: "last_step", ...} (``Client.status``)
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    #: a distributed task call's priority class as its gang asked for it (its GangSpec, in the run's own history);
+    #: None: it named none (the cluster's default class) or it could not be read
+    priority: str | None = None
 
     @property
     def seconds(self) -> float | None:
@@ -91,6 +95,23 @@ def _cache_marker(event: HistoryEvent, when: datetime) -> TaskRecord | bool | No
         return None
     task_kind, name, source = hit
     return TaskRecord(name, task_kind, status="cached", scheduled=when, finished=when, cached_from=source)
+
+
+async def _spec_priority(payload: Payload | None, codec: PayloadCodec | None, *, nexus: bool) -> str | None:
+    """The priority class in a gang's input as the run sent it: a GangTask child's first argument (a GangSpec)
+    or a Nexus ``run_gang`` call's (a GangCall holding it: ``nexus``). None where it names none or cannot be
+    read (a codec it needs that this client lacks): usage counts it under the default class then."""
+    if payload is None:
+        return None
+    try:
+        if codec is not None:
+            payload = (await codec.decode([payload]))[0]
+        value = DataConverter.default.payload_converter.from_payload(payload)
+    except Exception:  # sealed with a key this client lacks, or not JSON: the priority is worth less than the rest
+        return None
+    spec = value.get("spec") if nexus and isinstance(value, dict) else value
+    priority = spec.get("priority") if isinstance(spec, dict) else None
+    return priority if isinstance(priority, str) else None
 
 
 async def _open(failure: Failure, codec: PayloadCodec | None) -> Failure:
@@ -174,6 +195,9 @@ async def read_tasks(
             task = child.memo.fields.get("gangflow_task")
             name, kind = (json.loads(task.data), "gang") if task is not None else (child.workflow_type.name, "workflow")
             records[event.event_id] = TaskRecord(name, kind, scheduled=when, child_id=child.workflow_id)
+            if kind == "gang":
+                first = child.input.payloads[0] if child.input.payloads else None
+                records[event.event_id].priority = await _spec_priority(first, codec, nexus=False)
         elif et == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED:
             rec = records[event.child_workflow_execution_started_event_attributes.initiated_event_id]
             rec.status, rec.started = "running", when
@@ -188,6 +212,8 @@ async def read_tasks(
             op = event.nexus_operation_scheduled_event_attributes
             name = op.nexus_header.get("gangflow-task") or op.operation
             records[event.event_id] = TaskRecord(name, "gang", scheduled=when)
+            given = op.input if op.HasField("input") else None
+            records[event.event_id].priority = await _spec_priority(given, codec, nexus=True)
         elif et == EventType.EVENT_TYPE_NEXUS_OPERATION_STARTED:
             rec = records[event.nexus_operation_started_event_attributes.scheduled_event_id]
             rec.status, rec.started = "running", when

@@ -13,10 +13,19 @@ and ``step``; ``engine.checkpoint.save``: the last checkpoint's ``ckpt_time`` an
 * ``lost_failure`` / ``lost_preemption`` / ``lost_drain`` — the work since the attempt's last checkpoint
   (since its first step when it saved none), thrown away by a failure, a preemption or a drain;
 * ``hang`` — a hung rank's attempt, from the last report to the end (when the hang was detected);
-* ``idle`` — allocated with no step to show: after the last report of an attempt that completed or was
-  cancelled (the ranks exiting, the placement being released), or the whole of one whose ranks never reported
-  (``reported`` False: its goodput cannot be told);
+* ``idle`` — allocated with no step to show: the pauses between reports (below), after the last report of an
+  attempt that completed or was cancelled (the ranks exiting, the placement being released), or the whole of
+  one whose ranks never reported (``reported`` False: its goodput cannot be told);
 * ``productive`` — the rest: steps that counted.
+
+*Pauses between reports.* The agent keeps only each rank's latest report, so each rank counts its own pauses
+as it reports (engine.rank.pace): a gap between two reports longer than 10 times the rank's usual step
+interval, and longer than that by over 2 s, is a pause, and its excess over the usual time of its steps is
+idle (a checkpoint save within it is not: that is ``checkpoint``). The report carries the sum (``idle_s``), and
+at each checkpoint the sum so far (``ckpt_idle_s``). The ledger takes the mean over the attempt's reporting ranks
+(a gang's ranks step together): all of ``idle_s`` for an attempt that completed or was cancelled, and for one
+that lost its work since a checkpoint only the pauses before that checkpoint (``ckpt_idle_s`` of the report that
+names it; the pauses after it are part of the lost work). Ranks from before ``idle_s`` report none: 0.
 
 The parts add up to the whole (each is clamped to what is left of it). Queueing is not GPU time: a gang task's
 wait for its placement is reported beside the ledger (``wait_s``), not in it. Pure: dicts in, dicts out.
@@ -46,6 +55,13 @@ def _reports(nodes: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return reports
 
 
+def _paused_before(reports: Sequence[Mapping[str, Any]], kept: float) -> float:
+    """The ranks' pauses between reports before the checkpoint at ``kept``: the mean ``ckpt_idle_s`` of the
+    reports that name that checkpoint (usually rank 0's alone: the others do not save)."""
+    at = _numbers(r.get("ckpt_idle_s") for r in reports if r.get("ckpt_time") == kept)
+    return sum(at) / len(at) if at else 0.0
+
+
 def _lost_cause(kind: Any, reason: str) -> str | None:
     if kind == "preempted":
         return "lost_drain" if "is draining" in reason else "lost_preemption"  # workflows.gang_notice's words
@@ -70,6 +86,7 @@ def attempt_ledger(attempt: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]
     firsts, lasts = _numbers(r.get("since") for r in reports), _numbers(r.get("time") for r in reports)
     saved_at, save_s = _numbers(r.get("ckpt_time") for r in reports), _numbers(r.get("ckpt_s") for r in reports)
     first_steps = _numbers(r.get("first_step") for r in reports)
+    paused = _numbers(r.get("idle_s") for r in reports)
     started = _numbers(d.get("started") for d in nodes)
     left = total
     parts = dict.fromkeys(BADPUT, 0.0)
@@ -94,6 +111,7 @@ def attempt_ledger(attempt: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]
             take("launch", first - float(placed))
         take("checkpoint", max(save_s, default=0.0))
         if lost is None:
+            take("idle", sum(paused) / len(paused) if paused else 0.0)  # between reports
             take("idle", float(end) - last)
         else:
             if "(hung)" in reason:
@@ -102,6 +120,7 @@ def attempt_ledger(attempt: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]
             else:
                 end_of_work = float(end)
             kept = max([t for t in saved_at if t >= first], default=first)
+            take("idle", _paused_before(reports, kept) if kept > first else 0.0)
             take(lost, end_of_work - kept)
     scale = float(gpus) if gpus else 0.0
     return {

@@ -39,7 +39,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ from engine.artifacts.loader import LOADER
 from engine.artifacts.store import cache_dir
 from engine.core.definitions import TaskDefinition
 from engine.core.gang import NodeLaunch, notice_of
+from engine.core.labels import node_env
 from engine.core.protocol import (
     DESCRIBE_QUERY,
     DRAIN_NODE_UPDATE,
@@ -131,6 +132,8 @@ class NodeConfig:
     #: long polls the agent keeps on its queue (the SDK's default); a benchmark simulating a thousand agents
     #: in one process gives each fewer (tests/perf/bench_liveness.py)
     activity_polls: int = 5
+    #: the node's labels (``--labels`` over what the agent detects, engine.executor.gpus.node_labels)
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 class NodeActivities:
@@ -233,8 +236,8 @@ class NodeActivities:
         try:
             secret_env = secrets.enter_context(materialize(defn.secrets, values)) if defn.secrets else {}
             # what every process of the gang starts from: the agent's environment less its credentials and where
-            # secrets come from, plus this task's own secrets
-            base_env = task_environment(_own_env(), secret_env)
+            # secrets come from, plus this task's own secrets and its node's id and labels (GANGFLOW_NODE_*)
+            base_env = {**task_environment(_own_env(), secret_env), **node_env(self.config.node_id, self.config.labels)}
             plan = NodePlan(
                 launch, defn.plugin, run_id, workdir, spec_path, log_path, base_env, rank_logs=not secret_env
             )
@@ -482,6 +485,8 @@ async def register(
     }
     if sandboxed:  # only then: a Scheduler of an older version refuses an unknown key
         spec["sandboxed"] = True
+    if config.labels:  # likewise
+        spec["labels"] = dict(config.labels)
     spec["leased"] = True  # the Scheduler does not expire this node: its lease reports it lost
     await start_lease(client, spec, config.scheduler_queue)
     if lease is not None:  # only once started: a start refused is tried again at the next check

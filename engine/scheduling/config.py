@@ -7,6 +7,8 @@ One YAML file, in the shape Kueue users know (``examples/queues.yaml`` is a comm
       - {name: team-a, cohort: research, weight: 1, quota: {gpu: 2, cpu: 16, mem: 64Gi}, priority_classes: [low]}
     priority_classes: [{name: low, value: 10}, {name: high, value: 100, preemptible: false}]
     policy: {min_runtime: 60s, preemption_grace: 120s, max_pending: 1000, usage_half_life: 7d}
+    flavors: [{name: h100, node_labels: {gpu: h100}}, {name: spot-l4, node_labels: {gpu: l4}, taints: [spot]}]
+    topology: [block, rack]
 
 Semantics (Kueue's, where Kueue has the concept):
 
@@ -57,6 +59,29 @@ Semantics (Kueue's, where Kueue has the concept):
   survives continue-as-new and a new configuration (which drops it when the key is removed). See
   ``engine.scheduling.usage_decay``.
 
+- **Flavors** (Kueue's ResourceFlavor): ``flavors: [{name: h100, node_labels: {gpu: h100}, taints: [spot]}]``
+  names kinds of nodes by the labels their agents report (``gangflow node --labels``). A tenant's
+  ``quota`` is then either per flavor, ``{h100: {gpu: 8}, a100: {gpu: 16, cpu: 128}}`` (it may use only
+  the flavors it names, in that order of preference), or today's ``{gpu: 8}``, which then holds on *each*
+  declared flavor (as no ``quota`` at all means unlimited on each), in the file's order of flavors.
+  ``borrowing_limit`` and ``lending_limit`` hold per flavor the same way (flat: the same on each flavor).
+  Quota, borrowing, lending and reclaim are per flavor: a cohort pools each flavor apart. A gang is
+  admitted on one flavor; which, and what a flavor's ``taints`` and a gang's node selector do, is
+  ``engine.scheduling.flavors``. No ``flavors:`` (the default): one implicit flavor that every node
+  belongs to, and every decision is what it was before flavors existed.
+- **flavor_fungibility** (``policy``), Kueue's knobs, with Kueue's defaults: ``when_can_borrow: borrow``
+  (a gang takes its first flavor even if that means borrowing idle capacity there: the tenant's order of
+  preference wins over staying within quota; ``try_next_flavor`` looks for a later flavor within quota
+  first) and ``when_can_preempt: try_next_flavor`` (before preempting anyone on its first flavor, a gang
+  looks for a later flavor where it starts without preempting: destroying work is the last resort;
+  ``preempt`` preempts on the first flavor that allows it).
+- **topology** — the topology levels, outermost first, each a node label key (``[block, rack]``: nodes with
+  the same ``rack`` label are one rack). The node itself is the innermost level, ``host``, always there
+  and never listed. A gang asks for one level (``Topology(required="rack")`` or ``preferred="rack"``):
+  required puts all its nodes in one domain of that level or it waits, preferred spans as few domains as
+  the policy finds now. A node without a level's label is in no domain of that level: a gang requiring
+  that level never runs there. See ``engine.scheduling.topology``.
+
 Units: ``gpu`` whole GPUs; ``cpu`` stored as integer *millicores*; ``mem`` stored as integer *bytes*
 (written ``68719476736``, ``"64Gi"``, ``"64G"``, ``"512Mi"``); durations stored as float seconds (written
 ``60``, ``"60s"``, ``"2m"``, ``"1h"``, ``"1m30s"``). See ``engine.scheduling.units``.
@@ -78,30 +103,35 @@ from __future__ import annotations
 import math
 import pathlib
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
-from pydantic import PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator, model_validator
 
 from engine.core.protocol import check_tenant
 from engine.errors import QueueConfigError
+from engine.scheduling.config_checks import check_references, for_flavor, tenant_flavors
 from engine.scheduling.config_errors import explain
 from engine.scheduling.config_yaml import AMOUNT_FIELDS, WrittenCpus, mark_written_cpus, read_queue_source
 from engine.scheduling.model import Frozen
-from engine.scheduling.units import MILLI, cpus_of, parse_cpu, parse_duration, parse_gpu, parse_mem
+from engine.scheduling.units import MILLI, parse_cpu, parse_duration, parse_gpu, parse_mem
 
 __all__ = [
     "DEFAULT_MAX_PENDING",
     "DEFAULT_PRIORITY",
     "DEFAULT_QUEUE_CONFIG",
     "CohortConfig",
+    "FlavorConfig",
+    "FlavorFungibility",
     "PolicyConfig",
     "PriorityClass",
     "QueueConfig",
     "QueueConfigError",
     "ResourceAmounts",
+    "TenantAmounts",
     "TenantConfig",
     "dump_queue_config",
+    "for_flavor",
     "load_queue_config",
 ]
 
@@ -169,6 +199,60 @@ class ResourceAmounts(Frozen):
         return tuple(name for name in _RESOURCES if getattr(self, name) is not None)
 
 
+def _amounts_kind(value: object) -> str:
+    """Which of the two shapes a quota or limit is written in: per resource (``{gpu: 8}``) or per flavor
+    (``{h100: {gpu: 8}}``: every value a mapping). The tags never show in an error (``config_errors``)."""
+    if isinstance(value, ResourceAmounts):
+        return "ResourceAmounts"
+    if (
+        isinstance(value, Mapping)
+        and value
+        and not set(value) <= set(_RESOURCES)  # ``{mem: {...}}`` is a bad amount, not a flavor named mem
+        and all(isinstance(v, Mapping | ResourceAmounts) for v in value.values())
+    ):
+        return "PerFlavor"
+    return "ResourceAmounts"
+
+
+#: a tenant's quota or limit: per resource (no flavors, or the same on each flavor), or per flavor
+TenantAmounts = Annotated[
+    Annotated[ResourceAmounts, Tag("ResourceAmounts")] | Annotated[dict[str, ResourceAmounts], Tag("PerFlavor")],
+    Discriminator(_amounts_kind),
+]
+
+
+class FlavorConfig(Frozen):
+    """A kind of node (Kueue's ResourceFlavor): the nodes whose labels carry all of ``node_labels``; a gang
+    goes on a flavor with ``taints`` only if it tolerates every one of them (``Resources(tolerations=...)``)."""
+
+    name: str
+    node_labels: dict[str, str] = Field(default_factory=dict)
+    taints: tuple[str, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if value in _RESOURCES:  # a quota ``{gpu: {...}}`` would read as a bad amount, not as this flavor
+            raise ValueError(f"flavor name {value!r} is the name of a resource; call it e.g. '{value}-pool'")
+        return _check_label(value, "flavor name")
+
+    @field_validator("taints")
+    @classmethod
+    def _taints(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for taint in value:
+            if not taint or any(c.isspace() for c in taint):
+                raise ValueError(f"taint {taint!r} must be non-empty and contain no spaces")
+        return value
+
+
+class FlavorFungibility(Frozen):
+    """What a gang does when its first flavor would need borrowing or preemption (Kueue's flavorFungibility;
+    the module docstring says why these defaults)."""
+
+    when_can_borrow: Literal["borrow", "try_next_flavor"] = "borrow"
+    when_can_preempt: Literal["preempt", "try_next_flavor"] = "try_next_flavor"
+
+
 class CohortConfig(Frozen):
     """A group of tenants that lend each other idle quota; ``parent`` nests it under another cohort."""
 
@@ -188,9 +272,9 @@ class TenantConfig(Frozen):
     name: str
     cohort: str | None = None
     weight: float = 1.0
-    quota: ResourceAmounts = ResourceAmounts()
-    borrowing_limit: ResourceAmounts | None = None
-    lending_limit: ResourceAmounts | None = None
+    quota: TenantAmounts = ResourceAmounts()
+    borrowing_limit: TenantAmounts | None = None
+    lending_limit: TenantAmounts | None = None
     priority_classes: tuple[str, ...] | None = None
     max_pending: int | None = None
 
@@ -262,6 +346,7 @@ class PolicyConfig(Frozen):
     max_pending: int = DEFAULT_MAX_PENDING
     #: seconds; None: fair share counts the usage of now only (engine.scheduling.usage_decay)
     usage_half_life: float | None = None
+    flavor_fungibility: FlavorFungibility = FlavorFungibility()
 
     @field_validator("min_runtime", "preemption_grace", mode="before")
     @classmethod
@@ -298,6 +383,9 @@ class QueueConfig(Frozen):
     tenants: tuple[TenantConfig, ...]
     priority_classes: tuple[PriorityClass, ...] = ()
     policy: PolicyConfig = PolicyConfig()
+    flavors: tuple[FlavorConfig, ...] = ()
+    #: topology levels, outermost first, each a node label key (``engine.scheduling.topology``)
+    topology: tuple[str, ...] = ()
 
     # lookups the policy does on every event: built once, never part of the data
     _tenants: dict[str, TenantConfig] = PrivateAttr(default_factory=dict)
@@ -306,7 +394,7 @@ class QueueConfig(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> QueueConfig:
-        _check_references(self)
+        check_references(self)
         return self
 
     def model_post_init(self, context: Any, /) -> None:
@@ -324,6 +412,12 @@ class QueueConfig(Frozen):
                 cohort = parent
             roots[tenant.name] = cohort
         self._roots = roots
+
+    def tenant_flavors(self, name: str) -> tuple[str, ...]:
+        """The flavors the tenant may use, in its order of preference: those its per-flavor quota names, else
+        every declared flavor in the file's order; () without flavors (or for an unknown tenant)."""
+        entry = self._tenants.get(name)
+        return () if entry is None else tenant_flavors(self, entry)
 
     def tenant(self, name: str) -> TenantConfig | None:
         """The tenant called ``name``, or None."""
@@ -355,110 +449,6 @@ class QueueConfig(Frozen):
         entry = self._tenants.get(tenant)
         own = entry.max_pending if entry is not None else None
         return self.policy.max_pending if own is None else own
-
-
-def _names(items: Iterable[Any]) -> str:
-    return ", ".join(repr(item.name) for item in items)
-
-
-def _unique(items: tuple[Any, ...], field: str, what: str) -> None:
-    seen: dict[str, int] = {}
-    for index, item in enumerate(items):
-        if item.name in seen:
-            raise QueueConfigError(
-                f"{field}[{index}].name: duplicate {what} {item.name!r} (already {field}[{seen[item.name]}])"
-            )
-        seen[item.name] = index
-
-
-def _check_cohorts(cohorts: tuple[CohortConfig, ...]) -> None:
-    parents = {c.name: c.parent for c in cohorts}
-    for index, cohort in enumerate(cohorts):
-        if cohort.parent is not None and cohort.parent not in parents:
-            raise QueueConfigError(
-                f"cohorts[{index}].parent: unknown cohort {cohort.parent!r} (cohorts: {_names(cohorts)})"
-            )
-    for index, cohort in enumerate(cohorts):
-        chain = [cohort.name]
-        parent = cohort.parent
-        while parent is not None:
-            chain.append(parent)
-            if parent == cohort.name:
-                raise QueueConfigError(f"cohorts[{index}].parent: cohort parents form a cycle: {' -> '.join(chain)}")
-            if len(chain) > len(cohorts) + 1:
-                break  # a cycle above this cohort, reported at the cohort that is on it
-            parent = parents[parent]
-
-
-def _check_limits(index: int, tenant: TenantConfig) -> None:
-    field = f"tenants[{index}]"
-    for kind, limit in (("borrowing_limit", tenant.borrowing_limit), ("lending_limit", tenant.lending_limit)):
-        if limit is None:
-            continue
-        if tenant.cohort is None:
-            verb = "borrow from" if kind == "borrowing_limit" else "lend to"
-            raise QueueConfigError(
-                f"{field}.{kind}: tenant {tenant.name!r} is in no cohort, so it has nobody to {verb} and a "
-                f"{kind} means nothing; set `cohort:` or remove `{kind}`"
-            )
-        for resource in limit.limited():
-            nominal = getattr(tenant.quota, resource)
-            if nominal is None:
-                raise QueueConfigError(
-                    f"{field}.{kind}.{resource}: the quota of tenant {tenant.name!r} does not limit {resource}, "
-                    f"so a {kind} on it means nothing; add `quota.{resource}` or remove it"
-                )
-            amount = getattr(limit, resource)
-            if kind == "lending_limit" and amount > nominal:
-                raise QueueConfigError(
-                    f"{field}.lending_limit.{resource}: {_amount(resource, amount)} is above the nominal quota of "
-                    f"{_amount(resource, nominal)}; a tenant can lend only what it has"
-                )
-
-
-def _check_allowed_classes(index: int, tenant: TenantConfig, classes: tuple[PriorityClass, ...]) -> None:
-    """A tenant's ``priority_classes`` name defined classes, each once."""
-    defined = {c.name for c in classes}
-    seen: set[str] = set()
-    for at, name in enumerate(tenant.priority_classes or ()):
-        field = f"tenants[{index}].priority_classes[{at}]"
-        if name not in defined:
-            known = _names(classes) or "none are defined"
-            raise QueueConfigError(f"{field}: unknown priority class {name!r} (priority classes: {known})")
-        if name in seen:
-            raise QueueConfigError(f"{field}: priority class {name!r} is listed twice")
-        seen.add(name)
-
-
-def _amount(resource: str, value: int) -> str:
-    if resource == "cpu":
-        return f"{cpus_of(value)} CPUs"
-    if resource == "mem":
-        return f"{value} bytes"
-    return f"{value} GPUs"
-
-
-def _check_references(config: QueueConfig) -> None:
-    """Everything one field cannot check alone; raises ``QueueConfigError`` naming the field."""
-    if not config.tenants:
-        raise QueueConfigError("tenants: at least one tenant is required")
-    _unique(config.cohorts, "cohorts", "cohort")
-    _unique(config.tenants, "tenants", "tenant")
-    _unique(config.priority_classes, "priority_classes", "priority class")
-    _check_cohorts(config.cohorts)
-    cohorts = {c.name for c in config.cohorts}
-    for index, tenant in enumerate(config.tenants):
-        if tenant.cohort is not None and tenant.cohort not in cohorts:
-            known = f"cohorts: {_names(config.cohorts)}" if config.cohorts else "no cohorts are defined"
-            raise QueueConfigError(f"tenants[{index}].cohort: unknown cohort {tenant.cohort!r} ({known})")
-        _check_limits(index, tenant)
-        _check_allowed_classes(index, tenant, config.priority_classes)
-    default = config.policy.default_priority
-    if default is not None and default not in {p.name for p in config.priority_classes}:
-        known = _names(config.priority_classes) or "none are defined"
-        raise QueueConfigError(
-            f"policy.default_priority: unknown priority class {default!r} (priority classes: {known})"
-        )
 
 
 #: one tenant "default" with no quota: every gang is admitted in FIFO order, as before tenancy existed
@@ -495,9 +485,17 @@ def dump_queue_config(config: QueueConfig) -> dict[str, Any]:
     but as millicores by ``model_validate`` (see the module docstring). Unset values are left out.
     """
     dumped = config.model_dump(mode="json", exclude_none=True)
+    if not config.flavors:  # a configuration without flavors dumps as before they existed
+        del dumped["flavors"]
+    if config.policy.flavor_fungibility == FlavorFungibility():
+        del dumped["policy"]["flavor_fungibility"]
+    if not dumped.get("topology"):  # absent, as before topology existed (snapshots stay byte for byte)
+        dumped.pop("topology", None)
     for tenant in dumped["tenants"]:
         for field in AMOUNT_FIELDS:
             amounts = tenant.get(field)
-            if amounts is not None and "cpu" in amounts:
-                amounts["cpu"] = _cpu_quantity(amounts["cpu"])
+            per_flavor = isinstance(getattr(config.tenant(tenant["name"]), field), dict)
+            for each in (amounts or {}).values() if per_flavor else [amounts]:
+                if each is not None and "cpu" in each:
+                    each["cpu"] = _cpu_quantity(each["cpu"])
     return dumped

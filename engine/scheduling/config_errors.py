@@ -20,9 +20,15 @@ from engine.errors import QueueConfigError
 __all__ = ["explain", "kind_of"]
 
 
+#: the tags of a tenant's quota and limits, per resource or per flavor (``config.TenantAmounts``): never shown
+_TAGS = ("ResourceAmounts", "PerFlavor")
+
+
 def _path(loc: tuple[int | str, ...]) -> str:
     text = ""
     for part in loc:
+        if part in _TAGS:
+            continue
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
 
@@ -39,9 +45,11 @@ def kind_of(value: object) -> str:
 
 def _unwrap(annotation: Any) -> Any:
     """``X | None`` -> X; ``tuple[X, ...]`` stays (an index selects X)."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         members = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return members[0] if len(members) == 1 else annotation
+        return _unwrap(members[0]) if len(members) == 1 else annotation
     return annotation
 
 
@@ -49,7 +57,12 @@ def _model_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseMod
     """The model class whose fields live at ``loc`` (for listing the allowed keys), or None."""
     current: Any = root
     for part in loc:
-        if isinstance(part, int):
+        if part in _TAGS:  # one member of a tagged union: the model (per resource) or the mapping (per flavor)
+            members = [_unwrap(a) for a in typing.get_args(current)]
+            current = next((m for m in members if (typing.get_origin(m) is dict) == (part == "PerFlavor")), None)
+        elif typing.get_origin(current) is dict:  # a key of a mapping (a flavor's name): its value's type
+            current = _unwrap(typing.get_args(current)[1])
+        elif isinstance(part, int):
             if typing.get_origin(current) is not tuple:
                 return None
             current = _unwrap(typing.get_args(current)[0])

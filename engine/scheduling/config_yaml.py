@@ -125,9 +125,17 @@ def mark_written_cpus(data: Mapping[Any, Any]) -> dict[Any, Any]:
             tenant = dict(tenant)
             for field in AMOUNT_FIELDS:
                 amounts = tenant.get(field)
-                cpu = amounts.get("cpu") if isinstance(amounts, Mapping) else None
-                if isinstance(cpu, int | float) and not isinstance(cpu, bool):
-                    tenant[field] = {**amounts, "cpu": WrittenCpus(cpu)}  # type: ignore[dict-item]
+                if isinstance(amounts, Mapping) and amounts and all(isinstance(v, Mapping) for v in amounts.values()):
+                    tenant[field] = {name: _marked(each) for name, each in amounts.items()}  # per flavor
+                elif amounts is not None:
+                    tenant[field] = _marked(amounts)
         marked.append(tenant)
     copied["tenants"] = marked
     return copied
+
+
+def _marked(amounts: Any) -> Any:
+    cpu = amounts.get("cpu") if isinstance(amounts, Mapping) else None
+    if isinstance(cpu, int | float) and not isinstance(cpu, bool):
+        return {**amounts, "cpu": WrittenCpus(cpu)}
+    return amounts

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from engine.scheduling.flavors import describe_flavors
 from engine.scheduling.tenancy import RESOURCES
 from engine.scheduling.units import cpus_of
 
@@ -44,6 +45,8 @@ def queues(policy: Policy) -> dict[str, Any]:
     for queued in policy.pending.values():
         pending[queued.request.tenant] = pending.get(queued.request.tenant, 0) + 1
     lent = tenancy.lent()
+    if policy.config.flavors:
+        return _queues_by_flavor(policy, pending, lent)
     names = [t.name for t in policy.config.tenants]
     # a tenant removed from the configuration still shows while its gangs hold GPUs
     names += sorted(name for name in tenancy.tenants if name not in names and any(tenancy.used(name)))
@@ -51,10 +54,7 @@ def queues(policy: Policy) -> dict[str, Any]:
         name: {
             "cohort": policy.config.root_cohort(name),
             "weight": tenancy.tenants[name].weight,
-            "nominal": _resources(tenancy.nominal(name)),
-            "used": _resources(tenancy.used(name)),
-            "borrowed": _resources(tenancy.borrowed(name)),
-            "lent": _resources(lent.get(name, (0, 0, 0))),
+            **_ledger_row(policy, name, lent),
             "pending": pending.get(name, 0),
             "share": _finite(tenancy.share(name, policy.inventory.capacity)),
         }
@@ -69,6 +69,56 @@ def queues(policy: Policy) -> dict[str, Any]:
         for c in policy.config.cohorts
     }
     return {"tenants": tenants, "cohorts": cohorts, "resources": list(RESOURCES)}
+
+
+def _ledger_row(policy: Policy, key: str, lent: dict[str, tuple[int, int, int]]) -> dict[str, Any]:
+    """One ledger entry's quota and usage (a tenant's without flavors, a tenant's on one flavor with them)."""
+    tenancy = policy.tenancy
+    return {
+        "nominal": _resources(tenancy.nominal(key)),
+        "used": _resources(tenancy.used(key)),
+        "borrowed": _resources(tenancy.borrowed(key)),
+        "lent": _resources(lent.get(key, (0, 0, 0))),
+    }
+
+
+def _sum(rows: list[dict[str, Any]], field: str) -> dict[str, Any]:
+    # a tenant's figure over its flavors; a quota one flavor leaves unlimited is unlimited in all
+    return {
+        r: None if any(row[field][r] is None for row in rows) else sum(row[field][r] for row in rows) for r in RESOURCES
+    }
+
+
+def _queues_by_flavor(policy: Policy, pending: dict[str, int], lent: dict[str, tuple[int, int, int]]) -> dict[str, Any]:
+    """``queues`` with flavors: per tenant its figures summed over its flavors, and ``flavors``, per flavor
+    its quota, usage and share there; its ``share`` is the largest of them (``engine.scheduling.flavors``)."""
+    tenancy, config = policy.tenancy, policy.config
+    tenants: dict[str, dict[str, Any]] = {}
+    names = [t.name for t in config.tenants]
+    gone = sorted({k.partition("/")[0] for k in tenancy.tenants if any(tenancy.used(k))} - set(names))
+    for name in names + gone:  # a tenant removed from the configuration still shows while its gangs hold GPUs
+        keys = tenancy.keys.get(name) or [k for k in tenancy.tenants if k.partition("/")[0] == name]
+        rows = {k.partition("/")[2]: _ledger_row(policy, k, lent) for k in keys}
+        for k, row in zip(keys, rows.values(), strict=True):
+            row["share"] = _finite(tenancy.share(k, policy.inventory.capacity))
+        entry = tenants[name] = {
+            "cohort": config.root_cohort(name),
+            "weight": tenancy.tenants[keys[0]].weight if keys else 1.0,
+            **{field: _sum(list(rows.values()), field) for field in ("nominal", "used", "borrowed", "lent")},
+            "pending": pending.get(name, 0),
+            "share": _finite(tenancy.tenant_share(name, policy.inventory.capacity)),
+            "flavors": rows,
+        }
+        decayed = [d for d in map(tenancy.decayed, keys) if d is not None]
+        if decayed:
+            entry["decayed_usage"] = _decayed(
+                (sum(d[0] for d in decayed), sum(d[1] for d in decayed), sum(d[2] for d in decayed))
+            )
+    cohorts = {
+        c.name: {"parent": c.parent, "tenants": [t.name for t in config.tenants if t.cohort == c.name]}
+        for c in config.cohorts
+    }
+    return {"tenants": tenants, "cohorts": cohorts, "resources": list(RESOURCES), "flavors": describe_flavors(policy)}
 
 
 def _node_row(node_id: str, node: Node) -> dict[str, Any]:
@@ -92,6 +142,9 @@ def _node_row(node_id: str, node: Node) -> dict[str, Any]:
         "mem_total": spec.mem,
         "mem_free": node.free_mem if offered or node.free_mem is None else 0,
         "gangs": sorted(node.held),
+        # only when there is something to say: a row of a cluster without labels is as before them
+        **({"labels": dict(spec.labels)} if spec.labels else {}),
+        **({"flavor": node.flavor} if node.flavor is not None else {}),
     }
 
 
@@ -138,6 +191,7 @@ def describe(policy: Policy) -> dict[str, Any]:
                 if entry.checkpoint is None
                 else {"step": entry.checkpoint.step, "at": entry.checkpoint.at, "save_s": entry.checkpoint.save_s},
                 "admitted_at": entry.admitted_at,
+                **({"flavor": entry.flavor} if entry.flavor is not None else {}),  # none without flavors
                 "nnodes": request.nnodes,
                 "gpus_per_node": request.gpus_per_node,
                 "cpus_per_node": request.cpus_per_node,
@@ -171,6 +225,7 @@ def describe(policy: Policy) -> dict[str, Any]:
             "reason": q.reason,
             "preempting": sorted(q.victims),
             "preempting_cost_gpu_s": q.victims_cost if q.victims else None,
+            **({"flavors": list(q.candidates)} if q.flavor is not None else {}),  # none without flavors
         }
         for position, q in enumerate(order)
     ]
@@ -191,4 +246,5 @@ def describe(policy: Policy) -> dict[str, Any]:
         "tenants": queues(policy)["tenants"],
         "drained": sorted(n.spec.node_id for n in policy.inventory.nodes.values() if n.drained),
         "counters": policy.counters.rows(),  # admissions and preemptions so far (engine.scheduling.counters)
+        "flavors": describe_flavors(policy),  # empty without flavors
     }

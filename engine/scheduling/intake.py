@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.scheduling import node_waits
+from engine.scheduling import flavors, node_waits, topology
 from engine.scheduling.config import QueueConfig
 from engine.scheduling.events import Decision, GangRejected
 from engine.scheduling.model import GangRequest
@@ -35,6 +35,9 @@ def refusal(policy: Policy, request: GangRequest, *, arriving: bool) -> str | No
     malformed = malformed_reason(request)
     if malformed is not None:
         return malformed
+    placement = topology.refusal(policy.config, request)  # a topology level the queue file does not declare
+    if placement is not None:
+        return placement
     gang_id = request.gang_id
     if gang_id in policy.running:
         return f"rejected: gang id {gang_id!r} is already running; release it before submitting it again"
@@ -49,35 +52,49 @@ def refusal(policy: Policy, request: GangRequest, *, arriving: bool) -> str | No
         return f"rejected: {exc.args[0]}"
     if not policy.config.allows(request.tenant, request.priority):
         return class_not_allowed_reason(request, policy.config.tenant(request.tenant))
+    on_flavors = flavors.refusal(policy, request)  # a flavor, taint or label no flavor of its tenant satisfies
+    if on_flavors is not None:
+        return on_flavors
     cap = policy.config.max_pending(request.tenant)
     if arriving and gang_id not in policy._requeue and policy._pending_counts.get(request.tenant, 0) >= cap:
         return max_pending_reason(request, cap, policy.config.tenant(request.tenant))
     if node_waits.fit(policy, request) == "never" and not policy.wait_for_nodes:
         return never_fits_reason(request, policy.inventory, count_lost=True)
-    vec = demand(request)
-    blocked = policy.tenancy.blocked(request.tenant, vec, not (cls.preemptible and request.preemptible))
-    if blocked is not None and blocked.kind in ("never", "never_protected"):
-        return quota_reason(request.tenant, blocked, None, request, False)
-    return None
+    vec, protected = demand(request), not (cls.preemptible and request.preemptible)
+    never = None
+    for flavor in flavors.candidates(policy.config, request):  # rejected if it never fits any of them
+        blocked = policy.tenancy.blocked(flavors.key(request.tenant, flavor), vec, protected)
+        if blocked is None or blocked.kind not in ("never", "never_protected"):
+            return None
+        never = never or quota_reason(request.tenant, blocked, None, request, False, flavor)
+    return never
 
 
 def reconfigure(policy: Policy, config: QueueConfig, decisions: list[Decision]) -> None:
     """A new configuration: rebuild the tenant ledger from the running gangs; pending gangs whose tenant
     or priority class is gone are rejected, the others are re-ranked under the new classes."""
-    policy.config = config
+    had_flavors, policy.config = bool(policy.config.flavors), config
+    if config.flavors or had_flavors:  # the nodes' flavors under the new ones (none without)
+        policy.inventory.reclassify(flavors.classifier(config))
+    topology.declare(policy.inventory, config.topology)  # rebuilt when the levels changed
+    policy._fits.clear()  # whether a shape fits reads the levels
     ledger, policy.tenancy = policy.tenancy, Tenancy(config)
     policy.tenancy.carry(ledger)  # its clock, and the decayed usage when both have a half-life
     policy._tier_cache.clear()
     policy._entries.clear()
     policy._quota_texts.clear()
     policy._prio_counts.clear()
+    policy._by_tenant.clear()  # per ledger key, which a flavor gone changes
     for running in policy.running.values():
         try:  # a class made non-preemptible protects its running gangs too; a class gone keeps the old
             cls = config.priority(running.request.priority)
             running.prio, running.preemptible = cls.value, cls.preemptible and running.request.preemptible
         except KeyError:
             pass
-        policy.tenancy.add(running.request.tenant, running.vec, protected=not running.preemptible)
+        if not config.flavors:  # without flavors every gang is on the implicit one (a flavor gone stays)
+            running.on(None)
+        policy.tenancy.add(running.ledger, running.vec, protected=not running.preemptible)
+        policy._by_tenant.setdefault(running.ledger, {})[running.request.gang_id] = running
         policy._count_prio(running, 1)
     old = sorted(policy.pending.values(), key=lambda q: q.seq)
     policy.pending, policy._queues = {}, {}
@@ -97,4 +114,5 @@ def reconfigure(policy: Policy, config: QueueConfig, decisions: list[Decision]) 
         queued.prio, queued.preemptible = cls.value, cls.preemptible and request.preemptible
         queued.victims.clear()
         queued.failed_search = None
+        flavors.assign(config, queued)
         policy._enqueue(queued)

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.scheduling.model import GangRequest, NodeAssignment, NodeSpec, Placement
 from engine.scheduling.units import MILLI
+
+if TYPE_CHECKING:
+    from engine.scheduling.topology import DomainIndex
 
 __all__ = ["MILLI", "Hold", "Inventory", "Node", "millicores"]
 
@@ -51,6 +55,8 @@ class Node:
     free_gpus: list[int] = field(default_factory=list)
     free_mc: int = 0
     free_mem: int | None = None
+    #: the flavor its labels put it in (``engine.scheduling.flavors``); None: no flavors, or it matches none
+    flavor: str | None = None
 
     @property
     def offered(self) -> bool:
@@ -91,9 +97,23 @@ class Inventory:
         #: totals of the offered nodes (gpu, millicores, bytes): the denominators of fair share
         self.capacity = [0, 0, 0]
         self.free_gpus = 0  # free GPUs on the offered nodes
+        self.free_by_flavor: dict[str, int] = {}  # the same per flavor (with flavors only)
         self.drained: set[str] = set()  # ids of the drained nodes
         #: bumps whenever a node is drained or undrained or its drain reason changes (reasons quote them)
         self.drain_changes = 0
+        #: a node's flavor from its spec (``engine.scheduling.flavors.classifier``); none without flavors
+        self.classify: Callable[[NodeSpec], str | None] = _no_flavor
+        #: free capacity per topology domain, when the queue file declares levels (``engine.scheduling.topology``)
+        self.domains: DomainIndex | None = None
+
+    def reclassify(self, classify: Callable[[NodeSpec], str | None]) -> None:
+        """A new configuration's flavors: every node's flavor again (what fits where may change)."""
+        self.classify = classify
+        for node in self.nodes.values():
+            self._unindex(node)
+            node.flavor = classify(node.spec)
+            self._index(node)
+        self.topology += 1
 
     # -- the index -------------------------------------------------------------------------------
     def _unindex(self, node: Node) -> None:
@@ -101,7 +121,11 @@ class Inventory:
             return
         bucket = self._buckets[len(node.free_gpus)]
         del bucket[bisect.bisect_left(bucket, (node.free_mc, node.spec.node_id))]
+        if self.domains is not None:
+            self.domains.remove(node)
         self.free_gpus -= len(node.free_gpus)
+        if node.flavor is not None:  # kept only with flavors (a full flavor is skipped without a placement)
+            self.free_by_flavor[node.flavor] = self.free_by_flavor.get(node.flavor, 0) - len(node.free_gpus)
         self.capacity[0] -= node.spec.gpus
         self.capacity[1] -= millicores(node.spec.cpus)
         self.capacity[2] -= node.spec.mem or 0
@@ -110,7 +134,11 @@ class Inventory:
         if not node.offered:
             return
         bisect.insort(self._buckets.setdefault(len(node.free_gpus), []), (node.free_mc, node.spec.node_id))
+        if self.domains is not None:
+            self.domains.add(node)
         self.free_gpus += len(node.free_gpus)
+        if node.flavor is not None:
+            self.free_by_flavor[node.flavor] = self.free_by_flavor.get(node.flavor, 0) + len(node.free_gpus)
         self.capacity[0] += node.spec.gpus
         self.capacity[1] += millicores(node.spec.cpus)
         self.capacity[2] += node.spec.mem or 0
@@ -128,6 +156,7 @@ class Inventory:
             node = self.nodes[spec.node_id] = Node(spec=spec, alive=False)
         self._unindex(node)
         node.spec, node.alive, node.last_seen = spec, True, now
+        node.flavor = self.classify(spec)  # unindexed above: its free GPUs move to its (new) flavor's count
         node.recompute()
         self._index(node)
         self.topology += 1
@@ -204,9 +233,20 @@ class Inventory:
             node.recompute()  # exact, and clamps a node that shrank while the gang ran
             self._index(node)
 
-    def place(self, request: GangRequest, exclude: frozenset[str] = frozenset()) -> Placement | None:
-        """Best fit for ``request`` on what is free now, off the ``exclude``d nodes, or None (see the module
-        docstring)."""
+    def place(
+        self,
+        request: GangRequest,
+        exclude: frozenset[str] = frozenset(),
+        admits: Callable[[Node], bool] | None = None,
+    ) -> Placement | None:
+        """Best fit for ``request`` on what is free now, off the ``exclude``d nodes and on the nodes ``admits``
+        says yes to (its flavor's, with its node selector; None: any), or None (see the module docstring); a
+        gang naming a declared topology level is placed by ``engine.scheduling.topology``."""
+        if (
+            self.domains is not None
+            and (request.topology_required or request.topology_preferred) in self.domains.levels
+        ):
+            return self.domains.place(self, request, exclude, admits)
         gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
         n = request.nnodes
         sizes = sorted(k for k in self._buckets if k >= gpus)
@@ -220,6 +260,8 @@ class Inventory:
                 if exclude and node.spec.node_id in exclude:
                     continue
                 if mem is not None and node.free_mem is not None and node.free_mem < mem:
+                    continue
+                if admits is not None and not admits(node):
                     continue
                 chosen.append(node)
                 if len(chosen) == n:
@@ -248,18 +290,29 @@ class Inventory:
             and node.fits_idle(request.gpus_per_node, mc, request.mem_per_node)
         )
 
-    def fit_counts(self, request: GangRequest) -> tuple[int, int, int, int]:
-        """``count_fitting_idle`` four ways in one pass over the nodes: (offered, alive with the drained ones,
-        not drained with the lost ones, every registered node)."""
+    def fit_counts(
+        self, request: GangRequest, admits: Callable[[Node], bool] | None = None
+    ) -> tuple[int, int, int, int]:
+        """``count_fitting_idle`` four ways in one pass over the nodes (those ``admits`` says yes to): (offered,
+        alive with the drained ones, not drained with the lost ones, every registered node); for a gang
+        requiring a topology level, the most nodes of ONE domain of it (``engine.scheduling.topology``)."""
+        if self.domains is not None and request.topology_required in self.domains.levels:
+            return self.domains.fit_counts(self, request, admits)
         mc = millicores(request.cpus_per_node)
         counts = [0, 0, 0, 0]
         for node in self.nodes.values():
+            if admits is not None and not admits(node):
+                continue
             if node.fits_idle(request.gpus_per_node, mc, request.mem_per_node):
                 counts[3] += 1
                 counts[0] += node.alive and not node.drained
                 counts[1] += node.alive
                 counts[2] += not node.drained
         return counts[0], counts[1], counts[2], counts[3]
+
+
+def _no_flavor(spec: NodeSpec) -> str | None:
+    return None
 
 
 def _placement(gang_id: str, chosen: list[Node], gpus: int) -> Placement:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine.scheduling import flavors
 from engine.scheduling.events import Decision, GangRejected, NodeDrained, Preempted
 from engine.scheduling.lost_work import lost_gpu_s
 from engine.scheduling.model import GangRequest
@@ -21,23 +22,48 @@ from engine.scheduling.reasons import (
     node_wait_expired_reason,
     node_wait_reason,
 )
-from engine.scheduling.state import Fit, Notice, Queued, Shape, shape_of
+from engine.scheduling.state import Fit, Notice, Queued, Shape
 
 if TYPE_CHECKING:
     from engine.scheduling.policy import Policy
 
-__all__ = ["drain", "drain_report", "fit", "revive_lost_waiters", "wait_for_drain", "wait_for_lost"]
+__all__ = [
+    "drain",
+    "drain_report",
+    "fit",
+    "fit_on",
+    "next_deadline",
+    "revive_lost_waiters",
+    "wait_for_drain",
+    "wait_for_lost",
+]
 
 
 def fit(policy: Policy, request: GangRequest, shape: Shape | None = None) -> Fit:
     """Whether the request fits the offered nodes when idle, else what it waits for (``Fit``), cached per
     shape until the nodes change. Drained nodes are "not usable now but not gone": a gang that only
-    they could hold waits for an operator, however long, and never for a lost node's deadline."""
-    shape = shape or shape_of(request)
+    they could hold waits for an operator, however long, and never for a lost node's deadline. With
+    flavors, the best of its candidate flavors (``engine.scheduling.flavors``)."""
+    shape = shape or flavors.shape(policy.config, request)
     cached = policy._fits.get(shape)
     if cached is None or cached[0] != policy.inventory.topology:
+        found = [fit_on(policy, request, shape, f) for f in flavors.candidates(policy.config, request) or (None,)]
+        cached = policy._fits[shape] = (policy.inventory.topology, min(found, key=_FITS.index))
+    return cached[1]
+
+
+#: what a gang with several candidate flavors waits for: the best of them
+_FITS: list[Fit] = ["now", "drained", "lost", "never"]
+
+
+def fit_on(policy: Policy, request: GangRequest, shape: Shape, flavor: str | None) -> Fit:
+    """``fit`` on one flavor (with the gang's node selector), cached alike."""
+    admits = flavors.admits(flavor, request)
+    key = shape if admits is None else (shape, flavor)
+    cached = policy._fits.get(key)
+    if cached is None or cached[0] != policy.inventory.topology:
         n = request.nnodes
-        offered, alive, undrained, every = policy.inventory.fit_counts(request)
+        offered, alive, undrained, every = policy.inventory.fit_counts(request, admits)
         fit: Fit
         if offered >= n:
             fit = "now"
@@ -47,7 +73,7 @@ def fit(policy: Policy, request: GangRequest, shape: Shape | None = None) -> Fit
             fit = "lost"  # lost nodes would do, and undraining would not be enough
         else:
             fit = "drained"
-        cached = policy._fits[shape] = (policy.inventory.topology, fit)
+        cached = policy._fits[key] = (policy.inventory.topology, fit)
     return cached[1]
 
 
@@ -142,3 +168,16 @@ def drain_report(policy: Policy, node_id: str) -> dict[str, list[str]]:
         elif running is not None and not running.preemptible:
             report["remaining"].append(gang_id)
     return report
+
+
+def next_deadline(policy: Policy) -> float | None:
+    """``Policy.next_deadline``: a node expiring, a lost-node wait running out, a victim search put off or a
+    victim coming of age (``Policy._retry``)."""
+    deadlines = [policy.inventory.next_expiry()]
+    for gang_id in policy._lost_waiters:
+        queued = policy.pending.get(gang_id)
+        if queued is not None and queued.lost_wait_since is not None:
+            deadlines.append(queued.lost_wait_since + queued.request.lost_node_wait_s)
+    deadlines += policy._retry.values()
+    known = [d for d in deadlines if d is not None]
+    return min(known) if known else None

@@ -80,7 +80,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.scheduling import describe as views
-from engine.scheduling import intake, lost_work, node_waits, preemption
+from engine.scheduling import flavors, intake, lost_work, node_waits, preemption, topology
 from engine.scheduling import snapshot as snapshots
 from engine.scheduling.config import DEFAULT_QUEUE_CONFIG, QueueConfig
 from engine.scheduling.counters import Counters
@@ -109,8 +109,8 @@ from engine.scheduling.reasons import (
     queued_reason,
     quota_reason,
 )
-from engine.scheduling.state import Fit, Queued, QueueKey, Running, Shape, shape_of
-from engine.scheduling.tenancy import Blocked, Tenancy, Vec, demand
+from engine.scheduling.state import Fit, Queued, QueueKey, Running, Shape
+from engine.scheduling.tenancy import Blocked, Tenancy, Vec
 
 __all__ = ["Policy"]
 
@@ -127,6 +127,9 @@ class Policy:
         #: what Schedulers recorded before decided (a lower gang could take it, and be preempted in a loop)
         self.hold_for_victims = True
         self.inventory = Inventory(node_ttl_s)
+        if config.flavors:  # a node's flavor from its labels (``engine.scheduling.flavors``)
+            self.inventory.reclassify(flavors.classifier(config))
+        topology.declare(self.inventory, config.topology)  # domains of its levels (none declared: no index)
         self.tenancy = Tenancy(config)
         self.running: dict[str, Running] = {}  # in admission order
         self.pending: dict[str, Queued] = {}
@@ -141,8 +144,7 @@ class Policy:
         self._prio_counts: dict[str, dict[int, int]] = {}  # tenant -> priority value -> running gangs
         self._requeue: dict[str, int] = {}  # a preempted gang's place in the order, until it comes back
         self._evicted_for: dict[str, set[str]] = {}  # gang -> the gangs it was preempted for (no cycles)
-        #: pending gangs waiting for the gangs they preempted to leave -> the nodes they will take: nothing
-        #: backfills there meanwhile, so the freed GPUs go to them
+        #: pending gangs waiting for their victims to leave -> the nodes they will take (nothing backfills there)
         self._reserved: dict[str, frozenset[str]] = {}
         self._lost_waiters: set[str] = set()
         self._retry: dict[str, float] = {}  # blocked gangs whose victim search waits for a gang to come of age
@@ -214,8 +216,7 @@ class Policy:
         if seq is None:
             seq = self._next_seq()
         preemptible = cls.preemptible and request.preemptible
-        queued = Queued(request, seq, cls.value, preemptible, demand(request), shape_of(request))
-        self._enqueue(queued)
+        self._enqueue(flavors.make_queued(self, request, seq, cls.value, preemptible))
         return True
 
     def _enqueue(self, queued: Queued) -> None:
@@ -229,9 +230,9 @@ class Policy:
     def _release(self, gang_id: str) -> None:
         running = self.running.pop(gang_id, None)
         if running is not None:
-            self._by_tenant[running.request.tenant].pop(gang_id, None)
+            self._by_tenant[running.ledger].pop(gang_id, None)
             self.inventory.release(gang_id, running.placement)
-            self.tenancy.add(running.request.tenant, running.vec, -1, protected=not running.preemptible)
+            self.tenancy.add(running.ledger, running.vec, -1, protected=not running.preemptible)
             self._count_prio(running, -1)
             self._pversion += 1
             preemptor = self.pending.get(running.preempted_for or "")
@@ -348,20 +349,20 @@ class Policy:
                 if (
                     blocker is not None
                     and not self._searches_left
-                    and (queued.shape in failed_shapes or self.inventory.free_gpus < vec[0])
+                    and (queued.placed_shape in failed_shapes or self.inventory.free_gpus < vec[0])
                 ):
                     continue
-                refusals = refused.get(tenant)
+                refusals = refused.get(queued.ledger)
                 if quick[4] or (
                     refusals and any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refusals)
                 ):
                     continue  # stopped as a protected gang (it searches no victims), or a smaller gang was refused
                 failed = queued.failed_search
                 if failed is not None and failed[0] == self._pversion and now < failed[1]:
-                    refused.setdefault(tenant, []).append(vec)
+                    refused.setdefault(queued.ledger, []).append(vec)
                     continue
                 if self._searches_left <= 0:
-                    refused.setdefault(tenant, []).append(vec)
+                    refused.setdefault(queued.ledger, []).append(vec)
                     self._retry[gang_id] = now + preemption.SEARCH_PUT_OFF_S
                     continue
             request = queued.request
@@ -369,7 +370,7 @@ class Policy:
             cached = self._fits.get(queued.shape)  # ``node_waits.fit``'s answer, read as it keeps it
             fit = cached[1] if cached and cached[0] == topology else node_waits.fit(self, request, queued.shape)
             if fit != "now":  # it waits for nodes, not for what its tenant lent: no longer a lender waiting
-                self.lenders.forget(self.tenancy.root(tenant), request.gang_id)
+                self.lenders.forget(self.tenancy.root(queued.ledger), request.gang_id)
             if fit == "drained":
                 node_waits.wait_for_drain(self, queued, decisions)
                 continue
@@ -381,7 +382,7 @@ class Policy:
                 and not self._searches_left
                 and queued.reason
                 and not queued.victims
-                and (queued.shape in failed_shapes or self.inventory.free_gpus < queued.vec[0])
+                and (queued.placed_shape in failed_shapes or self.inventory.free_gpus < queued.vec[0])
             ):
                 # behind the first gang that waits, with no GPUs it could take and no search left for this
                 # event: nothing can change for it now, and its reason still holds (the cost of an event
@@ -394,24 +395,26 @@ class Policy:
                 tkey: tuple[Any, ...] = ("behind", queued.shape, blocker.request.gang_id, why)
                 self._say(queued, self._text(tkey, behind_reason, request, blocker.request, why), decisions)
                 continue
-            vec = queued.vec
+            if len(queued.candidates) > 1:  # which of its flavors it is looked at on now
+                flavors.choose(self, queued, (reserved if blocker is not None else frozenset()) | held)
+            vec, ledger = queued.vec, queued.ledger  # its tenant on its flavor (its name without flavors)
             if (
                 queued.reason
                 and not queued.victims
-                and any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refused.get(tenant, ()))
+                and any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refused.get(ledger, ()))
             ):
                 continue
-            blocked = self.tenancy.blocked(tenant, vec, not queued.preemptible)
-            root = self.tenancy.root(tenant)
+            blocked = self.tenancy.blocked(ledger, vec, not queued.preemptible)
+            root = self.tenancy.root(ledger)
             self.lenders.update(root, request.gang_id, blocked)
-            if blocked is None and self.lenders.waiting(root) and self.tenancy.would_borrow(tenant, vec):
-                refused.setdefault(tenant, []).append(vec)  # a bigger gang would borrow too
+            if blocked is None and self.lenders.waiting(root) and self.tenancy.would_borrow(ledger, vec):
+                refused.setdefault(ledger, []).append(vec)  # a bigger gang would borrow too
                 text = self._text(("lender", tenant, queued.shape, root), lender_waiting_reason, request, root)
                 self._say(queued, text, decisions)
                 continue
             if blocked is not None:
                 if blocked.kind != "protected":  # a preemptible gang bigger than this one may still borrow
-                    refused.setdefault(tenant, []).append(vec)
+                    refused.setdefault(ledger, []).append(vec)
                 if queued.victims or (
                     blocked.kind != "protected" and preemption.preempt_for(self, queued, decisions, timed=timed)
                 ):
@@ -420,25 +423,27 @@ class Policy:
                 else:
                     # what it reads moves with its pool's usage (``_prio_counts`` with its tenants' usage), and
                     # beyond nominal (no reclaim) the same stop says the same
-                    counter = self.tenancy.pool_counter(tenant)
+                    counter = self.tenancy.pool_counter(ledger)
                     if quick is not None and (
                         quick[1] == counter[0] or (blocked == quick[5] and not blocked.within_nominal)
                     ):
                         text = quick[3]
                     else:
                         reclaim = blocked.within_nominal and preemption.reclaimable(self, queued)
-                        tkey = ("quota", tenant, blocked, queued.shape, reclaim)
-                        text = self._text(tkey, quota_reason, tenant, blocked, root, request, reclaim)
+                        tkey = ("quota", ledger, blocked, queued.shape, reclaim)
+                        text = self._text(tkey, quota_reason, tenant, blocked, root, request, reclaim, queued.flavor)
                     protected = blocked.kind == "protected"
-                    self._quota_texts[gang_id] = (counter, counter[0], topology, text, protected, blocked)
+                    if len(queued.candidates) == 1:  # else another flavor's quota may take it at the next look
+                        self._quota_texts[gang_id] = (counter, counter[0], topology, text, protected, blocked)
                     self._say(queued, text, decisions)
                 continue
-            shape = queued.shape
+            shape = queued.placed_shape
             backfill = blocker is not None
             placement = None
             if shape not in failed_shapes:
                 # a backfilled gang stays off the nodes reserved for gangs waiting for their victims to leave
-                placement = self.inventory.place(request, exclude=(reserved if backfill else frozenset()) | held)
+                exclude = (reserved if backfill else frozenset()) | held
+                placement = self.inventory.place(request, exclude, flavors.admits(queued.flavor, request))
             if placement is None:
                 failed_shapes.add(shape)
                 waiting_first = blocker is None
@@ -449,8 +454,9 @@ class Policy:
                     held = preemption.hold(self, queued, holds, held)
                     why = "waits for the gangs it preempted to release"
                 else:
-                    tkey = ("capacity", shape, policy.backfill, self.inventory.drain_changes)
-                    text = self._text(tkey, capacity_reason, request, policy.backfill, self.inventory)
+                    said = self.inventory.domains.said(request) if self.inventory.domains else None  # topology
+                    tkey = ("capacity", shape, policy.backfill, self.inventory.drain_changes, said)
+                    text = self._text(tkey, capacity_reason, request, policy.backfill, self.inventory, queued.flavor)
                     self._say(queued, text, decisions)
                     why = "waits for capacity"
                 if waiting_first:
@@ -468,7 +474,7 @@ class Policy:
     def _stopped_alike(self, queued: Queued, quick: tuple[list[int], int, int, str, bool, Blocked]) -> bool:
         """Whether its pool's usage moved but its quota stops it as before (``blocked`` is pure), above nominal
         (its reason names no reclaim): it says the same; then the cache says so for its pool's usage now."""
-        blocked = self.tenancy.blocked(queued.request.tenant, queued.vec, not queued.preemptible)
+        blocked = self.tenancy.blocked(queued.ledger, queued.vec, not queued.preemptible)
         if blocked is None or blocked != quick[5] or blocked.within_nominal:
             return False
         self._quota_texts[queued.request.gang_id] = (quick[0], quick[0][0], *quick[2:])
@@ -489,11 +495,11 @@ class Policy:
         cached = self._tier_cache.get(tenant)
         if cached is not None and cached[0] == stamp:
             return cached[1]
-        share = self.tenancy.share(tenant, self.inventory.capacity)
+        share = self.tenancy.tenant_share(tenant, self.inventory.capacity)
         tiers: dict[int, tuple[bool, float]] = {}
         borrows = False  # within the tenant priority comes first: a gang ranks as borrowing when one above it does
         for prio in sorted(first, reverse=True):
-            borrows = borrows or not self.tenancy.within_nominal(tenant, first[prio].vec)
+            borrows = borrows or not self.tenancy.tenant_within_nominal(tenant, first[prio].vec)
             tiers[-prio] = (borrows, share)
         self._tier_cache[tenant] = (stamp, tiers)
         return tiers
@@ -525,25 +531,27 @@ class Policy:
             queued.preemptible,
             queued.vec,
             backfill,
+            flavor=queued.flavor,
         )
-        borrowing = self.tenancy.borrowing(request.tenant)
+        ledger = queued.ledger
+        borrowing = self.tenancy.borrowing(ledger)
         self.inventory.take(request, placement)
-        self.tenancy.add(request.tenant, queued.vec, protected=not queued.preemptible)
-        if self.tenancy.borrowing(request.tenant) != borrowing:
+        self.tenancy.add(ledger, queued.vec, protected=not queued.preemptible)
+        if self.tenancy.borrowing(ledger) != borrowing:
             self._pversion += 1  # its older gangs may now be reclaimed
         self.running[gang_id] = running
-        self._by_tenant.setdefault(request.tenant, {})[gang_id] = running
+        self._by_tenant.setdefault(ledger, {})[gang_id] = running
         self._count_prio(running, 1)
         if backfill:
             self._backfill_seq = running.admit_seq
         if self._admitted_latest is not None:
             self._admitted_latest = max(self._admitted_latest, running.admitted_at)
         self._forget(gang_id)
-        decisions.append(Admitted(placement=placement))
+        decisions.append(Admitted(placement=placement, flavor=queued.flavor))
 
     def _count_prio(self, running: Running, sign: int) -> None:
         if running.preemptible:
-            counts = self._prio_counts.setdefault(running.request.tenant, {})
+            counts = self._prio_counts.setdefault(running.ledger, {})
             counts[running.prio] = counts.get(running.prio, 0) + sign
 
     def _forget(self, gang_id: str) -> None:
@@ -554,7 +562,7 @@ class Policy:
             self._pending_counts[tenant] -= 1
             self._touched.add(tenant)
             self._quota_texts.pop(gang_id, None)
-            self.lenders.forget(self.tenancy.root(tenant), gang_id)
+            self.lenders.forget(self.tenancy.root(queued.ledger), gang_id)
         self._reserved.pop(gang_id, None)
         self._lost_waiters.discard(gang_id)
         self._retry.pop(gang_id, None)
@@ -563,14 +571,7 @@ class Policy:
     def next_deadline(self) -> float | None:
         """When ``step`` would next change something by itself (a node expiring, a lost-node wait running
         out, a gang old enough to be preempted): the Scheduler sends a ``Tick`` then. None: nothing pending."""
-        deadlines = [self.inventory.next_expiry()]
-        for gang_id in self._lost_waiters:
-            queued = self.pending.get(gang_id)
-            if queued is not None and queued.lost_wait_since is not None:
-                deadlines.append(queued.lost_wait_since + queued.request.lost_node_wait_s)
-        deadlines += self._retry.values()
-        known = [d for d in deadlines if d is not None]
-        return min(known) if known else None
+        return node_waits.next_deadline(self)
 
     # -- views -----------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

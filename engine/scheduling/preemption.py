@@ -34,6 +34,11 @@ over it where it alone would free them all (tests/unit/test_scheduling_lost_work
 3. Reverse prune (as Kueue does): each victim, last chosen first, is given back if the gang still fits
    without it. What remains is minimal: no victim can be spared.
 
+With flavors (``engine.scheduling.flavors``) a search looks only at the nodes of the gang's flavor (with its
+node selector) and frees quota only in its tenant's ledger on that flavor (borrowers of that flavor's pool,
+its own gangs there): a gang on another flavor is never a victim, as its release would free nothing the
+gang can use.
+
 Every preemption records what it costs (``Preempted.cost_gpu_s``) and the waiting gang's reason says it.
 
 Everything is tried on the live inventory and tenancy, then undone: nothing changes until the policy
@@ -46,8 +51,9 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from engine.scheduling import flavors, topology
 from engine.scheduling.events import Decision, Preempted
-from engine.scheduling.inventory import Inventory, millicores
+from engine.scheduling.inventory import Inventory, Node, millicores
 from engine.scheduling.lost_work import gpu_minutes, lost_gpu_s
 from engine.scheduling.model import GangRequest, Placement
 from engine.scheduling.reasons import needs, nominated_reason
@@ -94,7 +100,10 @@ def preempt_for(
     policy._searches_left -= 1
     costed = policy.lost_work.active
     rank, more, routes, young = _ranking(policy, queued, timed=timed, defrag=defrag)
-    chosen = choose_victims(
+    admits, ledger = flavors.admits(queued.flavor, queued.request), queued.ledger
+    # a gang requiring a topology level: the same search per domain (engine.scheduling.topology)
+    choose = topology.chooser(choose_victims, policy.inventory, queued.request, policy._now)
+    chosen = choose(
         policy.inventory,
         policy.tenancy,
         queued.request,
@@ -104,6 +113,8 @@ def preempt_for(
         more,
         lazy=not timed or (policy.config.policy.min_runtime <= 0 and _latest_admission(policy) <= policy._now),
         costed=costed,
+        admits=admits,
+        ledger=ledger,
     )
     victims, nodes = chosen if chosen is not None else ([], frozenset[str]())
     comes_of_age = min(young, default=float("inf"))
@@ -115,8 +126,17 @@ def preempt_for(
         # meanwhile: else short gangs could keep replacing each other there, never old enough, and
         # starve it (the bound in ``engine.scheduling.policy``'s docstring needs this).
         rank, more, _, _ = _ranking(policy, queued, timed=False, defrag=defrag)
-        later = choose_victims(
-            policy.inventory, policy.tenancy, queued.request, queued.vec, policy.running, rank, more, costed=costed
+        later = choose(
+            policy.inventory,
+            policy.tenancy,
+            queued.request,
+            queued.vec,
+            policy.running,
+            rank,
+            more,
+            costed=costed,
+            admits=admits,
+            ledger=ledger,
         )
         if later is not None:
             policy._reserved[queued.request.gang_id] = later[1]
@@ -185,8 +205,12 @@ def _can_move(policy: Policy, queued: Queued, victims: Sequence[Victim], moved: 
     for running in released:
         inventory.release(running.request.gang_id, running.placement)
     try:
-        for request in [queued.request, *(r.request for r in sorted(moved, key=lambda r: -r.vec[0]))]:
-            placement = inventory.place(request)
+        gangs = [
+            (queued.request, queued.flavor),
+            *((r.request, r.flavor) for r in sorted(moved, key=lambda r: -r.vec[0])),
+        ]
+        for request, flavor in gangs:
+            placement = inventory.place(request, admits=flavors.admits(flavor, request))
             if placement is None:
                 return False
             inventory.take(request, placement)
@@ -214,15 +238,12 @@ def _ranking(
     GPU-seconds, priority, most recent admission): ``choose_victims(costed=True)`` reads the cost there."""
     knobs = policy.config.policy
     request = queued.request
-    tenant, root = request.tenant, policy.tenancy.root(request.tenant)
+    tenant = queued.ledger  # the tenant on the gang's flavor (its name without flavors)
+    root = policy.tenancy.root(tenant)
     counts = policy._prio_counts.get(tenant, {})
     lower = knobs.within_tenant == "lower_priority" and any(n for p, n in counts.items() if p < queued.prio)
     # the other tenants of its cohort that borrow (the configured ones without a cohort, when it has none)
-    members = (
-        policy.tenancy.members.get(root, [])
-        if root is not None
-        else [t.name for t in policy.config.tenants if policy.tenancy.root(t.name) is None]
-    )
+    members = policy.tenancy.members.get(root, []) if root is not None else policy.tenancy.uncohorted()
     borrowers = {name for name in members if name != tenant and policy.tenancy.borrowing(name)}
     reclaim = (
         bool(borrowers)
@@ -242,7 +263,7 @@ def _ranking(
     costed = policy.lost_work.active
 
     def route(r: Running) -> Cause | None:
-        other = r.request.tenant
+        other = r.ledger
         if reclaim and other in borrowers and (any_prio or r.prio < prio):
             return "reclaim"
         if lower and other == tenant and r.prio < prio:
@@ -266,8 +287,8 @@ def _ranking(
             return None
         routes[gang_id] = cause
         if costed:
-            return (r.request.tenant not in borrowers, lost_gpu_s(r, now), r.prio, -r.admit_seq)
-        return (r.request.tenant not in borrowers, r.prio, -r.admit_seq)
+            return (r.ledger not in borrowers, lost_gpu_s(r, now), r.prio, -r.admit_seq)
+        return (r.ledger not in borrowers, r.prio, -r.admit_seq)
 
     def more() -> list[str]:
         # only reclaim and priority free the tenant's quota; their gangs, best victims first
@@ -286,7 +307,7 @@ def _ranking(
 def reclaimable(policy: Policy, queued: Queued) -> bool:
     """Whether a borrower of the gang's root cohort runs a gang it may reclaim (preemptible, and of lower
     priority under ``reclaim_within_cohort: lower_priority``), old enough or not yet."""
-    rule, tenant = policy.config.policy.reclaim_within_cohort, queued.request.tenant
+    rule, tenant = policy.config.policy.reclaim_within_cohort, queued.ledger
     root = policy.tenancy.root(tenant)
     if rule == "never" or root is None:
         return False
@@ -315,8 +336,8 @@ def hold(policy: Policy, queued: Queued, holds: list[Hold], held: frozenset[str]
     if not policy.hold_for_victims:
         return held
     tenancy = policy.tenancy
-    tenancy.add(queued.request.tenant, queued.vec, protected=not queued.preemptible)
-    holds.append((queued.request.tenant, queued.vec, not queued.preemptible, -1))
+    tenancy.add(queued.ledger, queued.vec, protected=not queued.preemptible)
+    holds.append((queued.ledger, queued.vec, not queued.preemptible, -1))
     left = queued.vec
     for gang_id in sorted(queued.victims):
         running = policy.running.get(gang_id)
@@ -324,8 +345,8 @@ def hold(policy: Policy, queued: Queued, holds: list[Hold], held: frozenset[str]
             continue
         take = (min(running.vec[0], left[0]), min(running.vec[1], left[1]), min(running.vec[2], left[2]))
         left = (left[0] - take[0], left[1] - take[1], left[2] - take[2])
-        tenancy.add(running.request.tenant, take, -1, protected=not running.preemptible)
-        holds.append((running.request.tenant, take, not running.preemptible, 1))
+        tenancy.add(running.ledger, take, -1, protected=not running.preemptible)
+        holds.append((running.ledger, take, not running.preemptible, 1))
     return held | policy._reserved.get(queued.request.gang_id, frozenset())
 
 
@@ -344,6 +365,8 @@ class Victim(Protocol):
     def placement(self) -> Placement: ...
     @property
     def vec(self) -> Vec: ...
+    @property
+    def ledger(self) -> str: ...
 
 
 def choose_victims(
@@ -357,12 +380,19 @@ def choose_victims(
     *,
     lazy: bool = False,
     costed: bool = False,
+    admits: Callable[[Node], bool] | None = None,
+    ledger: str | None = None,
+    among: Iterable[Node] | None = None,
 ) -> tuple[list[Victim], frozenset[str]] | None:
     """The victims to preempt so that ``request`` fits and the nodes it will take once they are gone, or
     None when none are found. ``lazy``: ``rank`` has no effect that matters beyond its answer (it notes no
     gang too young to go), so a node is left at the first gang it may not preempt that keeps it too full.
     ``costed``: each rank is (rule, cost, ...): a victim's cost is its second item, and nodes are chosen by
-    the rule, then their victims' total cost (the module docstring)."""
+    the rule, then their victims' total cost (the module docstring). ``admits``: the nodes it may use (its
+    flavor's, with its node selector; None: any); ``ledger``: its tenant's ledger key on that flavor (None: its
+    tenant's name, as without flavors); ``among``: the nodes to free, most free first (one topology domain's);
+    None: the cluster's."""
+    tenant = request.tenant if ledger is None else ledger
     gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
     ranks: dict[str, Any] = {}
     unranked = object()
@@ -375,11 +405,13 @@ def choose_victims(
 
     options: list[tuple[Any, str, list[str]]] = []  # (what orders them, node id, victims)
     budget = request.nnodes + NODES_LOOKED_AT
-    for node in inventory.most_free_first():
+    for node in inventory.most_free_first() if among is None else among:
         if budget == 0:
             break
-        budget -= 1
         node_id = node.spec.node_id
+        if admits is not None and not admits(node):
+            continue  # not a node of its flavor: nothing released there helps it
+        budget -= 1
         if node.fits(gpus, mc, mem):
             options.append(((False, 0.0, 0) if costed else (0, ()), node_id, []))
             continue
@@ -427,24 +459,24 @@ def choose_victims(
         for gang_id in picked:
             _remove(inventory, tenancy, running[gang_id])
             removed.append(gang_id)
-        if tenancy.blocked(request.tenant, vec) is not None:
+        if tenancy.blocked(tenant, vec) is not None:
             for gang_id in more():  # the quota still blocks it: free more of the cohort, by preference
                 if gang_id not in removed and ranked(gang_id) is not None:
                     _remove(inventory, tenancy, running[gang_id])
                     removed.append(gang_id)
-                    if tenancy.blocked(request.tenant, vec) is None:
+                    if tenancy.blocked(tenant, vec) is None:
                         break
-        if tenancy.blocked(request.tenant, vec) is not None or inventory.place(request) is None:
+        if tenancy.blocked(tenant, vec) is not None or inventory.place(request, admits=admits) is None:
             return None
         needed: list[str] = []
         for gang_id in reversed(removed):  # reverse prune
             _restore(inventory, tenancy, running[gang_id])
-            if tenancy.blocked(request.tenant, vec) is None and inventory.place(request) is not None:
+            if tenancy.blocked(tenant, vec) is None and inventory.place(request, admits=admits) is not None:
                 continue  # spared: the gang fits without preempting it
             _remove(inventory, tenancy, running[gang_id])
             needed.append(gang_id)
         removed = needed
-        placement = inventory.place(request)
+        placement = inventory.place(request, admits=admits)
         nodes = frozenset(a.node_id for a in placement.nodes) if placement is not None else frozenset[str]()
         return [running[g] for g in sorted(needed, key=ranked)], nodes
     finally:
@@ -477,9 +509,9 @@ def _spare(
 
 def _remove(inventory: Inventory, tenancy: Tenancy, c: Victim) -> None:
     inventory.release(c.request.gang_id, c.placement)
-    tenancy.add(c.request.tenant, c.vec, -1)
+    tenancy.add(c.ledger, c.vec, -1)
 
 
 def _restore(inventory: Inventory, tenancy: Tenancy, c: Victim) -> None:
     inventory.take(c.request, c.placement)
-    tenancy.add(c.request.tenant, c.vec, 1)
+    tenancy.add(c.ledger, c.vec, 1)

@@ -126,6 +126,15 @@ def never_fits_reason(request: GangRequest, inventory: Inventory, count_lost: bo
     """Why the request cannot fit the offered nodes (with ``count_lost``: every registered node, the lost
     and the drained ones too) even with nothing running, or None if it could."""
     big = inventory.count_fitting_idle(request, count_lost=count_lost, count_drained=count_lost)
+    level = request.topology_required
+    if big >= request.nnodes and inventory.domains is not None and level in inventory.domains.levels:
+        most = inventory.domains.fit_counts(inventory, request)[3 if count_lost else 0]
+        if most < request.nnodes:
+            return (
+                f"rejected: needs {_count(request.nnodes, 'node')} in one {level} ({per_node(request)} per node); "
+                f"no {level} has that many that big even when idle (the most in one {level}: {most}; nodes "
+                f"without a {level!r} label are in no {level})"
+            )
     if big >= request.nnodes:
         return None
     counted = [n.spec for _, n in sorted(inventory.nodes.items()) if n.offered or count_lost]
@@ -223,9 +232,19 @@ def lost_wait_expired_reason(request: GangRequest, inventory: Inventory) -> str:
     )
 
 
-def quota_reason(tenant: str, blocked: Blocked, cohort: str | None, request: GangRequest, reclaiming: bool) -> str:
+def quota_reason(
+    tenant: str,
+    blocked: Blocked,
+    cohort: str | None,
+    request: GangRequest,
+    reclaiming: bool,
+    flavor: str | None = None,
+) -> str:
     """Why the tenant cannot take the gang now, e.g. "team-a is at its quota of 8 GPUs and cannot borrow:
-    cohort research has 0 GPUs idle"."""
+    cohort research has 0 GPUs idle"; with flavors, on which ("team-a is at its h100 quota of 8 GPUs...")."""
+    if flavor is not None:
+        text = quota_reason(tenant, blocked, _pool(cohort), request, reclaiming)
+        return _on_flavor(text, flavor, request)
     r = blocked.resource
     quota = amount(r, blocked.nominal or 0)
     tail = f"; needs {needs(request)}"
@@ -264,11 +283,39 @@ def quota_reason(tenant: str, blocked: Blocked, cohort: str | None, request: Gan
     return f"pending: {tenant} is at its quota of {quota} and cannot borrow: cohort {cohort} has {idle} idle{tail}"
 
 
-def capacity_reason(request: GangRequest, backfill: bool, inventory: Inventory | None = None) -> str:
+def _pool(cohort: str | None) -> str | None:
+    # a cohort's pool on a flavor is keyed ``research/h100`` (engine.scheduling.tenancy.ledgers): say it in words
+    return cohort if cohort is None or "/" not in cohort else "{} (on {})".format(*cohort.split("/", 1))
+
+
+def _on_flavor(text: str, flavor: str, request: GangRequest) -> str:
+    """A quota reason said on one flavor: "its h100 quota", and whether the gang could go elsewhere."""
+    text = text.replace("its quota of", f"its {flavor} quota of").replace("its nominal quota", f"its {flavor} quota")
+    if text.startswith("pending:") and len(request.flavors) == 1:
+        text += f"; the gang asks for {flavor} only"
+    return text
+
+
+def capacity_reason(
+    request: GangRequest, backfill: bool, inventory: Inventory | None = None, flavor: str | None = None
+) -> str:
     """Why a gang the tenant's quota allows does not fit the nodes now; names the drained nodes that could
-    hold it (an operator may want to know what a drain costs). O(drained nodes)."""
-    where = "no node has" if request.nnodes == 1 else f"fewer than {request.nnodes} nodes have"
+    hold it (an operator may want to know what a drain costs). O(drained nodes). With flavors, the nodes
+    are its flavor's ("no h100 node has")."""
+    kind = f"{flavor} " if flavor is not None else ""
+    labels = ", ".join(f"{k}={v}" for k, v in sorted(request.node_selector.items()))
+    with_labels = f" with {labels}" if labels else ""
+    n = request.nnodes
+    where = f"no {kind}node{with_labels} has" if n == 1 else f"fewer than {n} {kind}nodes{with_labels} have"
     reason = f"pending: waiting for capacity: needs {needs(request)}; {where} {per_node(request)} free"
+    level = request.topology_required
+    if inventory is not None and inventory.domains is not None and level in inventory.domains.levels:
+        most, domain = inventory.domains.largest_free(request)
+        where = f"the largest {level} ({level}={domain}) has {most}" if domain else f"no {level} has any"
+        reason = (
+            f"pending: waiting for capacity: needs {_count(request.nnodes, 'node')} in one {level} "
+            f"({per_node(request)} per node); {where} free"
+        )
     if backfill and request.gpus_per_node:
         reason += " (smaller gangs may use the idle GPUs meanwhile, preemptibly, until this gang fits)"
     if inventory is not None and inventory.drained:

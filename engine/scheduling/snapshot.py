@@ -16,11 +16,12 @@ import json
 import zlib
 from typing import TYPE_CHECKING, Any
 
+from engine.scheduling import flavors
 from engine.scheduling.config import dump_queue_config, load_queue_config
 from engine.scheduling.counters import Counters
 from engine.scheduling.lenders import Lenders
 from engine.scheduling.model import GangRequest, NodeAssignment, NodeSpec, Placement
-from engine.scheduling.state import Checkpoint, Notice, Queued, Running, shape_of
+from engine.scheduling.state import Checkpoint, Notice, Running
 from engine.scheduling.tenancy import demand
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def take(policy: Policy) -> dict[str, Any]:
         return strings.setdefault(text, len(strings))
 
     def req(r: GangRequest) -> list[Any]:
-        return [
+        row = [
             r.gang_id,
             r.nnodes,
             r.gpus_per_node,
@@ -57,6 +58,11 @@ def take(policy: Policy) -> dict[str, Any]:
             r.preemptible,
             r.lost_node_wait_s,
         ]
+        if r.flavors or r.node_selector or r.tolerations or r.topology_required or r.topology_preferred:
+            # the fleet's fields, only when set: a row without them is as before, byte for byte
+            fleet = [list(r.flavors), r.node_selector, list(r.tolerations), r.topology_required, r.topology_preferred]
+            row.append(fleet)
+        return row
 
     data = {
         "ttl": policy.inventory.node_ttl_s,
@@ -76,6 +82,7 @@ def take(policy: Policy) -> dict[str, Any]:
                 sid(n.drain_reason),
                 n.spec.sandboxed,
                 n.spec.leased,
+                *([n.spec.labels] if n.spec.labels else []),  # none: the row is as before labels
             ]
             for n in policy.inventory.nodes.values()
         ],
@@ -91,8 +98,13 @@ def take(policy: Policy) -> dict[str, Any]:
                 r.backfill,
                 r.preempted_for,
                 None if r.preemption is None else r.preemption.row(),
-                # only where one was reported: a snapshot without checkpoints is as before, byte for byte
-                *([] if r.checkpoint is None else [r.checkpoint.row()]),
+                # each only where there is one (then the flavor, None for none, keeps its place): a snapshot
+                # without flavors and checkpoints is as before, byte for byte
+                *(
+                    [r.flavor, *([] if r.checkpoint is None else [r.checkpoint.row()])]
+                    if r.flavor is not None or r.checkpoint is not None
+                    else []
+                ),
             ]
             for r in policy.running.values()
         ],
@@ -108,7 +120,12 @@ def take(policy: Policy) -> dict[str, Any]:
                 q.cause,
                 _failed(q.failed_search),
                 policy.counters.waited(q.request.gang_id, policy._now),  # its wait so far (the histogram's)
-                *([] if q.victims_cost is None else [q.victims_cost]),  # what its victims lose (lost_work)
+                # its flavor, then what its victims lose (lost_work): as the running rows
+                *(
+                    [q.flavor, *([] if q.victims_cost is None else [q.victims_cost])]
+                    if q.flavor is not None or q.victims_cost is not None
+                    else []
+                ),
             ]
             for q in sorted(policy.pending.values(), key=lambda q: q.seq)
         ],
@@ -138,6 +155,7 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
     strings: list[str] = data["strings"]
 
     def req(v: list[Any]) -> GangRequest:
+        fleet = v[9] if len(v) > 9 else [[], {}, [], None, None]  # a row from before flavors: none
         return GangRequest(
             gang_id=v[0],
             nnodes=v[1],
@@ -148,6 +166,11 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
             priority=v[6],
             preemptible=v[7],
             lost_node_wait_s=v[8],
+            flavors=tuple(fleet[0]),
+            node_selector=fleet[1],
+            tolerations=tuple(fleet[2]),
+            topology_required=fleet[3],
+            topology_preferred=fleet[4],
         )
 
     policy = cls(load_queue_config(data["config"]), node_ttl_s=data["ttl"])
@@ -159,8 +182,16 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
     for node_id, address, gpus, cpus, mem, alive, last_seen, drained, *more in data["nodes"]:
         sandboxed = bool(more[1]) if len(more) > 1 else False  # a row from before it carried ``sandboxed``
         leased = bool(more[2]) if len(more) > 2 else False  # a row from before node leases: its agent re-registers
+        labels = more[3] if len(more) > 3 else {}  # a row from before node labels
         spec = NodeSpec(
-            node_id=node_id, address=address, gpus=gpus, cpus=cpus, mem=mem, sandboxed=sandboxed, leased=leased
+            node_id=node_id,
+            address=address,
+            gpus=gpus,
+            cpus=cpus,
+            mem=mem,
+            sandboxed=sandboxed,
+            leased=leased,
+            labels=labels,
         )
         inventory.register(spec, last_seen)
         reason = strings[more[0]] if more else ""
@@ -170,8 +201,9 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
     for r, nodes, seq, admit_seq, admitted_at, prio, preemptible, backfill, preempted_for, *more in data["running"]:
         request = req(r)
         notices[request.gang_id] = more[0] if more else None
-        if len(more) > 1:  # its last checkpoint (rows from before them, or of gangs that reported none: none)
-            checkpoints[request.gang_id] = more[1]
+        flavor = more[1] if len(more) > 1 else None  # a row from before flavors: none
+        if len(more) > 2:  # its last checkpoint (rows from before them, or of gangs that reported none: none)
+            checkpoints[request.gang_id] = more[2]
         placement = Placement(
             gang_id=request.gang_id,
             nodes=tuple(NodeAssignment(node_id=n, address=a, node_rank=k, gpu_ids=tuple(g)) for n, a, k, g in nodes),
@@ -187,11 +219,12 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
             demand(request),
             backfill,
             preempted_for,
+            flavor=flavor,
         )
         inventory.take(request, placement)
-        policy.tenancy.add(request.tenant, running.vec, protected=not preemptible)
+        policy.tenancy.add(running.ledger, running.vec, protected=not preemptible)
         policy.running[request.gang_id] = running
-        policy._by_tenant.setdefault(request.tenant, {})[request.gang_id] = running
+        policy._by_tenant.setdefault(running.ledger, {})[request.gang_id] = running
         policy._count_prio(running, 1)
         if request.gang_id in checkpoints:
             running.checkpoint = Checkpoint(*checkpoints[request.gang_id])
@@ -200,14 +233,19 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
         request = req(r)
         if later and later[0] is not None:
             waited[request.gang_id] = later[0]
-        vec = demand(request)
-        queued = Queued(
-            request, seq, prio, preemptible, vec, shape_of(request), strings[reason], since, set(victims), cause
+        queued = flavors.make_queued(policy, request, seq, prio, preemptible)
+        queued.reason, queued.lost_wait_since, queued.victims, queued.cause = (
+            strings[reason],
+            since,
+            set(victims),
+            cause,
         )
+        if len(later) > 1 and later[1] is not None:  # the flavor it was looked at on (else its first candidate)
+            queued.on(later[1])
         if failed is not None:  # a restored policy searches exactly when the original would have
             queued.failed_search = (failed[0], float("inf") if failed[1] is None else failed[1])
-        if len(later) > 1:
-            queued.victims_cost = later[1]
+        if len(later) > 2:
+            queued.victims_cost = later[2]
         policy._enqueue(queued)
         if since is not None:
             policy._lost_waiters.add(request.gang_id)

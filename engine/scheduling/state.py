@@ -16,7 +16,10 @@ from engine.scheduling.tenancy import Vec
 
 __all__ = ["Cause", "Checkpoint", "Fit", "Notice", "QueueKey", "Queued", "Running", "Shape", "shape_of"]
 
-Shape = tuple[int, int, int, int | None]  # nnodes, GPUs, millicores and bytes per node
+#: nnodes, GPUs, millicores and bytes per node; for a gang naming a topology level then "required:rack" (or
+#: "preferred:rack"); with flavors or a node selector, then the gang's candidate flavors and its selector
+#: (``engine.scheduling.flavors.shape``): gangs of one shape are placed alike
+Shape = tuple[Any, ...]
 #: (-priority value, shape, preemptible): one FIFO queue per key, and only its head is looked at, so a gang that
 #: may backfill never waits behind one of its shape that may not (it would never get past it)
 QueueKey = tuple[int, Shape, bool]
@@ -43,6 +46,24 @@ class Queued:
     failed_search: tuple[int, float] | None = None
     #: what preempting its victims costs, expected lost GPU-seconds (``engine.scheduling.lost_work``)
     victims_cost: float | None = None
+    #: the flavors it may use, in order, and the one it is looked at on now (``engine.scheduling.flavors``);
+    #: (None,) and None without flavors
+    candidates: tuple[str | None, ...] = (None,)
+    flavor: str | None = None
+    #: its tenant's key in the tenancy ledger on that flavor (the tenant's name without flavors), and its shape
+    #: on it (what placement tries, and fails, alike within a cycle): kept by ``on``, read on every look
+    ledger: str = ""
+    placed_shape: tuple[Shape, str | None] = ((), None)
+
+    def __post_init__(self) -> None:
+        self.on(self.flavor)
+
+    def on(self, flavor: str | None) -> None:
+        """Look at it on ``flavor`` (``engine.scheduling.flavors``)."""
+        tenant = self.request.tenant
+        self.flavor = flavor
+        self.ledger = tenant if flavor is None else f"{tenant}/{flavor}"
+        self.placed_shape = (self.shape, flavor)
 
     @property
     def key(self) -> QueueKey:
@@ -95,7 +116,21 @@ class Running:
     #: at its place in the order when it releases
     preemption: Notice | None = None
     checkpoint: Checkpoint | None = None  # its attempt's last durable checkpoint, None: none reported
+    flavor: str | None = None  # the flavor it was admitted on (None without flavors)
+    ledger: str = ""  # its tenant's key in the tenancy ledger (``Queued.ledger``), kept by ``on``
+
+    def __post_init__(self) -> None:
+        self.on(self.flavor)
+
+    def on(self, flavor: str | None) -> None:
+        tenant = self.request.tenant
+        self.flavor = flavor
+        self.ledger = tenant if flavor is None else f"{tenant}/{flavor}"
 
 
 def shape_of(request: GangRequest) -> Shape:
-    return (request.nnodes, request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node)
+    shape = (request.nnodes, request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node)
+    level = request.topology_required or request.topology_preferred
+    if level is None:
+        return shape
+    return (*shape, f"required:{level}" if request.topology_required else f"preferred:{level}")

@@ -1,5 +1,8 @@
 """Tenants' usage against their quotas, cohort borrowing, and fair share, updated one gang at a time.
 
+With flavors the ledger has one entry per tenant and flavor (``team-a/h100``) and each cohort one pool per
+flavor (``research/h100``): everything below holds per entry (``ledgers``, ``engine.scheduling.flavors``).
+
 Resources are vectors ``(gpu, millicores, bytes)``. For each tenant and resource its configuration gives
 a nominal quota ``N`` (None: not limited), a borrowing limit ``B`` (None: unlimited) and a lending limit
 ``L`` (None: lend all of ``N``). As in Kueue, a tenant keeps ``G = N - L`` for itself alone and puts ``L``
@@ -35,12 +38,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.scheduling.config import QueueConfig, ResourceAmounts
+from engine.scheduling.config import QueueConfig, ResourceAmounts, for_flavor
 from engine.scheduling.inventory import millicores
 from engine.scheduling.model import GangRequest
 from engine.scheduling.usage_decay import FloatVec, UsageDecay
 
-__all__ = ["RESOURCES", "Blocked", "Tenancy", "Vec", "demand"]
+__all__ = ["RESOURCES", "Blocked", "Ledger", "Tenancy", "Vec", "demand", "key", "ledgers"]
 
 Vec = tuple[int, int, int]
 RESOURCES = ("gpu", "cpu", "mem")
@@ -51,6 +54,42 @@ def demand(request: GangRequest) -> Vec:
     """A gang's whole demand: GPUs, millicores and bytes over all of its nodes."""
     n = request.nnodes
     return (n * request.gpus_per_node, n * millicores(request.cpus_per_node), n * (request.mem_per_node or 0))
+
+
+#: one ledger entry: (key, tenant, quota, borrowing limit, lending limit, weight, root cohort's pool key)
+Ledger = tuple[str, str, ResourceAmounts | None, ResourceAmounts | None, ResourceAmounts | None, float, str | None]
+
+
+def key(tenant: str, flavor: str | None) -> str:
+    """The tenancy ledger's key of a tenant on a flavor (tenant and flavor names are DNS labels: no '/')."""
+    return tenant if flavor is None else f"{tenant}/{flavor}"
+
+
+def ledgers(config: QueueConfig) -> list[Ledger]:
+    """The tenancy ledger's entries, in the configuration's order: one per tenant without flavors (keyed by its
+    name, as before flavors), one per tenant and flavor it may use with them."""
+    rows: list[Ledger] = []
+    for t in config.tenants:
+        root = config.root_cohort(t.name)
+        for flavor in config.tenant_flavors(t.name) or (None,):
+            rows.append(
+                (
+                    key(t.name, flavor),
+                    t.name,
+                    _flat(t.quota, flavor),
+                    _flat(t.borrowing_limit, flavor),
+                    _flat(t.lending_limit, flavor),
+                    t.weight,
+                    None if root is None else key(root, flavor),
+                )
+            )
+    return rows
+
+
+def _flat(amounts: ResourceAmounts | dict[str, ResourceAmounts] | None, flavor: str | None) -> ResourceAmounts | None:
+    if flavor is None:  # no flavors: the configuration's quotas are per resource (config_checks)
+        return amounts if isinstance(amounts, ResourceAmounts) else None
+    return for_flavor(amounts, flavor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,27 +155,30 @@ class Tenancy:
         versions: dict[str, list[int]] = {}
         #: per root cohort, its tenants in the configuration's order
         self.members: dict[str, list[str]] = {}
-        for t in config.tenants:
-            nominal = _amounts(t.quota)
-            lending = _amounts(t.lending_limit)
-            root = config.root_cohort(t.name)
+        #: per tenant its ledger keys: its name alone without flavors, ``tenant/flavor`` per flavor with them
+        #: (``engine.scheduling.flavors``); a pool's key is its root cohort's, per flavor alike
+        self.keys: dict[str, list[str]] = {}
+        for name, owner, quota, borrowing, lending_limit, weight, root in ledgers(config):
+            nominal = _amounts(quota)
+            lending = _amounts(lending_limit)
             lendable = tuple(
                 0 if root is None or n is None else (n if lim is None else min(lim, n))
                 for n, lim in zip(nominal, lending, strict=True)
             )
             guaranteed = tuple((n or 0) - lend for n, lend in zip(nominal, lendable, strict=True))
-            self.tenants[t.name] = _Tenant(
+            self.tenants[name] = _Tenant(
                 nominal=nominal,
-                borrowing=_amounts(t.borrowing_limit),
+                borrowing=_amounts(borrowing),
                 guaranteed=(guaranteed[0], guaranteed[1], guaranteed[2]),
                 lendable=(lendable[0], lendable[1], lendable[2]),
-                weight=t.weight,
+                weight=weight,
                 root=root,
                 used=[0, 0, 0],
                 pool_version=[0] if root is None else versions.setdefault(root, [0]),
             )
+            self.keys.setdefault(owner, []).append(name)
             if root is not None:
-                self.members.setdefault(root, []).append(t.name)
+                self.members.setdefault(root, []).append(name)
                 total = self.pool_total.setdefault(root, [0, 0, 0])
                 self.pool_used.setdefault(root, [0, 0, 0])
                 for r in range(3):
@@ -166,8 +208,9 @@ class Tenancy:
     def add(self, tenant: str, vec: Vec, sign: int = 1, *, protected: bool = False) -> None:
         """Count (``sign=1``) or uncount (``-1``) a gang's demand; ``protected``: a gang not preemptible."""
         t = self._get(tenant)
-        self.changes[tenant] = self.changes.get(tenant, 0) + 1
-        self.touched.add(tenant)
+        owner = tenant.partition("/")[0]  # the tenant of a ledger key (``keys``)
+        self.changes[owner] = self.changes.get(owner, 0) + 1
+        self.touched.add(owner)
         t.pool_version[0] += 1
         if protected:
             for r in range(3):
@@ -204,7 +247,8 @@ class Tenancy:
         if decay is None or decay.ranked_at(now) == decay.ranked_at(before):
             return False
         moved = False
-        for tenant in decay.moving():
+        for key in decay.moving():
+            tenant = key.partition("/")[0]  # the tenant of a ledger key (``keys``)
             self.changes[tenant] = self.changes.get(tenant, 0) + 1
             self.touched.add(tenant)
             moved = True
@@ -312,6 +356,21 @@ class Tenancy:
         if dominant == 0.0:
             return 0.0
         return dominant / t.weight if t.weight > 0 else _INF
+
+    def tenant_share(self, tenant: str, capacity: Sequence[int]) -> float:
+        """A tenant's fair share: the largest of its ledger keys' shares (one without flavors)."""
+        keys = self.keys.get(tenant)
+        if not keys:
+            return self.share(tenant, capacity)
+        return max(self.share(k, capacity) for k in keys)
+
+    def tenant_within_nominal(self, tenant: str, vec: Vec) -> bool:
+        """Whether ``vec`` keeps the tenant within its nominal quota on one of its flavors at least."""
+        return any(self.within_nominal(k, vec) for k in self.keys.get(tenant) or [tenant])
+
+    def uncohorted(self) -> list[str]:
+        """The configured ledger keys outside any cohort, in the configuration's order."""
+        return [k for keys in self.keys.values() for k in keys if self.tenants[k].root is None]
 
     def used(self, tenant: str) -> tuple[int, int, int]:
         u = self._get(tenant).used

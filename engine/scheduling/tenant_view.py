@@ -7,7 +7,10 @@ answers and of the tenant's own gangs' status. The tenant comes from the endpoin
 
 Kept: the tenant's running and pending gangs (with their queue position, which says how many gangs go
 first, not whose), its own quota row, and cluster-wide totals of capacity (how many nodes and GPUs there
-are, as Kueue shows a ClusterQueue's). Dropped: the nodes (the platform's), other tenants' rows. Every text
+are, as Kueue shows a ClusterQueue's); what a task may ask for: the flavors and topology levels the queue
+configuration declares (names only) and the distinct label sets the nodes carry (without the nodes), so a run
+asking for one the cluster lacks is refused before it starts (engine.client._fleet). Dropped: the nodes (the
+platform's: ids, addresses, who runs where), other tenants' rows. Every text
 the tenant is shown (pending reasons, phases, attempt reasons) has other tenants' gang ids replaced with
 "a gang of <tenant>": a gang id carries its run's id, which is that tenant's own business.
 """
@@ -72,8 +75,15 @@ def own_cluster(described: Mapping[str, Any], tenant: str) -> dict[str, Any]:
     totals = {k: v for k, v in (described.get("totals") or {}).items() if k in _TOTALS}
     totals.update(running=len(running), pending=len(pending))
     rows = described.get("tenants") or {}
+    sets: list[dict[str, Any]] = []
+    for node in described.get("nodes") or []:
+        labels = node.get("labels") if isinstance(node, Mapping) else None
+        own = dict(labels) if isinstance(labels, Mapping) else {}
+        if own not in sets:
+            sets.append(own)
     return {
         "tenant_view": tenant,
+        "label_sets": sets,
         "nodes": [],
         "drained": [],
         "tenants": {tenant: rows[tenant]} if tenant in rows else {},
@@ -84,9 +94,24 @@ def own_cluster(described: Mapping[str, Any], tenant: str) -> dict[str, Any]:
 
 
 def own_queues(queues: Mapping[str, Any], tenant: str) -> dict[str, Any]:
-    """The tenant's row of the Scheduler's ``queues`` answer (its quota, use, borrowing, share), alone."""
+    """The tenant's row of the Scheduler's ``queues`` answer (its quota, use, borrowing, share), alone, and the
+    names of the flavors and topology levels the configuration declares."""
     rows = queues.get("tenants") or {}
-    return {"tenant_view": tenant, "tenants": {tenant: rows[tenant]} if tenant in rows else {}}
+    config = queues.get("config")
+    config = config if isinstance(config, Mapping) else {}
+    flavors = [str(f.get("name")) for f in config.get("flavors") or [] if isinstance(f, Mapping)]
+    levels = config.get("topology")
+    own = next((t for t in config.get("tenants") or [] if isinstance(t, Mapping) and t.get("name") == tenant), {})
+    quota = own.get("quota")
+    per_flavor = isinstance(quota, Mapping) and quota and all(isinstance(v, Mapping) for v in quota.values())
+    return {
+        "tenant_view": tenant,
+        "tenants": {tenant: rows[tenant]} if tenant in rows else {},
+        "flavors": flavors,
+        "topology": [str(level) for level in levels] if isinstance(levels, list) else [],
+        # the flavors its quota names, where it is per flavor (it may use only those); None: every flavor
+        "own_flavors": [str(name) for name in quota] if per_flavor and isinstance(quota, Mapping) else None,
+    }
 
 
 def own_gang(status: Mapping[str, Any], tenant: str, tenants: Iterable[str]) -> dict[str, Any]:

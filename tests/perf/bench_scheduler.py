@@ -3,6 +3,8 @@
     python tests/perf/bench_scheduler.py [--nodes 1000] [--gpus-per-node 8] [--gangs 15000] [--tenants 10]
                                          [--seed 0] [--load 1.5] [--save-s 30] [--grace-s 120]
                                          [--min-runtime-s 60] [--usage-half-life-s H] [--fifo-budget-s 60]
+                                         [--flavors h100:400,a100:600]   # GPU flavors: bench_fleet.py
+                                         [--racks 50]
                                          [--json | --markdown]
     python tests/perf/bench_scheduler.py --render RESULT.json     # the README rows of a saved JSON line
 
@@ -52,6 +54,8 @@ Metrics, per scheduler:
   (``deadlines_advance``), every gang finished (``all_finished``); ``violations`` says what failed.
   A trace also stops after 100 scheduler calls per gang, lest a preemption loop never end.
 * ``decision_hash`` — SHA-256 of every decision and its time: the same seed gives the same hash.
+* ``--racks N``: topology-aware placement against topology-blind placement on the same racked nodes, a
+  ``blind`` side beside ``policy``, each with ``gangs_in_one_domain`` (``bench_topology``).
 
 Prints ONE JSON line ``{"benchmark": "scheduler", "fifo": {...}, "policy": {...}, "config": {...}, ...}`` on
 stdout and a table on stderr (``--markdown``: the README's rows; ``--json``: no table). Not a test:
@@ -384,6 +388,7 @@ class Adapter:
         self.cpu_s = 0.0
         self.counts: dict[str, int] = {}
         self._digest = hashlib.sha256()
+        self.fleet: Any = None  # ``--flavors``: bench_fleet.Fleet (node labels, gangs' flavors, violations)
 
     def register(self, node_id: str, gpus: int, cpus: int, now: float) -> list[Outcome]:
         raise NotImplementedError
@@ -419,6 +424,9 @@ class Adapter:
             if kind == "admitted":
                 nodes = tuple((a.node_id, tuple(a.gpu_ids)) for a in decision.placement.nodes)
                 out.append(Outcome(kind, decision.placement.gang_id, nodes=nodes))
+                if self.fleet is not None:
+                    ids = [n for n, _ in nodes]
+                    self.fleet.check(self.name, decision.placement.gang_id, ids, getattr(decision, "flavor", None))
             elif kind == "preempted":
                 out.append(
                     Outcome(kind, decision.gang_id, by=decision.by, cause=decision.cause, reason=decision.reason)
@@ -453,7 +461,8 @@ class PolicyAdapter(Adapter):
         return self._timed(lambda: self.policy.step(event, now), now)
 
     def register(self, node_id: str, gpus: int, cpus: int, now: float) -> list[Outcome]:
-        spec = self.s.NodeSpec(node_id=node_id, address=f"{node_id}:0", gpus=gpus, cpus=cpus)
+        labels = self.fleet.labels(node_id) if self.fleet is not None else {}
+        spec = self.s.NodeSpec(node_id=node_id, address=f"{node_id}:0", gpus=gpus, cpus=cpus, labels=labels)
         return self._step(self.s.NodeRegistered(spec=spec), now)
 
     def submit(self, gang: SimGang, now: float) -> list[Outcome]:
@@ -464,6 +473,7 @@ class PolicyAdapter(Adapter):
             cpus_per_node=gang.cpus_per_node,
             tenant=gang.tenant,
             priority=gang.priority,
+            flavors=self.fleet.gang_flavors[gang.gang_id] if self.fleet is not None else (),
         )
         return self._step(self.s.GangSubmitted(request=request), now)
 
@@ -1220,6 +1230,7 @@ def table(result: dict[str, Any]) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    import bench_topology  # imports this module: not at the top (an import cycle)
     from benchenv import arguments, at_least_one, output_options
 
     parser = arguments(__doc__)
@@ -1281,8 +1292,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=OPTIONAL_FLAGS["fifo_budget_s"],
         help="wall-clock cap for the FIFO baseline, 0 to skip it (default %(default)s)",
     )
+    parser.add_argument(
+        "--flavors",
+        default=None,
+        help="GPU flavors, NAME:NODES,... (e.g. h100:400,a100:600; replaces --nodes): bench_fleet.py",
+    )
+    bench_topology.add_arguments(parser)
     output_options(parser, json_flag=True)
     args = parser.parse_args(argv)
+    if args.flavors is not None:
+        from bench_fleet import parse_flavors
+
+        try:
+            args.flavors = parse_flavors(args.flavors)
+        except ValueError as error:
+            parser.error(str(error))
+        args.nodes = sum(n for _, n in args.flavors)
+    bench_topology.check_arguments(parser, args, args.nodes)
     for flag in ("save_s", "min_runtime_s"):
         if getattr(args, flag) is None:
             setattr(args, flag, defaults(args.workload)[flag])
@@ -1325,6 +1351,7 @@ def told(args: argparse.Namespace, workload: Workload) -> Checkpoints | None:
 
 
 def main(args: argparse.Namespace) -> None:
+    import bench_topology
     from benchenv import LoadSampler, emit, environment, log, render
 
     if args.render:
@@ -1336,6 +1363,13 @@ def main(args: argparse.Namespace) -> None:
     else:
         workload = generate_workload(args.nodes, args.gpus_per_node, args.gangs, args.tenants, args.seed, args.load)
     queue = queue_config(workload, args.grace_s, args.min_runtime_s, args.usage_half_life_s)
+    fleet = None
+    if args.flavors:  # bench_fleet.py: labelled nodes, per-flavor quotas, gangs asking for flavors
+        from bench_fleet import Fleet
+
+        fleet = Fleet(args.flavors)
+        fleet.label(workload.node_ids(), [g.gang_id for g in workload.gangs], args.seed)
+        queue = fleet.queue(queue)
     bound = workload.bound()
     config: dict[str, Any] = {
         "workload": workload.name,
@@ -1368,6 +1402,7 @@ def main(args: argparse.Namespace) -> None:
         "high_priority": sum(1 for g in workload.gangs if g.priority == "high"),
         "queue": queue,
         "policy_source": source_digest(),
+        **({"racks": args.racks} if args.racks else {}),
     }
     log(
         f"{workload.name}: {len(workload.gangs):,} gangs, {len(workload.tenants)} tenants, "
@@ -1378,15 +1413,28 @@ def main(args: argparse.Namespace) -> None:
     with LoadSampler() as load:
         try:
             adapter = PolicyAdapter(queue)
+            adapter.fleet = fleet
         except ImportError as exc:
             result["policy"] = {"skipped": f"engine.scheduling.Policy is not available: {exc}"}
         else:
-            log("policy ...")
-            result["policy"] = simulate(workload, adapter, args.save_s, progress=log, checkpoints=told(args, workload))
-            log(f"  {result['policy']['events']:,} calls in {result['policy']['wall_s']:.1f} s")
+            if args.racks:  # topology-aware ("policy") and blind ("blind") on racked nodes (bench_topology)
+                sides = bench_topology.run_sides(
+                    simulate, workload, queue, args.racks, args.save_s, log, lambda: told(args, workload), fleet
+                )
+                result.update(sides)
+            else:
+                log("policy ...")
+                checkpoints = told(args, workload)
+                result["policy"] = simulate(workload, adapter, args.save_s, progress=log, checkpoints=checkpoints)
+                log(f"  {result['policy']['events']:,} calls in {result['policy']['wall_s']:.1f} s")
             if args.checkpoint_interval is not None:  # the same trace and reports, victims by the rule before
                 log("policy, victims by the rule before lost work ...")
-                today = PolicyAdapter(queue)
+                today = (
+                    bench_topology.RackedAdapter(queue, workload.node_ids(), args.racks, aware=True)
+                    if args.racks
+                    else PolicyAdapter(queue)
+                )
+                today.name, today.fleet = "policy_today", fleet
                 today.policy.lost_work.counting = False
                 result["policy_today"] = simulate(
                     workload, today, args.save_s, progress=log, checkpoints=told(args, workload)
@@ -1400,13 +1448,21 @@ def main(args: argparse.Namespace) -> None:
             else:
                 log(f"fifo (from {BASELINE_COMMIT}, at most {args.fifo_budget_s:g} s) ...")
                 fifo = FifoAdapter(baseline)
+                fifo.fleet = fleet
                 result["fifo"] = simulate(workload, fifo, args.save_s, budget_s=args.fifo_budget_s, progress=log)
                 log(f"  {result['fifo']['events']:,} calls in {result['fifo']['wall_s']:.1f} s")
+    for side in ("fifo", "policy", "blind", "policy_today") if fleet is not None else ():
+        if side in result and "skipped" not in result[side]:
+            result[side]["flavor_violations"] = fleet.violations.get(side, 0)
+    if fleet is not None:
+        config["flavors"] = dict(fleet.flavors)
+        config["flavor_violation_examples"] = fleet.examples
     result = {
         "benchmark": "scheduler",
         "fifo": result["fifo"],
         "policy": result["policy"],
         **({"policy_today": result["policy_today"]} if "policy_today" in result else {}),
+        **({"blind": result["blind"]} if "blind" in result else {}),
         "config": config,
         "environment": environment(),
         "load": load.summary(),

@@ -460,3 +460,29 @@ def test_render_of_a_missing_file_says_so(tmp_path: Path) -> None:
     done = bench("--render", str(tmp_path / "nope.json"))
     assert done.returncode == 1
     assert "cannot read" in done.stderr and "Traceback" not in done.stderr
+
+
+# -- GPU flavors (bench_fleet.py) ---------------------------------------------------------------------------
+def test_a_flavored_run_counts_flavor_violations_and_the_policy_has_none() -> None:
+    result = json_line(bench("--flavors", "h100:8,a100:12", *SMALL[2:], "--fifo-budget-s", "20", "--json", timeout=300))
+    policy = result["policy"]
+    assert policy["flavor_violations"] == 0, result["config"]["flavor_violation_examples"]
+    assert all(policy["checks"].values()), policy["violations"]
+    assert "flavor_violations" in result["fifo"]  # flavor-blind placement, counted the same way
+    assert result["config"]["flavors"] == {"h100": 8, "a100": 12} and result["config"]["nodes"] == 20
+    flavors = result["config"]["queue"]["flavors"]
+    assert [f["name"] for f in flavors] == ["h100", "a100"]
+    quota = result["config"]["queue"]["tenants"][0]["quota"]
+    assert set(quota) == {"h100", "a100"}
+
+
+@pytest.mark.parametrize("flag", ["h100", "h100:0", "h100:4,h100:2", ":3"])
+def test_a_bad_flavors_flag_is_refused(flag: str) -> None:
+    done = bench("--flavors", flag, "--json")
+    assert done.returncode == 2 and "--flavors" in done.stderr, done.stderr
+
+
+def test_without_flavors_the_queue_file_and_requests_are_as_before() -> None:
+    assert bs.parse_args([]).flavors is None
+    w = bs.generate_workload(20, 8, 50, 3, 0, 1.5)
+    assert "flavors" not in bs.queue_config(w, grace_s=120, min_runtime_s=0)

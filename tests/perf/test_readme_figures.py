@@ -18,7 +18,17 @@ from benchenv import markdown_table, read_result
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = HERE.parents[1] / "README.md"
-BENCHMARKS = ["orchestration", "launch", "scheduler", "scheduler_workflow", "preemption", "isolation", "map", "sandbox"]
+BENCHMARKS = [
+    "orchestration",
+    "launch",
+    "scheduler",
+    "scheduler_workflow",
+    "preemption",
+    "isolation",
+    "map",
+    "sandbox",
+    "goodput",
+]
 #: the benchmarks that repeat their measurement (``--reps``); the scheduler's is one deterministic simulation
 REPEATED = ["orchestration", "launch", "preemption", "isolation", "map"]
 
@@ -111,6 +121,13 @@ def test_sandbox_compares_every_mode_against_no_sandbox() -> None:
     blocks = result["samples"]["blocks"]
     assert {b["mode"] for b in blocks} == {"none", "cgroups", "full"}
     assert all(isinstance(b["load_1min"], float) for b in blocks)
+
+
+def test_goodput_figure_shows_both_claims_held_on_a_kill_and_a_preemption() -> None:
+    """The README's goodput figure: one run, a node lost and a preemption, each losing steps the logs confirm."""
+    result = read_result(RESULTS / "goodput.json", "goodput")
+    assert result["claims"]["sum_within_1pct"] and result["claims"]["lost_steps_match"]
+    assert {x["cause"] for x in result["lost"]} == {"lost_failure", "lost_preemption"}
 
 
 def test_sandbox_zero_repeats_are_refused_before_anything_starts() -> None:

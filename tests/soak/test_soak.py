@@ -1,6 +1,6 @@
-"""The soak (tests/soak/soak.py): its fault plan, its verdict and its bad input, then a 2-minute soak end to end.
+"""The soak (tests/soak/soak.py): its fault plan, its verdict and its bad input, then a 1-minute soak end to end.
 
-The short soak runs 3 pipelines in flight for 2 minutes on its own stack while 8 faults, of every kind
+The short soak runs 3 pipelines in flight for 1 minute on its own stack while 8 faults, of every kind
 (seed 4), hit it, and asserts what issue 21 asks of faults under load: no run lost, every GPU free
 afterwards, no rank process left behind, every run's final step the one it asked for.
 """
@@ -17,9 +17,10 @@ import pytest
 import soak
 
 HERE = Path(__file__).resolve().parent
-#: the short soak: 2 minutes, 3 pipelines, a fault every 12-20 s (seed 4: all five kinds, one SIGSTOP past the
-#: 10 s heartbeat timeout)
-SHORT = ["--minutes", "2", "--concurrency", "3", "--seed", "4", "--fault-gap", "12:20", "--steps", "60:150"]
+#: the short soak: 1 minute, 3 pipelines, a fault every 6-10 s (seed 4: all five kinds, one SIGSTOP past the
+#: 10 s heartbeat timeout). The plan draws the same faults (kinds, targets, holds, restart delays) whatever
+#: the gap: these are the 8 faults the 2-minute soak with a 12-20 s gap drew, twice as dense (suite time).
+SHORT = ["--minutes", "1", "--concurrency", "3", "--seed", "4", "--fault-gap", "6:10", "--steps", "60:150"]
 
 
 def run_soak(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -35,14 +36,17 @@ def run_soak(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
 
 
 def test_the_fault_plan_is_the_seeds_alone() -> None:
-    plan = soak.fault_plan(4, 120, (12.0, 20.0))
-    assert plan == soak.fault_plan(4, 120, (12.0, 20.0))
-    assert plan != soak.fault_plan(5, 120, (12.0, 20.0))
+    plan = soak.fault_plan(4, 60, (6.0, 10.0))
+    assert plan == soak.fault_plan(4, 60, (6.0, 10.0))
+    assert plan != soak.fault_plan(5, 60, (6.0, 10.0))
     # what the short soak relies on
     assert {f.kind for f in plan} == set(soak.FAULTS) and len(plan) == 8
     assert max(f.hold for f in plan if f.kind == "agent_sigstop") > 10
     gaps = [b.at - a.at for a, b in zip([soak.Fault(0, "", 0, 0, 0), *plan], plan, strict=False)]
-    assert all(12.0 <= g <= 20.0 for g in gaps) and plan[-1].at < 120, gaps
+    assert all(6.0 <= g <= 10.0 for g in gaps) and plan[-1].at < 60, gaps
+    # the same faults as a 2-minute soak at twice the gap: only the times scale
+    slow = soak.fault_plan(4, 120, (12.0, 20.0))
+    assert [(f.kind, f.pick, f.hold, f.delay) for f in plan] == [(f.kind, f.pick, f.hold, f.delay) for f in slow]
     assert all(5 <= f.hold <= 20 and 1 <= f.delay <= 3 and 0 <= f.pick < 1 for f in plan)
 
 
@@ -114,10 +118,20 @@ def test_the_cause_is_the_innermost_named_error() -> None:
         (("--minute", "2"), "unrecognized arguments: --minute"),
     ],
 )
-def test_bad_flags_are_refused_before_anything_starts(args: tuple[str, ...], message: str) -> None:
-    done = run_soak(*args)
+def test_bad_flags_are_refused_before_anything_starts(
+    args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the parser in-process (what `soak.py` runs first, before it imports or starts anything)
+    with pytest.raises(SystemExit) as exited:
+        soak.parse_args(list(args))
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_bad_flag_exits_2_from_the_command_line() -> None:
+    done = run_soak("--concurrency", "0")
     assert done.returncode == 2, done.stderr
-    assert message in done.stderr and "Traceback" not in done.stderr
+    assert "--concurrency must be at least 1, got 0" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.slow

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import gangflow_cli, gangflow_main
 
 FLOW = "from engine import workflow\n\n@workflow\nasync def wf() -> int:\n    return 1\n"
 
@@ -22,14 +20,11 @@ FLOW = "from engine import workflow\n\n@workflow\nasync def wf() -> int:\n    re
 )
 def test_run_refuses_an_unusable_artifact_root_before_connecting(tmp_path: Path, root: str, reason: str):
     (tmp_path / "flow.py").write_text(FLOW)
-    done = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "run", "flow.py:wf", "--artifacts", root],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        # nothing listens there: the refusal must come before any connection attempt (that would be exit 1)
-        env=dict(os.environ, GANGFLOW_ADDRESS="127.0.0.1:9", GANGFLOW_CACHE=str(tmp_path / "cache"), COLUMNS="10000"),
-        timeout=120,
-    )
+    # nothing listens there: the refusal must come before any connection attempt (that would be exit 1)
+    env = {"GANGFLOW_ADDRESS": "127.0.0.1:9", "GANGFLOW_CACHE": str(tmp_path / "cache"), "COLUMNS": "10000"}
+    args = ("run", "flow.py:wf", "--artifacts", root)
+    # the first as a user runs it (a real process), the others in this process (no process start)
+    runner = gangflow_cli if root.startswith("/etc/") else gangflow_main
+    done = runner(*args, cwd=tmp_path, **env)
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"artifact root {root!r} cannot be used: {reason}" in done.stderr and "Traceback" not in done.stderr

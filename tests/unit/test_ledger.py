@@ -34,6 +34,23 @@ def test_a_completed_attempt_launch_checkpoints_steps_and_the_tail() -> None:
     assert ledger["productive_gpu_s"] == (52 - 5 - 2 - 2) * 4 and ledger["goodput"] == pytest.approx(43 / 52, abs=1e-4)
 
 
+def test_pauses_between_reports_are_idle_and_those_after_the_last_checkpoint_are_lost_work() -> None:
+    # ranks stepping from 105 to 150 that paused 10 s and 6 s between reports (the means: 8 s), and 3 s before
+    # the checkpoint at 140: a completed attempt counts all 8 s idle, a preempted one the 3 s before its checkpoint
+    reports = [dict(since=105, time=150, first_step=1, idle_s=idle, ckpt_time=140, ckpt_s=2.0) for idle in (10, 6)]
+    reports[0]["ckpt_idle_s"] = 3.0  # rank 0 saves: only its report names the checkpoint's pauses
+    nodes = [{"node": "n", "gpus": 1, "started": 102, "progress": {str(i): r for i, r in enumerate(reports)}}]
+    done = attempt_ledger(attempt("completed", 100, 152), nodes)
+    assert done is not None and parts(done) == {"launch": 5.0, "checkpoint": 2.0, "idle": 8.0 + 2.0}
+    assert done["productive_gpu_s"] == 52 - 5 - 2 - 10
+    preempted = attempt_ledger(attempt("preempted", 100, 152, "preempted by x of t (reclaim)"), nodes)
+    assert preempted is not None
+    assert parts(preempted) == {"launch": 5.0, "checkpoint": 2.0, "idle": 3.0, "lost_preemption": 12.0}
+    no_checkpoint = [{**n, "progress": {"0": {"since": 105, "time": 150, "first_step": 1, "idle_s": 9}}} for n in nodes]
+    failed = attempt_ledger(attempt("system", 100, 152, "node n lost"), no_checkpoint)
+    assert failed is not None and parts(failed) == {"launch": 5.0, "lost_failure": 47.0}  # every pause lost too
+
+
 def test_a_preempted_attempt_resumed_from_a_checkpoint_loses_the_work_since_its_last_one() -> None:
     nodes = [node(1, 102, since=110, time=149, first_step=41, ckpt_time=140, ckpt_s=1.0)]
     ledger = attempt_ledger(attempt("preempted", 100, 150, "preempted by b.train-1 of team-b (reclaim)"), nodes)
@@ -75,8 +92,12 @@ def test_the_parts_always_add_up_to_the_allocated_gpu_seconds() -> None:
         end = placed + rng.uniform(0, 500)
         times = sorted(rng.uniform(placed - 10, end + 10) for _ in range(4))
         report = {"since": times[1], "time": times[3], "first_step": rng.choice([0, 1, 50])}
+        if rng.random() < 0.7:  # pauses between reports: any size, even more than the attempt lasted
+            report["idle_s"] = rng.uniform(0, 600)
         if rng.random() < 0.7:
             report.update(ckpt_time=times[2], ckpt_s=rng.uniform(0, 50))
+            if "idle_s" in report:
+                report["ckpt_idle_s"] = rng.uniform(0, report["idle_s"])
         kind = rng.choice(["completed", "cancelled", "preempted", "user", "system"])
         reason = rng.choice(["", "node n1 is draining", "rank 0 (node n1) (hung): no report", "preempted by x"])
         ledger = attempt_ledger(attempt(kind, placed, end, reason), [node(rng.randint(0, 8), times[0], **report)])
@@ -100,7 +121,7 @@ def test_attempts_add_up_and_the_line_names_the_biggest_causes_first() -> None:
     assert set(BADPUT) == set(total["badput"])
 
 
-def test_usage_rows_by_tenant_run_and_cause() -> None:
+def test_usage_rows_by_tenant_run_priority_class_and_cause() -> None:
     from engine.cli.usage import usage_rows
 
     def ledger(alloc: float, productive: float, **badput: float) -> dict[str, Any]:
@@ -115,9 +136,9 @@ def test_usage_rows_by_tenant_run_and_cause() -> None:
         }
 
     entries = [
-        {"tenant": "a", "run": "r1", "ledger": ledger(100, 90, launch=10), "wait_s": 5},
-        {"tenant": "a", "run": "r2", "ledger": ledger(50, 25, lost_preemption=25), "wait_s": 1},
-        {"tenant": "b", "run": "r3", "ledger": None, "wait_s": 2},  # a gang that never started
+        {"tenant": "a", "run": "r1", "priority": "high", "ledger": ledger(100, 90, launch=10), "wait_s": 5},
+        {"tenant": "a", "run": "r2", "priority": "low", "ledger": ledger(50, 25, lost_preemption=25), "wait_s": 1},
+        {"tenant": "b", "run": "r3", "priority": "high", "ledger": None, "wait_s": 2},  # a gang that never started
     ]
     by_tenant = usage_rows(entries, "tenant")
     assert [(r["tenant"], r["allocated_gpu_s"], r["wait_s"]) for r in by_tenant] == [("a", 150, 6), ("b", 0, 2)]
@@ -126,6 +147,12 @@ def test_usage_rows_by_tenant_run_and_cause() -> None:
     assert [r["run"] for r in usage_rows(entries, "run")] == ["r1", "r2", "r3"]
     causes = {r["cause"]: r["gpu_s"] for r in usage_rows(entries, "cause")}
     assert causes["productive"] == 115 and causes["launch"] == 10 and sum(causes.values()) == 150
+    by_class = usage_rows(entries, "priority")
+    assert [(r["priority"], r["tenants"], r["allocated_gpu_s"], r["wait_s"]) for r in by_class] == [
+        ("high", ["a", "b"], 100, 7),
+        ("low", ["a"], 50, 0 + 1),
+    ]
+    assert by_class[1]["badput"]["lost_preemption"] == 25 and by_class[0]["goodput"] == pytest.approx(0.9)
 
 
 @pytest.mark.parametrize("text, seconds", [("7d", 7 * 86400), ("12h", 43200), ("30m", 1800), ("1.5h", 5400)])

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
-from conftest import gangflow_cli
+from conftest import gangflow_cli, gangflow_main
 from prometheus_client import generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -131,7 +131,7 @@ def test_a_bad_or_taken_metrics_port_is_refused_before_anything_starts(command: 
     extra = ["--node-id", "n1"] if command == "node" else []
     # nothing listens at this address: a command that got past the check would say it cannot reach Temporal
     address = ["--address", "127.0.0.1:1"]
-    bad = gangflow_cli(command, *extra, *address, "--metrics-port", "70000", timeout=60)
+    bad = gangflow_main(command, *extra, *address, "--metrics-port", "70000")  # in this process: parsing only
     assert bad.returncode == 2 and "--metrics-port must be a port between 1 and 65535, got 70000" in bad.stderr
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))

@@ -233,3 +233,40 @@ def test_a_symlink_planted_in_the_scaffold_stops_the_rank_and_creates_nothing_wh
             env={"PATH": "/usr/bin:/bin"},
         )
     assert list(elsewhere.iterdir()) == []  # nothing was created (or mounted) through the symlink
+
+
+CWD_PROBE = """
+import json, os
+said = {}
+try:
+    open("planted", "w")
+    said["cwd"] = "written"
+except OSError as exc:
+    said["cwd"] = f"errno:{exc.errno}"
+said["sibling"] = os.path.exists("../k2/input")
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not supported(), reason="a mount namespace needs root (CAP_SYS_ADMIN)")
+def test_a_rank_started_in_its_code_folder_works_in_the_read_only_bind_not_the_nodes_folder(tree: Path) -> None:
+    """subprocess changes a child's directory before the preexec hook makes its namespace: the rank must end up
+    in the bind (read-only: EROFS), not in the node's folder below it, from which ``..`` showed the hidden rest."""
+    home = tree / "home"
+    code = home / "cache" / "stores" / "k1"
+    user = gang_user("team-a", "gang-cwd")
+    python = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+    plan = plan_mounts([*python, code], [], None, hide=[home / "cache"])
+    done = subprocess.run(
+        [sys.executable, "-c", CWD_PROBE],
+        cwd=code,
+        preexec_fn=lambda: enter([], user, None, plan),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said["cwd"] == "errno:30", said  # EROFS: the bind, not the node's own folder (EACCES)
+    assert said["sibling"] is False, said  # k2, another store's copy, is not there

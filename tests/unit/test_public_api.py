@@ -34,6 +34,7 @@ PUBLIC = {
         "Retry",
         "Schema",
         "Secret",
+        "Topology",
         "TypeMismatchError",
         "WaitTimedOut",
         "approve",

@@ -40,6 +40,7 @@ from engine.scheduling import (
     QueueConfig,
     TenantConfig,
     Tick,
+    dump_queue_config,
     load_queue_config,
 )
 
@@ -102,7 +103,11 @@ policy: {min_runtime: 30s, preemption_grace: 10s, usage_half_life: 2m}
 """,
     )
 ]
+#: the same configurations with a topology level (``rack``), for the streams of topology-aware gangs
+TOPOLOGY_CONFIGS = [QueueConfig.model_validate({**dump_queue_config(c), "topology": ["rack"]}) for c in CONFIGS]
 NODE_IDS = ["n0", "n1", "n2", "n3"]
+RACKS = {"n0": "r0", "n1": "r0", "n2": "r1"}  # n3 has no rack label: it is in no rack
+TOPOLOGY = [{}, {}, {"topology_required": "rack"}, {"topology_preferred": "rack"}]
 TENANTS = ["team-a", "team-a", "team-b", "team-b", "team-c", "team-z"]  # team-z is never configured
 PRIORITIES = [None, None, "low", "low", "high", "vip", "urgent"]  # urgent is never configured
 NNODES = [1, 1, 1, 1, 2, 2, 3]
@@ -198,7 +203,6 @@ class World:
                 f"{where}: cohort {root} pool {total} exceeded"
             )
 
-
     def check_protected(self, request: GangRequest) -> None:
         """A gang that is not preemptible was admitted only within its tenant's nominal quota, counting the
         tenant's other such gangs: only preemptible gangs borrow."""
@@ -241,6 +245,10 @@ def check_step(world: World, event: Event, decisions: list[Decision]) -> None:
             nodes = d.placement.nodes
             assert len(nodes) == request.nnodes and len({a.node_id for a in nodes}) == request.nnodes
             assert [a.node_rank for a in nodes] == list(range(request.nnodes))
+            level = request.topology_required
+            if level is not None:  # all in ONE domain of the level, and never on a node without its label
+                domains = {world.specs[a.node_id].labels.get(level) for a in nodes}
+                assert len(domains) == 1 and None not in domains, f"{gang_id} spans {domains} of {level}"
             for a in nodes:
                 assert a.node_id in world.alive, f"{gang_id} placed on lost node {a.node_id}"
                 assert a.node_id not in world.drained, f"{gang_id} placed on drained node {a.node_id}"
@@ -364,8 +372,11 @@ def check_drain(world: World, event: Event, decisions: list[Decision], leaving: 
 
 
 @st.composite
-def next_events(draw: st.DrawFn, world: World, gangs: dict[str, GangRequest]) -> list[Event]:
-    """One operation (one or two events), chosen from what the test's model says exists."""
+def next_events(
+    draw: st.DrawFn, world: World, gangs: dict[str, GangRequest], configs: list[QueueConfig] = CONFIGS
+) -> list[Event]:
+    """One operation (one or two events), chosen from what the test's model says exists (``configs``: those
+    with a topology level: gangs name it too)."""
     ops = ["submit"] * 6 + ["finish"] * 3 + ["come-back"] * 2
     ops += ["withdraw", "lose", "return", "tick", "config", "drain", "undrain"]
     op = draw(st.sampled_from(ops))
@@ -390,7 +401,7 @@ def next_events(draw: st.DrawFn, world: World, gangs: dict[str, GangRequest]) ->
     if op == "tick":
         return [Tick()]
     if op == "config":
-        return [ConfigApplied(config=draw(st.sampled_from(CONFIGS)))]
+        return [ConfigApplied(config=draw(st.sampled_from(configs)))]
     gang_id = f"g{len(gangs)}"
     request = GangRequest(
         gang_id=gang_id,
@@ -401,6 +412,7 @@ def next_events(draw: st.DrawFn, world: World, gangs: dict[str, GangRequest]) ->
         priority=draw(st.sampled_from(PRIORITIES)),
         preemptible=draw(st.sampled_from([True, True, True, False])),
         lost_node_wait_s=draw(st.sampled_from([30.0, 600.0])),
+        **(draw(st.sampled_from(TOPOLOGY)) if configs is TOPOLOGY_CONFIGS else {}),
     )
     gangs[gang_id] = request
     return [GangSubmitted(request=request)]
@@ -410,10 +422,13 @@ Log = list[tuple[Event, float, list[Decision]]]
 StepCheck = Callable[[Policy, Policy | None, Event, float, list[Decision]], None]
 
 
-def drive(data: st.DataObject, extra: StepCheck | None = None) -> tuple[QueueConfig, Policy, Log]:
+def drive(
+    data: st.DataObject, extra: StepCheck | None = None, configs: list[QueueConfig] = CONFIGS
+) -> tuple[QueueConfig, Policy, Log]:
     """Run one random stream, checking every step against the test's model (and ``extra``); a policy
-    restored from a snapshot at a random step must decide exactly as the original from then on."""
-    config = data.draw(st.sampled_from(CONFIGS), label="config")
+    restored from a snapshot at a random step must decide exactly as the original from then on.
+    ``TOPOLOGY_CONFIGS``: nodes in racks (one without), gangs requiring or preferring one rack."""
+    config = data.draw(st.sampled_from(configs), label="config")
     policy = Policy(config, node_ttl_s=1e6)
     world = World(config)
     gangs: dict[str, GangRequest] = {}
@@ -439,10 +454,12 @@ def drive(data: st.DataObject, extra: StepCheck | None = None) -> tuple[QueueCon
 
     for node_id in NODE_IDS:
         gpus = data.draw(st.integers(1, 4), label=f"{node_id} GPUs")
-        step(NodeRegistered(spec=NodeSpec(node_id=node_id, address=f"{node_id}.local", gpus=gpus, cpus=8)))
+        labels = {"rack": RACKS[node_id]} if configs is TOPOLOGY_CONFIGS and node_id in RACKS else {}
+        spec = NodeSpec(node_id=node_id, address=f"{node_id}.local", gpus=gpus, cpus=8, labels=labels)
+        step(NodeRegistered(spec=spec))
     for _ in range(data.draw(st.integers(5, 60), label="steps")):
         world.now += data.draw(st.sampled_from([0.0, 0.0, 1.0, 5.0, 20.0, 61.0]))
-        for event in data.draw(next_events(world, gangs)):
+        for event in data.draw(next_events(world, gangs, configs)):
             step(event)
         # as the Scheduler does: a Tick whenever next_deadline has passed, which must settle it
         for _ in range(20):
@@ -466,6 +483,18 @@ PROPERTY = settings(max_examples=60, deadline=None, derandomize=True, database=N
 def test_random_streams_keep_every_invariant(data: st.DataObject) -> None:
     config, policy, log = drive(data)
     # the same stream on a fresh policy: the same decisions (no clock, no randomness, no hash order)
+    again = Policy(config, node_ttl_s=1e6)
+    for event, now, decisions in log:
+        assert again.step(event, now) == decisions, f"a replay decided otherwise on {event} at {now}"
+    assert again.snapshot() == policy.snapshot()
+
+
+@PROPERTY
+@given(st.data())
+def test_random_streams_of_topology_aware_gangs_keep_every_invariant(data: st.DataObject) -> None:
+    # a required gang never spans two racks nor runs on the node without one (check_step), and the policy
+    # replays and restores exactly with node labels and levels in its snapshot
+    config, policy, log = drive(data, configs=TOPOLOGY_CONFIGS)
     again = Policy(config, node_ttl_s=1e6)
     for event, now, decisions in log:
         assert again.step(event, now) == decisions, f"a replay decided otherwise on {event} at {now}"

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import gangflow_main
 
 from engine import DefinitionError, Secret, secret, task
 from engine.core.definitions import definition_of
@@ -229,6 +230,11 @@ def _cli(*args: str, stdin: str = "", cwd: Path) -> subprocess.CompletedProcess[
     )
 
 
+def _main(*args: str, stdin: str = "", cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``_cli`` in this process: for what is refused before anything is written (no process start)."""
+    return gangflow_main("secret", *args, stdin=stdin, cwd=cwd)
+
+
 def test_secret_set_and_list_on_the_dev_state_dir(tmp_path):
     done = _cli("set", "team-a", "hf-token", "--state-dir", "st", stdin="the-value\n", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -256,7 +262,7 @@ def test_secret_set_and_list_on_the_dev_state_dir(tmp_path):
     ],
 )
 def test_secret_cli_refuses_bad_input_with_exit_2(tmp_path, args, stdin, message):
-    done = _cli(*args, "--state-dir", "st", stdin=stdin, cwd=tmp_path)
+    done = _main(*args, "--state-dir", "st", stdin=stdin, cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr
     assert not (tmp_path / "st" / "secrets").exists() or not any((tmp_path / "st" / "secrets").rglob("*tok*"))
@@ -265,13 +271,9 @@ def test_secret_cli_refuses_bad_input_with_exit_2(tmp_path, args, stdin, message
 def test_worker_and_node_refuse_a_secrets_dir_that_is_a_file(tmp_path):
     (tmp_path / "file").write_text("")
     for command in (["worker"], ["node", "--node-id", "n0"]):
-        done = subprocess.run(
-            [sys.executable, "-m", "engine.cli", *command, "--secrets-dir", str(tmp_path / "file")],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "GANGFLOW_ADDRESS": "127.0.0.1:1"},
-            timeout=60,
+        # in this process (refused before anything starts); test_tenant_secrets_... runs the real processes
+        done = gangflow_main(
+            *command, "--secrets-dir", str(tmp_path / "file"), cwd=tmp_path, GANGFLOW_ADDRESS="127.0.0.1:1"
         )
         assert done.returncode == 2 and "is not a directory" in done.stderr, done.stderr
 
@@ -320,7 +322,7 @@ def test_secret_set_on_an_auth_stack_needs_the_tenants_token(tmp_path, monkeypat
         (foreign, "the token was refused"),
     ):
         extra = () if token is None else ("--api-key", token)
-        done = _cli("set", "team-a", "hf-token", "--state-dir", "st", *extra, stdin="v4lue", cwd=tmp_path)
+        done = _main("set", "team-a", "hf-token", "--state-dir", "st", *extra, stdin="v4lue", cwd=tmp_path)
         assert done.returncode == 2 and message in done.stderr, done.stderr
     assert not (tmp_path / "st" / "secrets").exists()
     done = _cli(
@@ -335,6 +337,6 @@ def test_secret_set_on_an_auth_stack_needs_the_tenants_token(tmp_path, monkeypat
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    assert _cli("list", "team-a", "--state-dir", "st", cwd=tmp_path).returncode == 2
+    assert _main("list", "team-a", "--state-dir", "st", cwd=tmp_path).returncode == 2
     listed = _cli("list", "team-a", "--state-dir", "st", "--api-key", keys.tenant_token("team-a", "read"), cwd=tmp_path)
     assert listed.returncode == 0 and listed.stdout.split() == ["hf-token"]

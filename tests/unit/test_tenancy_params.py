@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import gangflow_cli
+from conftest import gangflow_cli, gangflow_main
 
 from engine import DefinitionError, Gang, InputError, Resources, task, workflow
 from engine.cli import render
@@ -345,6 +345,11 @@ def cli(*args: str, cwd: Path | None = None) -> Any:
     return gangflow_cli(*args, cwd=cwd, GANGFLOW_ADDRESS=NOWHERE, COLUMNS="120")
 
 
+def main(*args: str) -> Any:
+    """``cli`` in this process: for what is refused before anything is contacted (no process start)."""
+    return gangflow_main(*args, GANGFLOW_ADDRESS=NOWHERE, COLUMNS="120")
+
+
 def test_queues_apply_refuses_a_bad_file_before_contacting_anything(tmp_path):
     bad = tmp_path / "queues.yaml"
     bad.write_text(
@@ -356,16 +361,16 @@ def test_queues_apply_refuses_a_bad_file_before_contacting_anything(tmp_path):
             quota: {gpu: -1}
     """)
     )
-    done = cli("queues", "apply", str(bad))
+    done = cli("queues", "apply", str(bad))  # a real process: what a user sees, exit status included
     assert done.returncode == 2, done.stderr
     assert "tenants[1].quota.gpu" in done.stderr and "cannot reach" not in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
-    missing = cli("queues", "apply", str(tmp_path / "nope.yaml"))
+    missing = main("queues", "apply", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "nope.yaml: no such file" in missing.stderr
-    no_file = cli("queues", "apply")
+    no_file = main("queues", "apply")
     assert no_file.returncode == 2 and "needs the FILE to apply" in no_file.stderr
-    stray = cli("queues", "show", str(bad))
+    stray = main("queues", "show", str(bad))
     assert stray.returncode == 2 and "takes no FILE" in stray.stderr
 
 

@@ -49,6 +49,9 @@ def test_a_tenant_sees_its_own_rows_and_capacity_only() -> None:
     assert own_queues({"tenants": {"team-a": ROW_A, "team-b": ROW_B}}, "team-b") == {
         "tenant_view": "team-b",
         "tenants": {"team-b": ROW_B},
+        "flavors": [],
+        "topology": [],
+        "own_flavors": None,
     }
     assert own_cluster({"tenants": {}}, "team-c")["tenants"] == {}  # a tenant the configuration lacks
 

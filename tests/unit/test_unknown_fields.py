@@ -5,14 +5,12 @@ from the command line, ``--input-json``, ``gangflow schedule create`` and the cl
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import gangflow_cli, gangflow_main
 from pydantic import BaseModel, ConfigDict
 
 from engine import TypeMismatchError, workflow
@@ -92,15 +90,11 @@ async def flow(cfg: Cfg) -> int:
 )
 def test_the_cli_refuses_an_unknown_field_with_exit_2_before_connecting(tmp_path: Path, args: list[str]):
     (tmp_path / "flow.py").write_text(textwrap.dedent(FLOW))
-    done = subprocess.run(
-        [sys.executable, "-m", "engine.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        # nothing listens there: the refusal must come before any connection attempt (that would be exit 1)
-        env=dict(os.environ, GANGFLOW_ADDRESS="127.0.0.1:9", GANGFLOW_CACHE=str(tmp_path / "cache"), COLUMNS="10000"),
-        timeout=120,
-    )
+    # nothing listens there: the refusal must come before any connection attempt (that would be exit 1)
+    env = {"GANGFLOW_ADDRESS": "127.0.0.1:9", "GANGFLOW_CACHE": str(tmp_path / "cache"), "COLUMNS": "10000"}
+    # the option as a user runs it (a real process), the others in this process (no process start)
+    runner = gangflow_cli if "--cfg" in args and args[0] == "run" else gangflow_main
+    done = runner(*args, cwd=tmp_path, **env)
     assert done.returncode == 2, done.stdout + done.stderr
     error = " ".join(done.stderr.split())
     assert "unknown field 'stpes' (did you mean 'steps'?)" in error and "Traceback" not in error

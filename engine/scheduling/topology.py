@@ -1,0 +1,327 @@
+"""Topology-aware placement: gangs whose nodes must share (or should share) one topology domain.
+
+The queue file declares the levels, outermost first (``topology: [block, rack]``), each a node label key;
+nodes with the same value of a level's label are one *topology domain* of it (one rack). The node itself is
+the innermost level, ``host`` (``engine.core.placement.HOST_LEVEL``): implicit, never declared. **A node
+without a level's label is in no domain of that level**: a gang requiring the level never runs there, and
+a gang preferring it uses such nodes only after every domain (each counts as a domain of its own).
+
+A gang request names at most one level (``topology_required`` or ``topology_preferred``):
+
+- **required**: all its nodes in ONE domain of the level, or it waits, with a reason naming the level and
+  the most nodes any domain has free for it ("needs 4 nodes in one rack; the largest rack has 3 free").
+  Among the domains that can hold it, the tightest (the fewest nodes that fit, then the domain's label
+  value) — best fit, so the emptier domains stay whole for bigger gangs. Best fit within it, as today.
+- **preferred**: as few domains as the policy finds now: the tightest domain that holds it all; else,
+  greedily, the domain with the most fitting nodes first (best fit within), and at each step the tightest
+  domain that holds the rest when one does. It never waits longer than an unconstrained gang would.
+- unconstrained (neither): today's placement (``Inventory.place``), exactly, whatever is declared.
+
+**Index.** ``DomainIndex`` keeps, per level and domain, the offered nodes bucketed by free GPUs and sorted by
+(free millicores, node id), as ``Inventory`` does for the whole cluster, updated on every take and release
+(``Inventory._index`` / ``_unindex`` call it): a required placement reads bucket sizes per domain (an upper
+bound of the nodes that fit), then walks the candidate domains' nodes in best-fit order, tightest first,
+until one holds the gang — O(domains × distinct free-GPU counts + nodes looked at), never a pass over
+every node. An inventory without declared levels has no index and pays nothing.
+
+**Defragmentation** (``chooser``): a required gang that would fit one domain if some gangs moved searches
+the ``DOMAINS_LOOKED_AT`` domains that could hold it when idle with the most nodes free for it, for the
+victims that free each (``preemption.choose_victims``
+restricted to that domain's nodes, under the same rules: preemptible victims only, ``min_runtime``, no
+cycles, moved gangs must fit elsewhere at once) and takes the domain whose victims lose the least work:
+the fewest expected lost GPU-seconds (``engine.scheduling.lost_work``: since each victim's last checkpoint
+with its save and restore, or since its admission where none was reported), then the fewest victims, then the
+domain's label value.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from engine.core.placement import HOST_LEVEL, label_key_problem
+from engine.scheduling.inventory import Inventory, Node, _placement, millicores
+from engine.scheduling.lost_work import lost_gpu_s
+from engine.scheduling.model import GangRequest, Placement
+
+if TYPE_CHECKING:
+    from engine.scheduling.config import QueueConfig
+
+__all__ = [
+    "DOMAINS_LOOKED_AT",
+    "DomainIndex",
+    "chooser",
+    "declare",
+    "level_of",
+    "refusal",
+    "shape_tag",
+]
+
+Buckets = dict[int, list[tuple[int, str]]]  # free GPUs -> sorted (free millicores, node id)
+#: the nodes a gang may use (its flavor's, with its node selector: ``engine.scheduling.flavors.admits``); None: any
+Admits = Callable[[Node], bool] | None
+#: how many domains a required gang's defragmentation searches (those with the most nodes free for it first)
+DOMAINS_LOOKED_AT = 4
+
+
+def level_of(request: GangRequest) -> str | None:
+    """The level the request names (required or preferred), or None."""
+    return request.topology_required or request.topology_preferred
+
+
+def shape_tag(request: GangRequest) -> str | None:
+    """What a constrained request adds to its shape (gangs of one shape are placed alike), else None."""
+    if request.topology_required:
+        return f"required:{request.topology_required}"
+    if request.topology_preferred:
+        return f"preferred:{request.topology_preferred}"
+    return None
+
+
+def refusal(config: QueueConfig, request: GangRequest) -> str | None:
+    """Why the request's topology can never be met (rejected at once), or None."""
+    required, preferred = request.topology_required, request.topology_preferred
+    if required is None and preferred is None:
+        return None
+    if required is not None and preferred is not None:
+        return (
+            f"rejected: asks for topology_required {required!r} and topology_preferred {preferred!r}; "
+            "a gang names at most one topology level"
+        )
+    level = required if required is not None else str(preferred)
+    problem = label_key_problem(level)
+    if problem is not None:
+        return f"rejected: topology level {problem}"
+    declared = config.topology
+    if level != HOST_LEVEL and level not in declared:
+        known = ", ".join(declared) if declared else "none are declared"
+        return (
+            f"rejected: topology level {level!r} is not declared in the queue file (topology: {known}; "
+            f"and {HOST_LEVEL!r}, the node itself)"
+        )
+    if level == HOST_LEVEL and required is not None and request.nnodes > 1:
+        return f"rejected: needs {request.nnodes} nodes in one {HOST_LEVEL}, and a {HOST_LEVEL} is one node"
+    return None
+
+
+def declare(inventory: Inventory, levels: tuple[str, ...]) -> Inventory:
+    """Give ``inventory`` a domain index of ``levels`` (none: no index, no cost), rebuilt from its offered
+    nodes when the levels changed (a new configuration); returns it."""
+    current = inventory.domains.levels if inventory.domains is not None else ()
+    if tuple(levels) != current:
+        inventory.domains = DomainIndex(tuple(levels), inventory.offered_nodes()) if levels else None
+    return inventory
+
+
+class DomainIndex:
+    """Per level and domain, the offered nodes by free GPUs (see the module docstring)."""
+
+    def __init__(self, levels: tuple[str, ...], nodes: Iterable[Node] = ()) -> None:
+        self.levels = levels
+        self.buckets: dict[str, dict[str, Buckets]] = {level: {} for level in levels}
+        #: per shape (gangs of one shape fit alike), the most nodes one domain had free for it at its last failed
+        #: required placement: what its reason names (a shape the policy skips in a cycle reads its first try's)
+        self.largest: dict[tuple[Any, ...], tuple[int, str]] = {}
+        for node in nodes:
+            self.add(node)
+
+    # -- kept on every change (Inventory._index / _unindex) -------------------------------------------
+    def add(self, node: Node) -> None:
+        labels, entry = node.spec.labels, (node.free_mc, node.spec.node_id)
+        for level in self.levels:
+            value = labels.get(level)
+            if value is not None:
+                bucket = self.buckets[level].setdefault(value, {}).setdefault(len(node.free_gpus), [])
+                bisect.insort(bucket, entry)
+
+    def remove(self, node: Node) -> None:
+        labels, entry = node.spec.labels, (node.free_mc, node.spec.node_id)
+        for level in self.levels:
+            value = labels.get(level)
+            if value is None:
+                continue
+            domain = self.buckets[level][value]
+            bucket = domain[len(node.free_gpus)]
+            del bucket[bisect.bisect_left(bucket, entry)]
+            if not bucket:  # keep only non-empty buckets: a placement reads their sizes
+                del domain[len(node.free_gpus)]
+
+    # -- placement -------------------------------------------------------------------------------------
+    def place(
+        self, inventory: Inventory, request: GangRequest, exclude: frozenset[str], admits: Admits = None
+    ) -> Placement | None:
+        """``request``'s placement on its level's domains (module docstring), on the nodes ``admits`` says yes
+        to (its flavor's: ``Inventory.place``), or None."""
+        if request.topology_required:
+            chosen = self._in_one(inventory, request, request.topology_required, exclude, admits)
+        else:
+            chosen = self._fewest(inventory, request, str(request.topology_preferred), exclude, admits)
+        return None if chosen is None else _placement(request.gang_id, chosen, request.gpus_per_node)
+
+    def _in_one(
+        self, inventory: Inventory, request: GangRequest, level: str, exclude: frozenset[str], admits: Admits
+    ) -> list[Node] | None:
+        n, gpus = request.nnodes, request.gpus_per_node
+        domains = self.buckets[level]
+        # an upper bound per domain from the bucket sizes alone, then the tightest candidates walked first
+        bounds = sorted((sum(len(b) for k, b in d.items() if k >= gpus), value) for value, d in domains.items())
+        # what the reason names: the walked domains' exact counts, the others' nodes with the GPUs free
+        best = max(bounds, default=(0, ""))
+        walked = (0, "")
+        for bound, value in bounds:
+            if bound < n:
+                continue  # cannot hold it
+            found = self._walk(inventory, domains[value], request, exclude, n, admits)
+            if len(found) == n:
+                self.largest.pop(_key(request), None)
+                return found
+            walked = max(walked, (len(found), value))
+        best = max([walked] + [b for b in bounds if b[0] < n])
+        self.largest[_key(request)] = best
+        if len(self.largest) > 10_000:  # a cache for reasons only: bounded
+            self.largest.clear()
+        return None
+
+    def _fewest(
+        self, inventory: Inventory, request: GangRequest, level: str, exclude: frozenset[str], admits: Admits
+    ) -> list[Node] | None:
+        one = self._in_one(inventory, request, level, exclude, admits)
+        if one is not None:
+            return one
+        self.largest.pop(_key(request), None)
+        n = request.nnodes
+        fitting = {v: self._walk(inventory, d, request, exclude, n, admits) for v, d in self.buckets[level].items()}
+        chosen: list[Node] = []
+        while len(chosen) < n and fitting:
+            rest = n - len(chosen)
+            holds = [(len(nodes), v) for v, nodes in fitting.items() if len(nodes) >= rest]
+            if holds:
+                value = min(holds)[1]  # the tightest domain that holds the rest
+                chosen += fitting[value][:rest]
+                break
+            value = max((len(nodes), v) for v, nodes in fitting.items())[1] if fitting else ""
+            chosen += fitting.pop(value)
+        if len(chosen) < n:  # then nodes in no domain of the level, best fit
+            taken = {node.spec.node_id for node in chosen}
+            for node in _best_fit(inventory, inventory._buckets, request, exclude, admits):
+                if node.spec.node_id not in taken and level not in node.spec.labels:
+                    chosen.append(node)
+                    if len(chosen) == n:
+                        break
+        return chosen if len(chosen) == n else None
+
+    def _walk(
+        self,
+        inventory: Inventory,
+        domain: Buckets,
+        request: GangRequest,
+        exclude: frozenset[str],
+        limit: int,
+        admits: Admits,
+    ) -> list[Node]:
+        found: list[Node] = []
+        for node in _best_fit(inventory, domain, request, exclude, admits):
+            found.append(node)
+            if len(found) == limit:
+                break
+        return found
+
+    def most_free_first(self, inventory: Inventory, level: str, value: str) -> Iterator[Node]:
+        """A domain's nodes, the most free GPUs first (as ``Inventory.most_free_first``)."""
+        domain = self.buckets[level].get(value, {})
+        for size in sorted(domain, reverse=True):
+            for _, node_id in domain[size]:
+                yield inventory.nodes[node_id]
+
+    # -- what a gang waits for -------------------------------------------------------------------------
+    def fit_counts(
+        self, inventory: Inventory, request: GangRequest, admits: Admits = None
+    ) -> tuple[int, int, int, int]:
+        """``Inventory.fit_counts`` for a required gang: per way of counting, the most nodes ONE domain has
+        that could hold one node's share when idle. O(registered nodes), cached by the policy per shape."""
+        level = str(request.topology_required)
+        mc = millicores(request.cpus_per_node)
+        counts: dict[str, list[int]] = {}
+        for node in inventory.nodes.values():
+            value = node.spec.labels.get(level)
+            if value is None or not node.fits_idle(request.gpus_per_node, mc, request.mem_per_node):
+                continue
+            if admits is not None and not admits(node):
+                continue
+            row = counts.setdefault(value, [0, 0, 0, 0])
+            row[3] += 1
+            row[0] += node.alive and not node.drained
+            row[1] += node.alive
+            row[2] += not node.drained
+        most = [max((row[i] for row in counts.values()), default=0) for i in range(4)]
+        return most[0], most[1], most[2], most[3]
+
+    def said(self, request: GangRequest) -> tuple[int, str] | None:
+        """What a required gang's capacity reason names beyond its shape (``largest_free``), so the policy
+        builds the reason again when that moves; None for any other gang."""
+        return self.largest_free(request) if request.topology_required in self.levels else None
+
+    def largest_free(self, request: GangRequest) -> tuple[int, str]:
+        """(nodes, domain): the most nodes one domain had free for the gang when it last failed to be placed
+        in one (``(0, "")``: none, or not looked at)."""
+        return self.largest.get(_key(request), (0, ""))
+
+
+def _key(request: GangRequest) -> tuple[Any, ...]:
+    return (request.nnodes, request.gpus_per_node, request.cpus_per_node, request.mem_per_node, shape_tag(request))
+
+
+def _best_fit(
+    inventory: Inventory, buckets: Buckets, request: GangRequest, exclude: frozenset[str], admits: Admits = None
+) -> Iterator[Node]:
+    """The nodes of ``buckets`` that hold one node's share now, in best-fit order (``Inventory.place``'s)."""
+    gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
+    for size in sorted(k for k in buckets if k >= gpus):
+        bucket = buckets[size]
+        for i in range(bisect.bisect_left(bucket, (mc, "")), len(bucket)):
+            node = inventory.nodes[bucket[i][1]]
+            if exclude and node.spec.node_id in exclude:
+                continue
+            if mem is not None and node.free_mem is not None and node.free_mem < mem:
+                continue
+            if admits is not None and not admits(node):
+                continue
+            yield node
+
+
+# -- defragmentation ---------------------------------------------------------------------------------------
+def chooser(choose: Callable[..., Any], inventory: Inventory, request: GangRequest, now: float) -> Callable[..., Any]:
+    """``choose`` (``preemption.choose_victims``) as it is for a gang without a required level; for one with,
+    the same search per domain that could hold it when idle, keeping the domain that loses the least work
+    (module docstring)."""
+    level = request.topology_required
+    index = inventory.domains
+    if level is None or index is None or level not in index.levels:
+        return choose
+
+    def in_one_domain(*args: Any, **kwargs: Any) -> Any:
+        gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
+        best: tuple[tuple[float, int, str], Any] | None = None
+        # the domains with the most nodes that have the GPUs free first (the fewest victims), at most
+        # DOMAINS_LOOKED_AT of them: a search costs O(that), not O(domains)
+        domains = index.buckets[level]
+        free = sorted((-sum(len(b) for k, b in d.items() if k >= gpus), value) for value, d in domains.items())
+        looked = 0
+        admits = kwargs.get("admits")  # its flavor's nodes (engine.scheduling.flavors); None: any
+        for _, value in free:
+            if looked == DOMAINS_LOOKED_AT:
+                break
+            nodes = [n for n in index.most_free_first(inventory, level, value) if admits is None or admits(n)]
+            if sum(node.fits_idle(gpus, mc, mem) for node in nodes) < request.nnodes:
+                continue  # not even idle could it hold the gang
+            looked += 1
+            found = choose(*args, among=nodes, **kwargs)
+            if found is None:
+                continue
+            cost = (sum(lost_gpu_s(v, now) for v in found[0]), len(found[0]), value)
+            if best is None or cost < best[0]:
+                best = (cost, found)
+        return None if best is None else best[1]
+
+    return in_one_domain
