@@ -405,7 +405,7 @@ class GangTask:
             raise AttemptFailed(True, reason, [nodes[0].node_id]) from err
         if self.preempt is not None:  # preempted while the port was reserved: start nothing
             raise PreemptedAttempt(self.preempt, outcome="no rank had started")
-        checkpoint_dir = f"{run.artifacts}/checkpoints/{run.run_id}/{spec.call}"
+        checkpoint_dir = f"{run.artifacts}/checkpoints/{run.run_id}/{spec.checkpoint_key}"
         handles: list[ActivityHandle[bytes]] = []
         for node in nodes:
             launch = NodeLaunch(

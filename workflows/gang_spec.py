@@ -48,6 +48,14 @@ class GangSpec:
     tolerations: list[str] = field(default_factory=list)
     topology_required: str | None = None  # the task's ``placement=Topology(required=...)``: one domain of it
     topology_preferred: str | None = None  # ``Topology(preferred=...)``: as few domains of it as can be
+    # the sub-workflow that calls it, as its id below the run's ("prep-1"; "" in the run's own workflow): a
+    # call id counts per workflow, so a sub-workflow's train-1 and its run's train-1 need their own checkpoints
+    scope: str = ""
+
+    @property
+    def checkpoint_key(self) -> str:
+        """Its checkpoints' folder below the run's: the call id, under its sub-workflow's id where it has one."""
+        return f"{self.scope}/{self.call}" if self.scope else self.call
 
     @property
     def retry(self) -> Retry:

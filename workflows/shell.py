@@ -157,6 +157,7 @@ class _TemporalDispatcher:
             tolerations=list(task.resources.tolerations),
             topology_required=task.placement.required if task.placement else None,
             topology_preferred=task.placement.preferred if task.placement else None,
+            scope=_scope(workflow.info().workflow_id, self.envelope.run.run_id),
         )
         summary = f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)"
         # its state comes by signal (workflows.glance), but from a gang in the platform's namespace (a tenant's,
@@ -372,3 +373,10 @@ class UserWorkflow:
                 type=type(exc).__name__,
                 non_retryable=True,
             ) from exc
+
+
+def _scope(workflow_id: str, run_id: str) -> str:
+    """A sub-workflow's id below its run's (``<run>.prep-1`` -> ``prep-1``, a tenant's prefix before the run's id
+    too); "" for the run's own workflow."""
+    _, below, scope = workflow_id.partition(f"{run_id}.")
+    return scope if below else ""

@@ -377,3 +377,21 @@ def test_a_flavored_gang_requiring_a_rack_takes_its_flavors_nodes_of_one_rack_on
     assert "in one rack" in only(decisions, Pending, "w")
     decisions = run([gang("a", nnodes=2, gpus=2, flavors=("a100",), topology_required="rack")], policy)
     assert admitted(decisions) == ["a"] and nodes_of(policy, "a") == {"r1-a", "r1-b"}
+
+
+def test_the_fleet_example_places_as_the_readme_says() -> None:
+    """examples/fleet.yaml on the README's four dev nodes: an h100 gang on h100 nodes only, a gang requiring a
+    rack in one rack, and team-b (a100 only) never on an h100."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml").read_text()
+    policy = policy_of(text)
+    nodes = [
+        flavored(f"node-{i}", rack, gpu) for i, (gpu, rack) in enumerate([("h100", "r1")] * 2 + [("a100", "r2")] * 2)
+    ]
+    decisions = run([*nodes, gang("h", "team-a", gpus=2, flavors=("h100",))], policy)
+    assert admitted(decisions) == ["h"] and nodes_of(policy, "h") <= {"node-0", "node-1"}
+    decisions = run([gang("b", "team-b", nnodes=2, gpus=1, topology_required="rack")], policy)
+    assert admitted(decisions) == ["b"] and nodes_of(policy, "b") == {"node-2", "node-3"}  # a100: its only flavor
+    decisions = run([gang("r", "team-a", nnodes=2, gpus=1, topology_required="rack")], policy)
+    assert admitted(decisions) == ["r"] and rack_of(policy, "r") == {"r2"}  # an h100 node is taken: r2 holds it
