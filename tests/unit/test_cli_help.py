@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from conftest import gangflow_main
+
 from engine.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +65,8 @@ def test_run_help_lists_the_workflows_parameters_with_types_and_defaults(tmp_pat
     assert "--tags list[str] (default [])" in lines
     assert "--detach" in done.stdout  # gangflow's own options are still there
 
-    broken = _cli("run", "nope.py:train", "--help", cwd=tmp_path)
+    # in this process (conftest.gangflow_main: no process start); the file's own --help above is a real one
+    broken = gangflow_main("run", "nope.py:train", "--help", cwd=tmp_path, GANGFLOW_ADDRESS="127.0.0.1:9")
     assert broken.returncode == 0
     assert "nope.py:train: cannot list its parameters: nope.py: no such file" in broken.stdout
 
