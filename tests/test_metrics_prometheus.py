@@ -1,8 +1,8 @@
 """A real Prometheus server scrapes ``gangflow dev --metrics-port`` while a gang holds its node's GPUs, and
-answers what ``gangflow queues show`` and ``gangflow cluster`` say; ``promtool`` parses every query of the
-Grafana dashboard. Both need Debian's ``prometheus`` package (``apt-get install prometheus``) and are skipped
-with that reason where it is absent; the exposition itself is checked everywhere (tests/unit/test_metrics.py,
-tests/test_cli_stack.py)."""
+answers what ``gangflow queues show`` and ``gangflow cluster`` say, and once the gang ended what ``gangflow
+usage`` says; ``promtool`` parses every query of the Grafana dashboard. Both need Debian's ``prometheus``
+package (``apt-get install prometheus``) and are skipped with that reason where it is absent; the exposition
+itself is checked everywhere (tests/unit/test_metrics.py, tests/test_cli_stack.py)."""
 
 from __future__ import annotations
 
@@ -101,6 +101,20 @@ def test_prometheus_scrapes_the_dev_stack_and_agrees_with_the_cli(tmp_path: Path
         assert float(alive[0]["value"][1]) == cluster["totals"]["alive_nodes"] == 1
         up = _query(prom_port, 'up{job="gangflow"}')
         assert float(up[0]["value"][1]) == 1  # Prometheus's own view: the target answered its scrapes
+        # once the run is cancelled its gang's attempt ends: its GPU-seconds by cause reach Prometheus (the
+        # GangTask tells the Scheduler the attempt's ledger), as many as `gangflow usage` counts for the run
+        run_id = json.loads(started.stdout)["run_id"]
+        assert stack.cli("cancel", run_id).returncode == 0
+        deadline = time.monotonic() + 120
+        while not (spent := _query(prom_port, 'sum(gangflow_gpu_seconds_total{tenant="default"})')):
+            assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-3000:]
+            time.sleep(0.5)
+        shown = stack.cli("usage", "--by", "run", "--json")
+        assert shown.returncode == 0, shown.stderr
+        (row,) = [r for r in json.loads(shown.stdout)["rows"] if r["run"] == run_id]
+        assert float(spent[0]["value"][1]) == pytest.approx(row["allocated_gpu_s"], rel=0.01), row
+        ratio = _query(prom_port, 'gangflow_goodput_ratio{tenant="default"}')
+        assert 0 <= float(ratio[0]["value"][1]) <= 1, ratio
     finally:
         if prometheus is not None:
             prometheus.terminate()

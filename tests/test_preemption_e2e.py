@@ -39,7 +39,7 @@ from conftest import NO_WARM_IMPORTS, Stack, gang_task, gangflow_cli, run, stack
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from engine.client import Client, load_workflow_file
-from engine.core.protocol import SCHEDULER_ID
+from engine.core.protocol import DESCRIBE_QUERY, SCHEDULER_ID
 from engine.runtime.node import SELF_DRAIN_REASON
 
 pytestmark = pytest.mark.slow
@@ -491,24 +491,47 @@ def test_a_priority_preemption_of(stack: Stack, flows: Path, flow: str, task: st
     run(main())
 
 
-def test_usage_counts_a_gang_called_in_a_child_workflow_under_its_run(stack: Stack, flows: Path) -> None:
-    """``gangflow list`` and ``usage`` read runs only; the gang of a child workflow call is its run's."""
+async def gpu_seconds(client: Client, tenant: str) -> dict[str, float]:
+    """The Scheduler's count of the tenant's ended attempts' GPU-seconds by cause (what Prometheus reads as
+    ``gangflow_gpu_seconds_total``), once two looks a second apart agree (a gang's ledger follows its release)."""
+    scheduler = client.temporal.get_workflow_handle(SCHEDULER_ID)
+    seen: dict[str, float] | None = None
+    while True:
+        counters = (await scheduler.query(DESCRIBE_QUERY))["counters"]
+        now: dict[str, float] = {}
+        for name, _flavor, cause, seconds in counters.get("gpu_seconds", []):
+            if name == tenant:
+                now[cause] = now.get(cause, 0.0) + seconds
+        if now == seen:
+            return now
+        seen = now
+        await asyncio.sleep(1.0)
 
-    async def main() -> str:
+
+def test_usage_counts_a_gang_called_in_a_child_workflow_under_its_run(stack: Stack, flows: Path) -> None:
+    """``gangflow list`` and ``usage`` read runs only; the gang of a child workflow call is its run's. The
+    Scheduler's goodput counters (Prometheus's) grow by the same ledger, told by the gang itself."""
+
+    async def main() -> tuple[str, dict[str, float], dict[str, float]]:
         client = await stack.client()
         await client.apply_queues(CONFIG)
+        await settled(stack)
+        before = await gpu_seconds(client, "team-b")
         run_id = await start(client, flows, "nested", {"steps": 5}, tenant="team-b")
         assert (await result(client, flows, run_id, "nested"))["applied"] == 5
         await settled(stack)
-        return run_id
+        return run_id, before, await gpu_seconds(client, "team-b")
 
-    run_id = run(main())
+    run_id, before, after = run(main())
     shown = gangflow_cli("usage", "--json", "--by", "run", "--since", "1h", GANGFLOW_ADDRESS=stack.server.address)
     assert shown.returncode == 0, shown.stderr
     rows = json.loads(shown.stdout)["rows"]
     (row,) = [r for r in rows if r["run"] == run_id]
     assert row["allocated_gpu_s"] > 0 and row["tenant"] == "team-b", row
     assert not [r for r in rows if r["run"].startswith(f"{run_id}.")], rows  # its child call is no run
+    grown = {cause: seconds - before.get(cause, 0.0) for cause, seconds in after.items()}
+    assert sum(grown.values()) == pytest.approx(row["allocated_gpu_s"], rel=0.01, abs=0.01), (grown, row)
+    assert grown["productive"] == pytest.approx(row["productive_gpu_s"], rel=0.01, abs=0.01), (grown, row)
 
 
 def test_a_drain_moves_a_running_gang_to_another_node_through_a_checkpoint(stack: Stack, flows: Path) -> None:

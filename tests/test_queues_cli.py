@@ -321,6 +321,11 @@ def test_a_gang_asking_for_h100_lands_on_the_h100_node_and_an_unknown_flavor_is_
         assert answer["result"] == "q1 gpu=h100,zone=a", answer
         status = cli(address, "status", answer["run_id"], "--json")
         assert status.returncode == 0 and '"flavor": "h100"' in status.stdout, status.stdout
+        # gangflow usage counts the attempt under its flavor (with the ledger the status shows)
+        usage = cli(address, "usage", "--by", "flavor", "--tenant", "team-a", "--json")
+        assert usage.returncode == 0, usage.stderr
+        flavored = {row["flavor"]: row for row in json.loads(usage.stdout)["rows"]}
+        assert flavored["h100"]["tenants"] == ["team-a"] and flavored["h100"]["allocated_gpu_s"] > 0, flavored
         shown_nodes = cli(address, "cluster")
         assert "gpu=h100,zone=a" in shown_nodes.stdout and "gpu=a100" in shown_nodes.stdout, shown_nodes.stdout
     finally:

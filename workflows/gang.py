@@ -72,6 +72,7 @@ from engine.scheduling import NodeAssignment, Placement, Preempted
 from engine.scheduling.lost_work import gpu_minutes
 from workflows.gang_checkpoint import CheckpointTeller, checkpoint_of
 from workflows.gang_failures import AttemptFailed, Verdict, attempt_record, classify, finish_record
+from workflows.gang_ledger import tell_ledger
 from workflows.gang_notice import PreemptedAttempt, preempted_outcome, waiting_because
 from workflows.gang_spec import GangSpec, gang_request, no_scheduler
 from workflows.glance import GangTeller, progress_of
@@ -295,6 +296,7 @@ class GangTask:
                     self._ended(record, "completed", "completed")
                 else:  # the run is being cancelled (nothing else leaves _attempt without a result)
                     self._ended(record, "cancelled", "cancelled")
+                await tell_ledger(spec, envelope, record)  # where its GPU-seconds went, for the cluster's goodput
             if result is not None:
                 self.ended = "completed"
                 self._say(f"completed attempt {attempt} on {', '.join(nodes)}", "")

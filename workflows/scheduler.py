@@ -48,6 +48,7 @@ from engine.core.protocol import (
     DRAIN_NODE_UPDATE,
     LEASE_CHECK_SIGNAL,
     LEASED_NODES,
+    LEDGER_SIGNAL,
     NODE_LOST_SIGNAL,
     NODE_QUERY,
     PENDING_SIGNAL,
@@ -175,6 +176,12 @@ class Scheduler:
             self.inbox.append(GangCheckpointed.model_validate(fields))
         except (ValidationError, TypeError, ValueError) as exc:
             workflow.logger.warning("ignoring a malformed checkpoint report %r: %s", payload, exc)
+
+    @workflow.signal(name=LEDGER_SIGNAL)
+    def ledger(self, payload: Any) -> None:
+        # counted at once, not an event of the policy's: it changes no decision (engine.scheduling.counters)
+        if not self.policy.counters.ledger(payload):
+            workflow.logger.warning("ignoring a malformed goodput ledger %r", payload)
 
     @workflow.update(name=APPLY_QUEUES_UPDATE)
     def apply_queues(self, config: Any) -> dict[str, Any]:

@@ -1,17 +1,18 @@
 """``gangflow usage``: where the GPU-hours went, from the goodput ledger of every gang attempt.
 
-    gangflow usage [--tenant T] [--since 7d] [--by tenant|run|priority|node|cause] [--json | --csv] [--limit N]
+    gangflow usage [--tenant T] [--since 7d] [--by tenant|run|priority|node|flavor|cause] [--json | --csv] [--limit N]
                    [--plot F.png]
 
 Each run's distributed task calls, and those of the child workflows it calls (``Client.runs`` lists runs only),
 are read as ``gangflow status`` reads them (``Client.status``: the attempts, their ledgers,
 engine.runtime.ledger), and summed per tenant, per run, per priority class (the class each call's gang asked
 for, read from its run's history; a call that named none counts under the cluster's default class), per node
-(each attempt's ledger split over its nodes by their GPUs: ``engine.runtime.ledger.node_shares``) or per
-cause. ``wait_s`` is how long the task calls waited for their first placement (queueing is time, not
-GPU-seconds). The CSV has one column per cause, for chargeback. Only runs that started within ``--since``
-count, newest first, at most ``--limit`` of them. ``--plot`` also draws GPU use by tenant over time and badput
-by cause (engine.cli.usage_plot, the ``plots`` extra), beside the rows printed as usual.
+(each attempt's ledger split over its nodes by their GPUs: ``engine.runtime.ledger.node_shares``), per
+flavor (each attempt under the flavor it was admitted on) or per cause. ``wait_s`` is how long the task
+calls waited for their first placement (queueing is time, not GPU-seconds). The CSV has one column per cause,
+for chargeback. Only runs that started within ``--since`` count, newest first, at most ``--limit`` of them.
+``--plot`` also draws GPU use by tenant over time and badput by cause (engine.cli.usage_plot, the ``plots``
+extra), beside the rows printed as usual.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ from .usage_plot import PLOTS_MISSING, matplotlib_missing, plot_usage
 __all__ = ["add_usage_parser", "cmd_usage", "parse_since", "usage_rows"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-GROUPS = ("tenant", "run", "priority", "node", "cause")
+GROUPS = ("tenant", "run", "priority", "node", "flavor", "cause")
 #: the groups a task call belongs to as a whole (its attempts all count there); ``node`` splits each attempt
-#: over its nodes, ``cause`` sums everything
+#: over its nodes, ``flavor`` counts each attempt under the flavor it was admitted on, ``cause`` sums everything
 CALL_GROUPS = ("tenant", "run", "priority")
 #: runs whose status is read at once (each a few round trips to Temporal and the artifact store)
 READ_AT_ONCE = 8
@@ -70,7 +71,7 @@ def add_usage_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], c
         "--by",
         choices=GROUPS,
         default="tenant",
-        help="one row per tenant, run, priority class, node or cause (default tenant)",
+        help="one row per tenant, run, priority class, node, flavor or cause (default tenant)",
     )
     p.add_argument("--limit", type=int, default=1000, help="at most this many runs, newest first (default 1000)")
     p.add_argument(
@@ -113,11 +114,8 @@ def usage_rows(entries: Sequence[Mapping[str, Any]], by: str) -> list[dict[str, 
         whole = total["allocated_gpu_s"]
         parts = [("productive", total["productive_gpu_s"]), *total["badput"].items()]
         return [{"cause": c, "gpu_s": v, "share": round(v / whole, 4) if whole else None} for c, v in parts]
-    if by == "node":
-        return _node_rows(entries)
-    # --by flavor goes here once the gang records the flavor its placement was admitted on (``Admitted.flavor``)
-    # in each attempt's record: an attempt's ledger then counts wholly under its flavor (a requeued call may run
-    # its attempts on different flavors), grouped over ``entry["attempts"]`` as _node_rows groups them by node.
+    if by in ("node", "flavor"):
+        return _attempt_rows(entries, by)
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for entry in entries:
         groups.setdefault(str(entry[by]), []).append(entry)
@@ -134,19 +132,24 @@ def usage_rows(entries: Sequence[Mapping[str, Any]], by: str) -> list[dict[str, 
     return sorted(rows, key=lambda r: (-r["allocated_gpu_s"], str(r.get(by, ""))))
 
 
-def _node_rows(entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per node: the shares of the attempts it held (queue wait is a task call's, not a node's: none here)."""
-    shares: dict[str, list[Mapping[str, Any]]] = {}
-    tenants: dict[str, set[str]] = {}
+def _attempt_rows(entries: Sequence[Mapping[str, Any]], by: str) -> list[dict[str, Any]]:
+    """Per node (the share of each attempt it held) or per flavor (each attempt wholly under the flavor it was
+    admitted on, its ledger's ``flavor``; ``None`` where the queue file names no flavors: a requeued call may
+    run its attempts on different flavors). Queue wait is a task call's, not an attempt's: none here."""
+    shares: dict[str | None, list[Mapping[str, Any]]] = {}
+    tenants: dict[str | None, set[str]] = {}
     for entry in entries:
         for attempt in entry.get("attempts") or ():
-            for name, share in node_shares(attempt).items():
+            split: dict[str | None, Mapping[str, Any]] = {attempt.get("flavor"): attempt}
+            if by == "node":
+                split = {name: share for name, share in node_shares(attempt).items()}
+            for name, share in split.items():
                 shares.setdefault(name, []).append(share)
                 tenants.setdefault(name, set()).add(str(entry["tenant"]))
     rows: list[dict[str, Any]] = []
-    for name, parts in shares.items():
-        rows.append({"node": name, "tenants": sorted(tenants[name]), **_figures(add_ledgers(parts))})
-    return sorted(rows, key=lambda r: (-r["allocated_gpu_s"], r["node"]))
+    for name, held in shares.items():
+        rows.append({by: name, "tenants": sorted(tenants[name]), **_figures(add_ledgers(held))})
+    return sorted(rows, key=lambda r: (-r["allocated_gpu_s"], str(r[by])))
 
 
 async def _default_class(client: Any) -> str:
@@ -225,7 +228,12 @@ async def cmd_usage(args: argparse.Namespace) -> int:
                         "run": run.run_id,
                         "priority": task.priority or default_class,
                         "ledger": add_ledgers(a.get("ledger") for a in task.attempts),
-                        "attempts": [a["ledger"] for a in task.attempts if a.get("ledger")],
+                        # each attempt's ledger, with the flavor it was admitted on where it has one
+                        "attempts": [
+                            a["ledger"] | ({"flavor": a["flavor"]} if a.get("flavor") else {})
+                            for a in task.attempts
+                            if a.get("ledger")
+                        ],
                         "wait_s": _wait_s(task),
                         "spans": _spans(task),
                     }
@@ -255,14 +263,16 @@ def _csv(rows: list[dict[str, Any]], by: str) -> None:
     keys, tail = _columns(by)
     out.writerow([*keys, "allocated_gpu_s", "productive_gpu_s", *BADPUT, tail])
     for r in rows:
-        last = ";".join(r["tenants"]) if by == "node" else r["wait_s"]
-        out.writerow([*(r[k] for k in keys), r["allocated_gpu_s"], r["productive_gpu_s"], *r["badput"].values(), last])
+        last = ";".join(r["tenants"]) if tail == "tenants" else r["wait_s"]
+        out.writerow(
+            [*(r[k] or "" for k in keys), r["allocated_gpu_s"], r["productive_gpu_s"], *r["badput"].values(), last]
+        )
 
 
 def _columns(by: str) -> tuple[list[str], str]:
     """A row's key columns and its last one: what a task call waited, or (per node) whose gangs it held."""
-    if by == "node":
-        return ["node"], "tenants"
+    if by in ("node", "flavor"):
+        return [by], "tenants"
     if by == "priority":
         return ["priority"], "wait_s"
     return (["tenant", "run"] if by == "run" else ["tenant"]), "wait_s"
@@ -289,10 +299,10 @@ def _table(rows: list[dict[str, Any]], by: str) -> None:
             worst = max(r["badput"].items(), key=lambda kv: kv[1])
             goodput = "" if r["goodput"] is None else f"{r['goodput'] * 100:.0f} %"
             table.add_row(
-                *(str(r[k]) for k in keys),
+                *(str(r[k] or "-") for k in keys),
                 f"{r['allocated_gpu_s'] / 3600:.3f}",
                 goodput,
                 f"{worst[0]} {worst[1] / 3600:.3f} h" if worst[1] else "",
-                ", ".join(r["tenants"]) if by == "node" else f"{r['wait_s']:.0f} s",
+                ", ".join(r["tenants"]) if tail == "tenants" else f"{r['wait_s']:.0f} s",
             )
     console.print(table)

@@ -22,6 +22,8 @@ __all__ = [
     "APPLY_QUEUES_UPDATE",
     "APPROVE_UPDATE",
     "ATTEMPTS_MEMO",
+    "ATTEMPT_LEDGER",
+    "BADPUT",
     "CACHE_HIT",
     "CACHE_LOOKUP",
     "CACHE_RECORD",
@@ -47,6 +49,7 @@ __all__ = [
     "KIND_VIEW",
     "LEASED_NODES",
     "LEASE_CHECK_SIGNAL",
+    "LEDGER_SIGNAL",
     "LEGACY_GANG_TYPE",
     "MAP_CHUNK_TYPE",
     "NODE_LEASE_TYPE",
@@ -256,6 +259,11 @@ SUBMIT_SIGNAL = "submit"  # signal: a gang request
 RELEASE_SIGNAL = "release"  # signal: free a placement or withdraw a queued request
 #: signal: a running gang's attempt saved a new durable checkpoint (engine.scheduling GangCheckpointed's fields)
 CHECKPOINTED_SIGNAL = "gang_checkpointed"
+#: signal: where a gang attempt's GPU-seconds went (its goodput ledger, told by its GangTask once it ended):
+#: ``{"tenant", "flavor", "allocated_gpu_s", "productive_gpu_s", "badput": {cause: GPU-s}}``, counted for Prometheus
+LEDGER_SIGNAL = "gang_ledger"
+#: the goodput ledger's badput causes (engine.runtime.ledger), in the order they are shown
+BADPUT = ("launch", "checkpoint", "restore", "lost_failure", "lost_preemption", "lost_drain", "hang", "idle")
 APPLY_QUEUES_UPDATE = "apply_queues"  # update: a new queue configuration
 DRAIN_NODE_UPDATE = "drain_node"  # update: start or end a node's drain
 DESCRIBE_QUERY = "describe"  # query: nodes, running and pending gangs
@@ -318,6 +326,8 @@ CACHE_RECORD = "gangflow.cache.record"
 CACHE_HIT = "gangflow.cache.hit"
 #: a local activity of a run's: a finished distributed task call's goodput line, for the run's current details
 GANG_GOODPUT = "gangflow.gang_goodput"
+#: a local activity of a GangTask's: an ended attempt's goodput ledger, which it tells the Scheduler (``LEDGER_SIGNAL``)
+ATTEMPT_LEDGER = "gangflow.attempt_ledger"
 
 
 def hit_id(kind: str, task: str, run_id: str) -> str:

@@ -36,10 +36,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["BADPUT", "add_ledgers", "attempt_ledger", "goodput_line", "node_shares"]
+from engine.core.protocol import BADPUT
 
-#: badput causes, in the order they are shown
-BADPUT = ("launch", "checkpoint", "restore", "lost_failure", "lost_preemption", "lost_drain", "hang", "idle")
+__all__ = ["BADPUT", "add_ledgers", "attempt_ledger", "goodput_line", "node_shares"]
 
 
 def _numbers(values: Iterable[Any]) -> list[float]:

@@ -18,10 +18,10 @@ and Kueue's words where Kueue has the same thing (``nominal_quota``, ``resource_
   failures, sticky cache), which the SDK exports on a loopback port of its own: the scrape reads them from
   there and serves them beside gangflow's, so one target per process is enough.
 
-The goodput ratio is not a family here: the Scheduler sees placements and releases, not the steps and
-checkpoints the ranks report (those reach the node activities' heartbeats and the artifact store), so what it
-could export is allocated time, which ``gangflow_tenant_resource_usage`` already is. ``gangflow usage`` reads
-the ledger of every attempt (engine.runtime.ledger) for goodput.
+Goodput comes from the same counters: each GangTask tells the Scheduler the goodput ledger of each attempt
+once it ended (workflows.gang_ledger), so ``gangflow_gpu_seconds_total{tenant,flavor,cause}`` and
+``gangflow_goodput_ratio{tenant}`` cover every ended attempt in the cluster; ``gangflow usage`` reads the same
+ledgers run by run.
 
 A scrape is answered from the process's event loop (the Scheduler's views are two queries); one that takes
 longer than ``SCRAPE_TIMEOUT_S`` or fails answers what it has, with ``gangflow_scheduler_up 0``. Nothing is
@@ -171,7 +171,36 @@ def scheduler_families(queues: dict[str, Any], described: dict[str, Any]) -> lis
         lost,
         _wait_histogram(counters),
         restarts,
+        *_goodput(counters),
     ]
+
+
+def _goodput(counters: dict[str, Any]) -> list[Metric]:
+    """Where the ended attempts' GPU-seconds went, per tenant, flavor and cause (their ledgers, told by their
+    GangTasks: engine.scheduling.counters), and each tenant's goodput ratio since the cluster began."""
+    spent = CounterMetricFamily(
+        "gangflow_gpu_seconds",
+        "GPU-seconds the tenant's ended gang attempts held, by flavor and cause: productive, or a badput cause "
+        "of the goodput ledger (launch, checkpoint, restore, lost_failure, lost_preemption, lost_drain, hang, idle)",
+        labels=["tenant", "flavor", "cause"],
+    )
+    held: dict[str, float] = {}
+    productive: dict[str, float] = {}
+    for tenant, flavor, cause, seconds in counters.get("gpu_seconds") or []:
+        spent.add_metric([str(tenant), str(flavor), str(cause)], float(seconds))
+        held[str(tenant)] = held.get(str(tenant), 0.0) + float(seconds)
+        if cause == "productive":
+            productive[str(tenant)] = productive.get(str(tenant), 0.0) + float(seconds)
+    ratio = _gauge(
+        "goodput_ratio",
+        "productive over held GPU-seconds of the tenant's ended gang attempts since the cluster began (over a "
+        'window: the rate of gangflow_gpu_seconds_total{cause="productive"} over the rate of all of it)',
+        ["tenant"],
+    )
+    for tenant, seconds in sorted(held.items()):
+        if seconds > 0:
+            ratio.add_metric([tenant], productive.get(tenant, 0.0) / seconds)
+    return [spent, ratio]
 
 
 def _wait_histogram(counters: dict[str, Any]) -> HistogramMetricFamily:

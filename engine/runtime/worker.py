@@ -14,7 +14,7 @@ from engine.core.protocol import TASK_QUEUE, TenantRoute
 from engine.runtime import logs
 from engine.runtime.activities import configure_threads, run_task
 from engine.runtime.caching import CACHE_ACTIVITIES
-from engine.runtime.gang_goodput import gang_goodput
+from engine.runtime.gang_goodput import attempt_ledger_of, gang_goodput
 from engine.runtime.guard import GuardedWorkflowRunner
 from engine.runtime.leases import leased_nodes
 from engine.runtime.owners import closed_owners
@@ -62,7 +62,7 @@ def build_worker(
         task_queue=task_queue,
         workflows=list(WORKFLOWS),
         unsandboxed_workflow_runner=GuardedWorkflowRunner(),
-        activities=[run_task, closed_owners, leased_nodes, gang_goodput, *CACHE_ACTIVITIES],
+        activities=[run_task, closed_owners, leased_nodes, gang_goodput, attempt_ledger_of, *CACHE_ACTIVITIES],
         max_concurrent_activities=max_concurrent_activities,
         max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
         # A dead worker's sticky queue holds the next workflow task until this expires; the default

@@ -1,5 +1,6 @@
 """What the Scheduler has decided and seen since the cluster began, per tenant: admissions, preemptions by
-cause, how long admitted gangs waited (a histogram), and gang restarts by cause.
+cause, how long admitted gangs waited (a histogram), gang restarts by cause, and where the GPU-seconds of the
+ended attempts went (the goodput ledger's causes).
 
 Prometheus families (engine.runtime.metrics: ``gangflow_admitted_gangs_total``, ``gangflow_preempted_gangs_total``,
 ``gangflow_admission_wait_seconds``, ``gangflow_gang_restarts_total``) read them from ``describe``. They are the
@@ -19,20 +20,27 @@ before it releases: ``node_lost``), or neither (``rank_failure``: a rank exited 
 gang is released the same way and never comes back, so a restart is counted only when its gang is submitted
 again; the released causes wait for that in ``ended``, at most ``RESTART_WINDOW_S`` and ``MAX_ENDED`` of them
 (oldest forgotten first: a gang that comes back later counts no restart).
+
+**GPU-seconds by cause.** Each GangTask tells the ledger of each attempt once it ended (``LEDGER_SIGNAL``,
+workflows.gang_ledger): its productive GPU-seconds and its badput by cause, summed here per tenant, flavor
+("" without flavors) and cause. ``gangflow_gpu_seconds_total`` and the goodput ratio are read from them; the
+Scheduler's state grows by tenants × flavors × 9 numbers, never per gang.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from engine.core.protocol import BADPUT
 from engine.scheduling.events import Admitted, Decision, Event, GangRejected, GangSubmitted, Preempted
 
 if TYPE_CHECKING:
     from engine.scheduling.policy import Policy
 
-__all__ = ["MAX_ENDED", "RESTART_CAUSES", "RESTART_WINDOW_S", "WAIT_BUCKETS", "Counters"]
+__all__ = ["GPU_CAUSES", "MAX_ENDED", "RESTART_CAUSES", "RESTART_WINDOW_S", "WAIT_BUCKETS", "Counters"]
 
 #: upper bounds (seconds) of the admission-wait histogram's buckets: a second to a day (plus +Inf)
 WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
@@ -42,6 +50,8 @@ RESTART_CAUSES = ("node_lost", "preemption", "drain", "rank_failure")
 RESTART_WINDOW_S = 3600.0
 #: and at most this many of them wait (the snapshot carries them)
 MAX_ENDED = 2000
+#: where an attempt's GPU-seconds went: what counted, then the ledger's badput causes
+GPU_CAUSES = ("productive", *BADPUT)
 
 
 class Counters:
@@ -61,6 +71,7 @@ class Counters:
         self.lost: dict[tuple[str, str], float] = {}
         self.since: dict[str, float] = {}  # gang waiting -> its submission (policy clock)
         self.ended: dict[str, tuple[str, str, float]] = {}  # gang released -> (tenant, cause, when), oldest first
+        self.gpu_s: dict[tuple[str, str, str], float] = {}  # (tenant, flavor or "", cause) -> GPU-seconds
 
     # -- counting ----------------------------------------------------------------------------------
     def released(self, gang_id: str, policy: Policy) -> None:
@@ -122,6 +133,25 @@ class Counters:
                 if decision.cost_gpu_s is not None:
                     self.lost[key] = round(self.lost.get(key, 0.0) + decision.cost_gpu_s, 1)
 
+    def ledger(self, payload: Any) -> bool:
+        """Add an ended attempt's ledger (``LEDGER_SIGNAL``'s payload); False, counting nothing, where it is
+        malformed (a signal's payload is never trusted: a cause it does not know, a negative or infinite
+        figure, no tenant)."""
+        if not isinstance(payload, Mapping):
+            return False
+        tenant, flavor, badput = payload.get("tenant"), payload.get("flavor"), payload.get("badput")
+        if not isinstance(tenant, str) or not tenant or not isinstance(flavor, str | None):
+            return False
+        if not isinstance(badput, Mapping) or not set(badput) <= set(BADPUT):
+            return False
+        parts = {"productive": payload.get("productive_gpu_s"), **badput}
+        if not all(_figure(v) for v in parts.values()):
+            return False
+        for cause, seconds in parts.items():
+            key = (tenant, flavor or "", cause)
+            self.gpu_s[key] = round(self.gpu_s.get(key, 0.0) + float(seconds), 3)
+        return True
+
     def _wait(self, tenant: str, seconds: float) -> None:
         row = self.waits.get(tenant)
         if row is None:
@@ -134,10 +164,15 @@ class Counters:
         """JSON-able (``describe``'s, and the snapshot's with ``carried``): ``{"admitted": {tenant: n},
         "preempted": [[tenant, cause, n], ...], "wait_buckets": [...], "waits": [[tenant, sum, [n per bucket,
         +Inf last]], ...], "restarts": [[tenant, cause, n], ...]}``, and ``"preemption_cost_gpu_s": [[tenant,
-        cause, GPU-s], ...]`` once a preemption recorded its cost."""
-        lost = {"preemption_cost_gpu_s": [[t, c, x] for (t, c), x in sorted(self.lost.items())]} if self.lost else {}
+        cause, GPU-s], ...]`` once a preemption recorded its cost, ``"gpu_seconds": [[tenant, flavor, cause,
+        GPU-s], ...]`` once an attempt's ledger was told (a snapshot without them is what it was before)."""
+        more: dict[str, Any] = {}
+        if self.lost:
+            more["preemption_cost_gpu_s"] = [[t, c, x] for (t, c), x in sorted(self.lost.items())]
+        if self.gpu_s:
+            more["gpu_seconds"] = [[t, f, c, x] for (t, f, c), x in sorted(self.gpu_s.items())]
         return {
-            **lost,
+            **more,
             "admitted": dict(self.admitted),
             "preempted": [[t, c, n] for (t, c), n in sorted(self.preempted.items())],
             "wait_buckets": list(WAIT_BUCKETS),
@@ -170,5 +205,10 @@ class Counters:
         counters = cls(rows.get("admitted") or {}, rows.get("preempted") or (), waits, rows.get("restarts") or ())
         counters.ended = {str(g): (str(t), str(c), float(w)) for g, t, c, w in rows.get("ended") or ()}
         counters.lost = {(str(t), str(c)): float(x) for t, c, x in rows.get("preemption_cost_gpu_s") or ()}
+        counters.gpu_s = {(str(t), str(f), str(c)): float(x) for t, f, c, x in rows.get("gpu_seconds") or ()}
         counters.since = {g: now - w for g, w in (waited or {}).items()}
         return counters
+
+
+def _figure(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0

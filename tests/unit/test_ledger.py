@@ -155,6 +155,32 @@ def test_usage_rows_by_tenant_run_priority_class_and_cause() -> None:
     assert by_class[1]["badput"]["lost_preemption"] == 25 and by_class[0]["goodput"] == pytest.approx(0.9)
 
 
+def test_usage_rows_by_flavor_count_each_attempt_under_the_flavor_it_was_admitted_on() -> None:
+    """A call requeued after a preemption may run its next attempt on another flavor of its list: each attempt
+    counts under its own; an attempt without a flavor (a queue file naming none) under ``None``."""
+    from engine.cli.usage import usage_rows
+
+    def ledger(alloc: float, flavor: str | None = None, **badput: float) -> dict[str, Any]:
+        full = dict.fromkeys(BADPUT, 0.0) | badput
+        productive = alloc - sum(full.values())
+        row = {"gpus": 2, "allocated_s": alloc / 2, "allocated_gpu_s": alloc, "productive_gpu_s": productive}
+        return row | {"badput": full, "goodput": productive / alloc} | ({"flavor": flavor} if flavor else {})
+
+    entries = [
+        {"tenant": "a", "attempts": [ledger(40, "h100", lost_preemption=10), ledger(60, "a100", restore=6)]},
+        {"tenant": "b", "attempts": [ledger(30, "h100", launch=3)]},
+        {"tenant": "c", "attempts": [ledger(5)]},
+    ]
+    rows = usage_rows(entries, "flavor")
+    assert [(r["flavor"], r["tenants"], r["allocated_gpu_s"]) for r in rows] == [
+        ("h100", ["a", "b"], 70),
+        ("a100", ["a"], 60),
+        (None, ["c"], 5),
+    ]
+    assert rows[0]["badput"]["lost_preemption"] == 10 and rows[0]["goodput"] == pytest.approx(57 / 70, abs=1e-4)
+    assert rows[1]["badput"]["restore"] == 6 and "wait_s" not in rows[0]
+
+
 @pytest.mark.parametrize("text, seconds", [("7d", 7 * 86400), ("12h", 43200), ("30m", 1800), ("1.5h", 5400)])
 def test_since_reads_durations(text: str, seconds: float) -> None:
     from engine.cli.usage import parse_since

@@ -97,6 +97,42 @@ def test_admissions_and_preemptions_by_cause_count_up_across_a_continue_as_new()
     assert restored.counters.rows() == policy.counters.rows()
 
 
+def test_attempt_ledgers_add_up_per_tenant_flavor_and_cause_and_give_the_goodput_ratio() -> None:
+    """What GangTasks tell the Scheduler of their ended attempts (LEDGER_SIGNAL) is exposed as GPU-seconds by
+    cause and a goodput ratio per tenant, across a continue-as-new; a malformed ledger counts nothing."""
+    policy = Policy(config(TWO_TEAMS))
+
+    def told(tenant: str, flavor: str | None, productive: float, **badput: float) -> dict[str, Any]:
+        return {"tenant": tenant, "flavor": flavor, "productive_gpu_s": productive, "badput": badput}
+
+    assert policy.counters.ledger(told("team-a", "h100", 80.0, launch=10.0, lost_preemption=10.0))
+    assert policy.counters.ledger(told("team-a", None, 30.0, restore=10.0))
+    assert policy.counters.ledger(told("team-b", None, 0.0, idle=5.0))
+    for bad in (
+        None,
+        "ledger",
+        told("", None, 1.0),  # no tenant
+        told("team-a", None, -1.0),  # a negative figure
+        told("team-a", None, float("inf")),
+        told("team-a", None, 1.0, coffee=3.0),  # a cause the ledger does not have
+        told("team-a", None, True),  # type: ignore[arg-type]
+        {"tenant": "team-a", "flavor": 3, "productive_gpu_s": 1.0, "badput": {}},
+    ):
+        assert not policy.counters.ledger(bad), bad
+    restored = Policy.restore(policy.snapshot())
+    for each in (policy, restored):
+        got = exposed(each)
+        spent = {k[1]: v for k, v in got.items() if k[0] == "gangflow_gpu_seconds_total"}
+        assert spent[(("cause", "productive"), ("flavor", "h100"), ("tenant", "team-a"))] == 80
+        assert spent[(("cause", "lost_preemption"), ("flavor", "h100"), ("tenant", "team-a"))] == 10
+        assert spent[(("cause", "restore"), ("flavor", ""), ("tenant", "team-a"))] == 10
+        assert sum(v for k, v in spent.items() if ("tenant", "team-a") in k) == 140
+        assert got[("gangflow_goodput_ratio", (("tenant", "team-a"),))] == pytest.approx(110 / 140)
+        assert got[("gangflow_goodput_ratio", (("tenant", "team-b"),))] == 0
+    assert restored.counters.rows() == policy.counters.rows()
+    assert "gpu_seconds" not in Policy().counters.rows()  # a snapshot without ledgers is what it was before
+
+
 def test_an_empty_scheduler_exposes_valid_text() -> None:
     got = exposed(Policy())
     assert got[("gangflow_pending_gangs", (("tenant", "default"),))] == 0
