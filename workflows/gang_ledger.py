@@ -3,12 +3,13 @@ cluster's goodput is a Prometheus family (``gangflow_gpu_seconds_total{tenant,fl
 engine.scheduling.counters) and not only what ``gangflow usage`` reads run by run.
 
 The ledger is the one ``gangflow status`` prints (engine.runtime.ledger): the attempt's record, as the GangTask
-has just ended it, and its ranks' reports the node agents saved in the run's store, read by a local activity
-on the GangTask's own worker (``ATTEMPT_LEDGER``). The platform computes it, not the tenant's run: a tenant
-cannot tell the Scheduler a goodput of its own making. One local activity and one signal per attempt, after
-its release (the GPUs go back first), however it ended (a cancelled run's too, as ``gangflow usage`` counts
-it); one whose ledger cannot be read is not told. Gangs recorded before this replay without it
-(``LEDGER_PATCH``).
+has just ended it, and its ranks' reports the node agents saved in the run's store, read by an activity on
+the GangTask's own task queue (``ATTEMPT_LEDGER``; not a local activity, whose result may reach the workflow a
+task later than its marker was recorded, and the signal after it with it: workflows.scheduler ``_look``). The
+platform computes it, not the tenant's run: a tenant cannot tell the Scheduler a goodput of its own making.
+One activity and one signal per attempt, after its release (the GPUs go back first), however it ended (a
+cancelled run's too, as ``gangflow usage`` counts it); one whose ledger cannot be read is not told. Gangs
+recorded before this replay without it (``LEDGER_PATCH``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ async def tell_ledger(spec: GangSpec, envelope: bytes, record: dict[str, Any]) -
     run = Envelope.decode(envelope).run
     request = {"run_id": run.run_id, "call": spec.call, "artifacts": run.artifacts, "attempt": record}
     try:
-        ledger = await workflow.execute_local_activity(
+        ledger = await workflow.execute_activity(
             ATTEMPT_LEDGER,
             request,
             start_to_close_timeout=timedelta(seconds=30),

@@ -99,6 +99,8 @@ HOLD_PATCH = "hold-for-victims"
 #: Scheduler runs recorded before node leases: a run started afresh knew no node until agents re-registered;
 #: from this patch on it re-learns the nodes from their running leases (workflows.node_lease)
 NODE_LEASE_PATCH = "node-leases"
+#: workflow.patched id: from here on the Scheduler's looks (owners, leases) are activities, not local activities
+ACTIVITIES_PATCH = "scheduler-looks-are-activities"
 #: how often the Scheduler wakes up by itself (deadlines have this granularity)
 TICK = timedelta(seconds=5)
 #: how often the owners of allocations are checked (on a tick), when there is anything to check
@@ -340,6 +342,24 @@ class Scheduler:
             "owners_checked": self.owners_checked,
         }
 
+    @staticmethod
+    async def _look(name: str, args: list[Any], timeout_s: float, attempts: int) -> list[Any]:
+        """Run one of the Scheduler's looks outside it (the owners' workflows, the node leases): an activity on
+        its own task queue. Runs recorded before ``ACTIVITIES_PATCH`` ran them as local activities, and replay
+        so; a local activity's result can reach the workflow one task later than its marker was recorded (the
+        SDK's race, met by a recorded fresh Scheduler whose lease look finished as its first task completed),
+        and a replay that takes it one task earlier decides there, where the history has nothing: an
+        activity's result is an event of its own, taken where it is."""
+        options: dict[str, Any] = {
+            "start_to_close_timeout": timedelta(seconds=timeout_s),
+            "retry_policy": RetryPolicy(maximum_attempts=attempts),
+        }
+        if workflow.patched(ACTIVITIES_PATCH):
+            found: list[Any] = await workflow.execute_activity(name, args=args, result_type=list[Any], **options)
+        else:
+            found = await workflow.execute_local_activity(name, args=args, result_type=list[Any], **options)
+        return found
+
     async def _ticker(self) -> None:
         while True:
             await workflow.sleep(TICK)
@@ -351,13 +371,7 @@ class Scheduler:
         if not owners:
             return
         try:
-            closed: list[str] = await workflow.execute_local_activity(
-                CLOSED_OWNERS,
-                owners,
-                result_type=list[str],
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_attempts=2),
-            )
+            closed: list[str] = await self._look(CLOSED_OWNERS, [owners], 30, 2)
         except FailureError as exc:  # the check is best effort: the next one tries again
             workflow.logger.warning("owner check failed: %s", exc)
             return
@@ -370,12 +384,7 @@ class Scheduler:
         that is gone) are registered again. A node this run has heard of meanwhile is not: its own signal
         is newer than the list, which comes from visibility and may lag."""
         try:
-            specs: list[Any] = await workflow.execute_local_activity(
-                LEASED_NODES,
-                result_type=list[Any],
-                start_to_close_timeout=timedelta(seconds=60),
-                retry_policy=RetryPolicy(maximum_attempts=5),
-            )
+            specs: list[Any] = await self._look(LEASED_NODES, [], 60, 5)
         except FailureError as exc:  # the leases' own signals still come for every node that registers anew
             workflow.logger.warning("could not list the running node leases: %s", exc)
             return

@@ -29,9 +29,10 @@ from typing import Any
 
 from temporalio.service import RPCError
 
+from engine.core.protocol import BADPUT
 from engine.errors import GangflowError
 from engine.runtime.history import TaskRecord
-from engine.runtime.ledger import BADPUT, add_ledgers, node_shares
+from engine.runtime.ledger import add_ledgers, node_shares
 from engine.scheduling.config import DEFAULT_PRIORITY
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError, client_for

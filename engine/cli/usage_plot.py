@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.runtime.ledger import BADPUT
+from engine.core.protocol import BADPUT
 
 __all__ = ["PLOTS_MISSING", "gpu_steps", "matplotlib_missing", "plot_usage"]
 

@@ -326,7 +326,7 @@ CACHE_RECORD = "gangflow.cache.record"
 CACHE_HIT = "gangflow.cache.hit"
 #: a local activity of a run's: a finished distributed task call's goodput line, for the run's current details
 GANG_GOODPUT = "gangflow.gang_goodput"
-#: a local activity of a GangTask's: an ended attempt's goodput ledger, which it tells the Scheduler (``LEDGER_SIGNAL``)
+#: an activity of a GangTask's: an ended attempt's goodput ledger, which it tells the Scheduler (``LEDGER_SIGNAL``)
 ATTEMPT_LEDGER = "gangflow.attempt_ledger"
 
 

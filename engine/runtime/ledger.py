@@ -38,7 +38,7 @@ from typing import Any
 
 from engine.core.protocol import BADPUT
 
-__all__ = ["BADPUT", "add_ledgers", "attempt_ledger", "goodput_line", "node_shares"]
+__all__ = ["add_ledgers", "attempt_ledger", "goodput_line", "node_shares"]
 
 
 def _numbers(values: Iterable[Any]) -> list[float]:

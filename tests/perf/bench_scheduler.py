@@ -78,7 +78,7 @@ from typing import Any
 from sim_checkpoints import CHECKPOINT, Checkpoints
 from sim_ledger import SimLedger, TimedCounters
 
-from engine.runtime.ledger import BADPUT
+from engine.core.protocol import BADPUT
 
 BASELINE_COMMIT = "8de69f7"
 BASELINE_FILES = ("__init__", "model", "events", "capacity", "reasons", "describe", "policy")

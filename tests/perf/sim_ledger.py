@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from engine.runtime.ledger import BADPUT
+from engine.core.protocol import BADPUT
 from engine.scheduling.counters import Counters
 
 __all__ = ["SimLedger", "TimedCounters"]

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from engine.runtime.ledger import BADPUT, add_ledgers, attempt_ledger, goodput_line
+from engine.core.protocol import BADPUT
+from engine.runtime.ledger import add_ledgers, attempt_ledger, goodput_line
 
 
 def attempt(kind: str, placed: float, ended: float | None, reason: str = "") -> dict[str, Any]:
