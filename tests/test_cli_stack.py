@@ -248,7 +248,8 @@ def test_sigterm_stops_the_dev_stack_and_every_child_within_seconds(tmp_path: Pa
     assert scraped[("gangflow_node_gpus", (("node", "node-0"),))] == 2
     assert scraped[("gangflow_node_allocated_gpus", (("node", "node-0"),))] == 2  # the holding gang's
     assert scraped[("gangflow_node_alive", (("node", "node-0"),))] == 1
-    usage = ("gangflow_tenant_resource_usage", (("cohort", ""), ("resource", "gpu"), ("tenant", "default")))
+    labels = (("cohort", ""), ("flavor", ""), ("resource", "gpu"), ("tenant", "default"))
+    usage = ("gangflow_tenant_resource_usage", labels)
     assert scraped[usage] == 2 and scraped[("gangflow_admitted_active_gangs", (("tenant", "default"),))] == 1
     # the holding gang's admission, in the Scheduler's own histogram (its wait is under a minute)
     wait = ("gangflow_admission_wait_seconds_bucket", (("le", "60.0"), ("tenant", "default")))

@@ -236,12 +236,16 @@ def test_a_stopped_run_frees_its_gangs_gpus(stack: AuthStack, how: str) -> None:
         else:
             await handle.terminate("stopped by its team")
         seconds = await _platform_idle(stack, timeout=120)
-        gang = (
-            await (await TemporalClient.connect(stack.upstream, namespace="gangflow-system"))
-            .get_workflow_handle(f"team-b:{run_id}.train-1")
-            .describe()
-        )
-        assert gang.status in (WorkflowExecutionStatus.CANCELED, WorkflowExecutionStatus.COMPLETED), gang.status
+        platform_ns = await TemporalClient.connect(stack.upstream, namespace="gangflow-system")
+        gang = platform_ns.get_workflow_handle(f"team-b:{run_id}.train-1")
+
+        async def closed() -> WorkflowExecutionStatus | None:
+            # the gang ends just after its release: it tells the Scheduler its attempt's goodput ledger first
+            status = (await gang.describe()).status
+            return None if status == WorkflowExecutionStatus.RUNNING else status
+
+        status = await until("the gang closed", closed, timeout=60)
+        assert status in (WorkflowExecutionStatus.CANCELED, WorkflowExecutionStatus.COMPLETED), status
         print(f"{how}: GPUs free {seconds:.1f} s after")
 
     run(go())

@@ -6,12 +6,13 @@ and Kueue's words where Kueue has the same thing (``nominal_quota``, ``resource_
 ``admitted_active``), with gangflow's *tenant* and *gang* where Kueue says cluster queue and workload:
 
 * the platform's worker (the one that keeps the Scheduler running) asks the Scheduler at each scrape for its
-  ``queues`` and ``describe`` views: per tenant its nominal quota, usage, borrowed and lent resources, pending
-  and running gangs and fair share; per node its GPUs, allocated GPUs, whether it is alive, drained and
-  sandboxed; since the cluster began (engine.scheduling.counters, carried across continue-as-new), admissions,
-  preemptions by cause, the admission wait (``gangflow_admission_wait_seconds``, a histogram) and gang restarts
-  by cause; ``gangflow_scheduler_up`` says whether the Scheduler answered (0: every other family is absent,
-  not zero: an alert on ``gangflow_scheduler_up == 0`` is the one to write);
+  ``queues`` and ``describe`` views: per tenant (and flavor) its nominal quota, usage, borrowed and lent
+  resources, per tenant its pending and running gangs and fair share; per node its GPUs, allocated GPUs, whether
+  it is alive, drained and sandboxed; since the cluster began (engine.scheduling.counters, carried across
+  continue-as-new), admissions, preemptions by cause, the admission wait (``gangflow_admission_wait_seconds``, a
+  histogram), gang restarts by cause and the ended attempts' GPU-seconds by goodput cause;
+  ``gangflow_scheduler_up`` says whether the Scheduler answered (0: every other family is absent, not zero: an
+  alert on ``gangflow_scheduler_up == 0`` is the one to write);
 * a node agent says what it runs itself: its GPUs, the gang attempts running there, whether it holds its
   lease, whether it sandboxes;
 * both add the Temporal SDK's own metrics (``temporal_*``: workflow and activity task latencies, poll
@@ -89,7 +90,9 @@ def scheduler_families(queues: dict[str, Any], described: dict[str, Any]) -> lis
         "borrowed": ("borrowed_resources", "what the tenant holds above its nominal quota, from its cohort"),
         "lent": ("lent_resources", "what of the tenant's nominal quota other tenants of its cohort hold"),
     }
-    labels = ["tenant", "cohort", "resource"]
+    # Kueue's labels: a tenant whose quota names flavors has a sample per flavor (they add up to its whole), one
+    # without has its whole under flavor="" (so ``sum by (tenant)`` is the tenant's whole either way)
+    labels = ["tenant", "cohort", "flavor", "resource"]
     families = {key: _gauge(f"tenant_{name}", doc, labels) for key, (name, doc) in per_resource.items()}
     pending = _gauge("pending_gangs", "gangs of the tenant waiting for admission", ["tenant"])
     share = _gauge("tenant_fair_share", "the tenant's dominant share over its weight (lowest goes first)", ["tenant"])
@@ -103,12 +106,14 @@ def scheduler_families(queues: dict[str, Any], described: dict[str, Any]) -> lis
         leaving[tenant] = leaving.get(tenant, 0) + (1 if gang.get("preempting") else 0)
     for tenant, row in sorted(queues.get("tenants", {}).items()):
         cohort = str(row.get("cohort") or "")
+        flavors = row.get("flavors") or {"": row}
         for key, family in families.items():
-            values = row.get(key) or {}
-            for resource in _RESOURCES:
-                value = values.get(resource)
-                if value is not None:
-                    family.add_metric([tenant, cohort, resource], float(value))
+            for flavor, part in sorted(flavors.items()):
+                values = part.get(key) or {}
+                for resource in _RESOURCES:
+                    value = values.get(resource)
+                    if value is not None:
+                        family.add_metric([tenant, cohort, flavor, resource], float(value))
         pending.add_metric([tenant], float(row.get("pending", 0)))
         if row.get("share") is not None:
             share.add_metric([tenant], float(row["share"]))

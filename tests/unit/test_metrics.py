@@ -55,7 +55,8 @@ def test_tenant_quota_usage_borrowing_and_pending_gangs_as_kueue_names_them() ->
     got = exposed(policy)
 
     def tenant(metric: str, name: str, resource: str = "gpu") -> float:
-        return got[(f"gangflow_tenant_{metric}", (("cohort", "research"), ("resource", resource), ("tenant", name)))]
+        labels = (("cohort", "research"), ("flavor", ""), ("resource", resource), ("tenant", name))
+        return got[(f"gangflow_tenant_{metric}", labels)]
 
     # team-a holds its 2 GPUs and borrowed team-b's idle 2; its third gang waits (the cohort has none left)
     assert tenant("nominal_quota", "team-a") == 2 and tenant("resource_usage", "team-a") == 4
@@ -67,8 +68,24 @@ def test_tenant_quota_usage_borrowing_and_pending_gangs_as_kueue_names_them() ->
     assert got[("gangflow_preempting_gangs", (("tenant", "team-a"),))] == 0
     assert got[("gangflow_tenant_fair_share", (("tenant", "team-a"),))] > 0
     # a quota the file leaves unlimited (memory) is absent, never a made-up 0
-    mem = ("gangflow_tenant_nominal_quota", (("cohort", "research"), ("resource", "mem"), ("tenant", "team-a")))
+    labels = (("cohort", "research"), ("flavor", ""), ("resource", "mem"), ("tenant", "team-a"))
+    mem = ("gangflow_tenant_nominal_quota", labels)
     assert mem not in got
+
+
+def test_a_tenant_whose_quota_names_flavors_has_a_sample_per_flavor() -> None:
+    """As Kueue labels its quota families: per flavor where the queue file names them (examples/fleet.yaml: team-a
+    has 4 h100 and 2 a100), adding up to the tenant's whole."""
+    from conftest import ROOT
+
+    policy = Policy(config((ROOT / "examples" / "fleet.yaml").read_text()))
+    got = exposed(policy)
+    nominal = {
+        dict(labels)["flavor"]: value
+        for (name, labels), value in got.items()
+        if name == "gangflow_tenant_nominal_quota" and ("tenant", "team-a") in labels and ("resource", "gpu") in labels
+    }
+    assert nominal == {"h100": 4, "a100": 2}
 
 
 def test_nodes_gpus_allocation_liveness_and_drain() -> None:
