@@ -35,7 +35,8 @@ gangs do not start seconds apart; each sample says whether they did (``preemptor
 Measured, on this machine's clock, from the **notice**: the moment the Scheduler's preemption reached the
 victim (the ``preempt`` signal in the victim's GangTask history):
 
-* ``notice_delivered_s``: the node agent wrote the rank's notice file and sent SIGTERM (the file's mtime);
+* ``notice_delivered_s``: the node agent wrote the rank's notice file and sent SIGTERM (the file's mtime;
+  ``notice_from: history`` where the scan missed the file, and the notice activity's completion stands for it);
 * ``save_s``: the ranks' checkpoint at the notice, from the notice delivered to the checkpoint file written
   (its mtime; the step in flight, the all-reduce that agrees on stopping, the save); none for a kill;
 * ``gpus_free_s``: the victim's GangTask signalled ``release`` to the Scheduler (goal: ``save_s`` + 5 s);
@@ -254,19 +255,23 @@ def analyse(obs: Observed) -> dict[str, Any]:
     placed_again = _first(victim, "WORKFLOW_EXECUTION_SIGNALED", "placement", release or preempt)
     preemptor_placed = _first(preemptor, "WORKFLOW_EXECUTION_SIGNALED", "placement")
     capacity_back = _last(preemptor, "SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED", "release")
+    # the notice file lives as long as the attempt's work folder: a rank that dies at once (kill mode) on a
+    # loaded machine may take it away between two scans; then the notice activity's completion (the agent
+    # answers once it wrote the file and signalled the ranks) stands for it, and the sample says so
+    notice_from = "file" if obs.notice_t is not None else "history"
+    delivered = obs.notice_t if obs.notice_t is not None else _first(victim, "ACTIVITY_TASK_COMPLETED", NOTICE, preempt)
     missing = [
         name
         for name, value in (
             ("the victim's release", release),
             ("the preemptor's placement", preemptor_placed),
             ("the preemptor's release", capacity_back),
-            ("the notice file", obs.notice_t),
+            ("the notice (its file, or its activity's completion)", delivered),
         )
         if value is None
     ]
-    if missing or release is None or capacity_back is None or obs.notice_t is None:
+    if missing or release is None or capacity_back is None or delivered is None:
         raise AnalysisError(f"{obs.mode}: not seen: {', '.join(missing)}")
-    delivered = obs.notice_t
     if obs.first_step >= obs.steps:
         raise AnalysisError(
             f"{obs.mode}: the victim had done all its {obs.steps} steps when the notice came (it resumed from step "
@@ -305,6 +310,7 @@ def analyse(obs: Observed) -> dict[str, Any]:
         "preemptor_run": obs.preemptor_run,
         "trigger_step": obs.trigger_step,
         "notice_delivered_s": since(delivered),
+        "notice_from": notice_from,
         "save_s": None if save_s is None else round(save_s, 3),
         "gpus_free_s": since(release),
         "preemptor_placed_s": since(preemptor_placed),
