@@ -40,7 +40,7 @@ from engine.scheduling.events import Admitted, Decision, Event, GangRejected, Ga
 if TYPE_CHECKING:
     from engine.scheduling.policy import Policy
 
-__all__ = ["GPU_CAUSES", "MAX_ENDED", "RESTART_CAUSES", "RESTART_WINDOW_S", "WAIT_BUCKETS", "Counters"]
+__all__ = ["MAX_ENDED", "RESTART_CAUSES", "RESTART_WINDOW_S", "WAIT_BUCKETS", "Counters"]
 
 #: upper bounds (seconds) of the admission-wait histogram's buckets: a second to a day (plus +Inf)
 WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
@@ -50,8 +50,6 @@ RESTART_CAUSES = ("node_lost", "preemption", "drain", "rank_failure")
 RESTART_WINDOW_S = 3600.0
 #: and at most this many of them wait (the snapshot carries them)
 MAX_ENDED = 2000
-#: where an attempt's GPU-seconds went: what counted, then the ledger's badput causes
-GPU_CAUSES = ("productive", *BADPUT)
 
 
 class Counters:
