@@ -137,29 +137,23 @@ def scheduler_families(queues: dict[str, Any], described: dict[str, Any]) -> lis
     )
     for tenant, count in sorted((counters.get("admitted") or {}).items()):
         admitted.add_metric([str(tenant)], float(count))
-    preempted = CounterMetricFamily(
+    preempted = _per_tenant_cause(
         "gangflow_preempted_gangs",
         "running gangs of the tenant preempted, by cause (reclaim, priority, backfill, defrag, drain)",
-        labels=["tenant", "cause"],
+        counters.get("preempted"),
     )
-    for tenant, cause, count in counters.get("preempted") or []:
-        preempted.add_metric([str(tenant), str(cause)], float(count))
-    lost = CounterMetricFamily(
+    lost = _per_tenant_cause(
         "gangflow_preemption_cost_gpu_seconds",
         "GPU-seconds of work the tenant's preempted gangs were expected to lose (since their last checkpoint, "
         "save, restore and relaunch), by cause",
-        labels=["tenant", "cause"],
+        counters.get("preemption_cost_gpu_s"),
     )
-    for tenant, cause, seconds in counters.get("preemption_cost_gpu_s") or []:
-        lost.add_metric([str(tenant), str(cause)], float(seconds))
-    restarts = CounterMetricFamily(
+    restarts = _per_tenant_cause(
         "gangflow_gang_restarts",
         "gang attempts of the tenant that ended early and were followed by another, by cause "
         "(node_lost, preemption, drain, rank_failure)",
-        labels=["tenant", "cause"],
+        counters.get("restarts"),
     )
-    for tenant, cause, count in counters.get("restarts") or []:
-        restarts.add_metric([str(tenant), str(cause)], float(count))
     return [
         *families.values(),
         pending,
@@ -178,6 +172,14 @@ def scheduler_families(queues: dict[str, Any], described: dict[str, Any]) -> lis
         restarts,
         *_goodput(counters),
     ]
+
+
+def _per_tenant_cause(name: str, doc: str, rows: Any) -> CounterMetricFamily:
+    """A counter family from the Scheduler's ``[[tenant, cause, value], ...]`` rows (engine.scheduling.counters)."""
+    family = CounterMetricFamily(name, doc, labels=["tenant", "cause"])
+    for tenant, cause, value in rows or []:
+        family.add_metric([str(tenant), str(cause)], float(value))
+    return family
 
 
 def _goodput(counters: dict[str, Any]) -> list[Metric]:
