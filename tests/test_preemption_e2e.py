@@ -1,10 +1,11 @@
 """Checkpoint-aware preemption end to end, on real node agents (a stack of its own: dev server, worker and two
 node agents with two GPU slots each; tenants team-a and team-b of 2 GPUs each in one cohort).
 
-- reclaim: team-a borrows the whole cluster, team-b submits; the notice reaches team-a's ranks, they save a
-  checkpoint *at the step they reached* (the task saves no periodic checkpoint) and exit, the GPUs go to
-  team-b within seconds, and team-a's gang resumes from that step and completes with every step applied once
-  and no restart spent. The Scheduler continues as new every few events meanwhile.
+- reclaim: team-a borrows the whole cluster, team-b submits; the victim is the team-a gang that checkpointed
+  last (the one whose preemption loses the least work, not the most recently admitted); the notice reaches its
+  ranks, they save a checkpoint *at the step they reached* and exit, the GPUs go to team-b within seconds,
+  and team-a's gang resumes from that step and completes with every step applied once and no restart spent.
+  The Scheduler continues as new every few events meanwhile.
 - a rank that ignores the notice is killed when its task's ``preemption_grace`` ends; while it runs out, the
   gang's status and the Temporal UI's current-details line say so, and the gang resumes from its last
   periodic checkpoint.
@@ -255,20 +256,40 @@ async def settled(stack: Stack) -> None:
     await stack.wait_for("every gang released", lambda q: q["totals"]["running"] == q["totals"]["pending"] == 0)
 
 
-def test_reclaim_saves_at_the_notice_frees_the_gpus_at_once_and_resumes(stack: Stack, flows: Path) -> None:
+def test_reclaim_takes_the_gang_that_checkpointed_last_which_saves_at_the_notice_and_resumes(
+    stack: Stack, flows: Path
+) -> None:
+    """Which gang a reclaim preempts is the one that would lose the least work: team-a's first gang checkpoints
+    every 10 steps (its agent tells the Scheduler at most every 15 s), the second, admitted after it, never; once
+    the first's told checkpoint is well after the second's admission, team-b's gang preempts the first (by the
+    rule before lost work, the most recent admission, it would have been the second)."""
+
     async def main() -> None:
         client = await stack.client()
         await client.apply_queues(CONFIG)
-        # team-a borrows the whole cluster; its tasks save no periodic checkpoint (every=1000)
-        a_runs = [await start(client, flows, "trained", {"steps": 300}, tenant="team-a") for _ in range(2)]
-        a_gangs = [gang_of(r, "train") for r in a_runs]
-        for gang_id in a_gangs:
+        # team-a borrows the whole cluster: the first gang checkpoints, the second saves no periodic checkpoint
+        a_runs = [await start(client, flows, "trained", {"steps": 700, "every": 10}, tenant="team-a")]
+        a_gangs = [gang_of(a_runs[0], "train")]
 
-            async def trained_a_bit(g: str = gang_id) -> bool:
-                return await step_of(client, g) >= 5
+        async def training(g: str) -> bool:
+            return await step_of(client, g) >= 5
 
-            await until(f"{gang_id} training", trained_a_bit)
+        await until(f"{a_gangs[0]} training", lambda: training(a_gangs[0]))
+        a_runs.append(await start(client, flows, "trained", {"steps": 700}, tenant="team-a"))
+        a_gangs.append(gang_of(a_runs[1], "train"))
+        await until(f"{a_gangs[1]} training", lambda: training(a_gangs[1]))
 
+        async def told_late() -> dict[str, Any] | None:
+            # the first gang's last told checkpoint, once it is 8 s after the second's admission: preempting the
+            # first then loses that much less (its relaunch and saves, counted in its cost, take a few seconds)
+            rows = {r["gang_id"]: r for r in (await client.queue())["running"]}
+            first, second = (rows.get(g) for g in a_gangs)
+            known = first.get("checkpoint") if first is not None and second is not None else None
+            return known if known and known["at"] >= second["admitted_at"] + 8 else None
+
+        checkpointed = await until("the first gang's checkpoint told after the second's admission", told_late)
+        assert checkpointed["step"] % 10 == 0, checkpointed
+        runs_before = await scheduler_runs(client)
         b_run = await start(client, flows, "trained", {"steps": 20}, tenant="team-b")
         noticed = time.monotonic()
         b_gang = gang_of(b_run, "train")
@@ -282,13 +303,16 @@ def test_reclaim_saves_at_the_notice_frees_the_gpus_at_once_and_resumes(stack: S
         async def b_running() -> bool:
             return b_gang in {g["gang_id"] for g in (await client.queue())["running"]}
 
-        runs_before = await scheduler_runs(client)
         preempted = await until("a team-a gang preempted", victim)
+        assert preempted == a_gangs[0], (preempted, await client.queue())  # the one that checkpointed last
         await until("team-b's gang running", b_running)
         # the ranks saved and left at once: far sooner than the 30 s grace
         assert time.monotonic() - noticed < 25, time.monotonic() - noticed
-        assert await scheduler_runs(client) > runs_before  # the Scheduler continued as new meanwhile
 
+        async def continued() -> bool:  # (its third event since may be the victim's submit, after its release)
+            return await scheduler_runs(client) > runs_before
+
+        await until("the Scheduler continued as new meanwhile", continued)
         b = await result(client, flows, b_run, "trained")
         assert (b["attempt"], b["applied"]) == (0, 20), b
         for run_id, gang_id in zip(a_runs, a_gangs, strict=True):
@@ -296,10 +320,10 @@ def test_reclaim_saves_at_the_notice_frees_the_gpus_at_once_and_resumes(stack: S
             info = await client.gang(gang_id)
             assert info["restarts"] == 0 and info["status"] == "COMPLETED", info
             if gang_id != preempted:
-                assert (a["attempt"], a["first"], a["applied"]) == (0, 0, 300), a
+                assert (a["attempt"], a["first"], a["applied"]) == (0, 0, 700), a
                 continue
-            # resumed from the step the notice found (no periodic checkpoint exists), every step applied once
-            assert a["attempt"] == 1 and a["first"] > 0 and a["applied"] == 300, a
+            # resumed from the step the notice found (after its last periodic one), every step applied once
+            assert a["attempt"] == 1 and a["first"] >= checkpointed["step"] and a["applied"] == 700, a
             (attempt,) = info["failed_attempts"]
             assert attempt["kind"] == "preempted", attempt
             assert attempt["reason"].startswith(f"preempted by {b_gang} of team-b (reclaim): the ranks exited ")

@@ -2,9 +2,10 @@
 configuration is the Scheduler's, shared by every run on a server, so these tests never touch the
 session's): ``queues apply`` refuses a bad file and changes nothing, applies the example, ``queues show
 --json`` has the issue's shape, ``run`` refuses an unknown tenant or priority class with exit 2 before
-anything starts, ``run --tenant team-a --priority high`` runs a gang on a 2-node cluster, a gang asking for a
+anything starts, ``run --tenant team-a --priority high`` runs a gang on a 4-node cluster, a gang asking for a
 flavor lands on the node agent labelled for it (and a flavor or label the cluster lacks is refused with exit 2),
-and ``dev --queues`` applies its file once the stack is up."""
+a gang that requires one rack gets two nodes of one rack where a topology-blind choice would span two (and one
+that no rack can hold is rejected, saying so), and ``dev --queues`` applies its file once the stack is up."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import NO_WARM_IMPORTS, ROOT, Stack, gangflow_cli, stack_fixture
+from conftest import NO_WARM_IMPORTS, ROOT, Stack, gang_task, gangflow_cli, stack_fixture
 
 from engine.cli.operators import QUEUE_DEPRECATED
 from engine.runtime import free_port
@@ -33,7 +35,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from engine import Gang, GangPlugin, Resources, task, workflow
+from engine import Gang, GangPlugin, Resources, Topology, task, workflow
 
 
 @dataclass(frozen=True)
@@ -105,13 +107,39 @@ def elsewhere() -> str:
 @workflow
 async def in_zone_b() -> str:
     return await elsewhere()
+
+
+@task(plugin=Ranks(), resources=Resources(gpu=2, flavor="a100"), placement=Topology(required="rack"))
+def racked() -> str:
+    return os.environ["GANGFLOW_NODE_ID"]
+
+
+@workflow
+async def in_one_rack() -> str:
+    return await racked()
+
+
+@task(
+    plugin=Ranks(nnodes=3),
+    resources=Resources(gpu=1, flavor="a100"),
+    placement=Topology(required="rack"),
+    gang=Gang(lost_node_wait=3),
+)
+def too_wide() -> str:
+    return "never"
+
+
+@workflow
+async def in_a_rack_too_small() -> str:
+    return await too_wide()
 """
 
-#: two flavors, one per node agent of the stack (the labels its test gives them)
+#: two flavors and two racks over the stack's four node agents (the labels ``labelled`` gives them)
 FLAVORS = """\
 flavors:
   - {name: h100, node_labels: {gpu: h100}}
   - {name: a100, node_labels: {gpu: a100}}
+topology: [rack]
 tenants:
   - {name: team-a, quota: {gpu: 4}}
 """
@@ -154,9 +182,9 @@ async def _configured(stack: Stack) -> None:
     assert applied.returncode == 0, applied.stderr
 
 
-#: server, worker and two node agents with two GPU slots each, the example configuration applied (its gangs import
+#: server, worker and four node agents with two GPU slots each, the example configuration applied (its gangs import
 #: no torch, nor do the standbys)
-stack = stack_fixture("q", count=2, gpus=2, ready=_configured, env=NO_WARM_IMPORTS)
+stack = stack_fixture("q", count=4, gpus=2, ready=_configured, env=NO_WARM_IMPORTS)
 
 
 def test_without_a_scheduler_only_the_default_tenant_runs(tmp_path, project):
@@ -269,22 +297,28 @@ def test_a_run_as_team_a_at_high_priority_runs_its_gang(stack, project, tmp_path
     assert (status["tenant"], status["priority"], status["result"]) == ("team-a", "high", 0)
 
 
-def test_a_gang_asking_for_h100_lands_on_the_h100_node_and_an_unknown_flavor_is_refused(stack, project, tmp_path):
-    """Flavors on real node agents: ``gangflow node --labels`` gives q0 ``gpu=a100`` and q1 ``gpu=h100,zone=a``
-    (the second: a flavor-blind choice would take q0 first), the queue file declares both flavors; a gang
-    asking for h100 runs on q1, which ``gangflow status`` names as its flavor, and its rank sees the node's id and
-    labels; a run asking for a flavor (or a node label) the cluster lacks exits 2 naming what exists, before
-    anything starts. The example configuration is applied again after (the agents' labels then match nothing)."""
-    address = stack.server.address
-    labelled = {"q0": {"gpu": "a100"}, "q1": {"gpu": "h100", "zone": "a"}}
-    for node_id, labels in labelled.items():
+#: the labels ``gangflow node --labels`` gives the stack's agents: one h100 node, three a100 nodes in two racks,
+#: rack r1's two a100 nodes are q0 and q3 (a topology-blind choice of two a100 nodes takes q0 and q2 first)
+LABELS = {
+    "q0": {"gpu": "a100", "rack": "r1"},
+    "q1": {"gpu": "h100", "rack": "r2", "zone": "a"},
+    "q2": {"gpu": "a100", "rack": "r2"},
+    "q3": {"gpu": "a100", "rack": "r1"},
+}
+
+
+@pytest.fixture(scope="module")
+def labelled(stack: Stack) -> Iterator[Stack]:
+    """The stack's agents restarted with ``LABELS`` and the FLAVORS configuration applied; the example
+    configuration is applied again after (the agents' labels then match nothing)."""
+    for node_id, labels in LABELS.items():
         stack.nodes[node_id].args = ["--labels", ",".join(f"{k}={v}" for k, v in labels.items())]
-    with ThreadPoolExecutor(2) as pool:  # both at once: each stop waits for its agent to drain and exit
-        list(pool.map(lambda node_id: stack.nodes[node_id].restart(), labelled))
+    with ThreadPoolExecutor(len(LABELS)) as pool:  # all at once: each stop waits for its agent to drain and exit
+        list(pool.map(lambda node_id: stack.nodes[node_id].restart(), LABELS))
     asyncio.run(
         stack.wait_for(
             "the agents registered with their labels",
-            lambda q: {n["node_id"]: n.get("labels") for n in q["nodes"] if n["alive"]} == labelled,
+            lambda q: {n["node_id"]: n.get("labels") for n in q["nodes"] if n["alive"]} == LABELS,
             90,
         )
     )
@@ -294,42 +328,83 @@ def test_a_gang_asking_for_h100_lands_on_the_h100_node_and_an_unknown_flavor_is_
 
     asyncio.run(apply(FLAVORS))
     try:
-        before = run_ids(address)
-        for flow, named in (
-            (
-                "on_h200",
-                "asks for flavor 'h200', which the cluster's queue configuration does not declare: the "
-                "cluster's flavors are h100, a100",
-            ),
-            ("in_zone_b", "no registered node carries zone=b; the nodes' labels are gpu=a100, gpu=h100, zone=a"),
-        ):
-            refused = cli(address, "run", f"flow.py:{flow}", "--tenant", "team-a", "--detach", cwd=project)
-            assert refused.returncode == 2 and named in refused.stderr, refused.stderr
-        assert run_ids(address) == before  # nothing was started
-        done = cli(
-            address,
-            "run",
-            "flow.py:on_h100",
-            "--tenant",
-            "team-a",
-            "--json",
-            cwd=project,
-            GANGFLOW_ARTIFACTS=stack.artifacts,
-        )
-        assert done.returncode == 0, done.stderr
-        answer = json.loads(done.stdout)
-        assert answer["result"] == "q1 gpu=h100,zone=a", answer
-        status = cli(address, "status", answer["run_id"], "--json")
-        assert status.returncode == 0 and '"flavor": "h100"' in status.stdout, status.stdout
-        # gangflow usage counts the attempt under its flavor (with the ledger the status shows)
-        usage = cli(address, "usage", "--by", "flavor", "--tenant", "team-a", "--json")
-        assert usage.returncode == 0, usage.stderr
-        flavored = {row["flavor"]: row for row in json.loads(usage.stdout)["rows"]}
-        assert flavored["h100"]["tenants"] == ["team-a"] and flavored["h100"]["allocated_gpu_s"] > 0, flavored
-        shown_nodes = cli(address, "cluster")
-        assert "gpu=h100,zone=a" in shown_nodes.stdout and "gpu=a100" in shown_nodes.stdout, shown_nodes.stdout
+        yield stack
     finally:
         asyncio.run(apply(Path(EXAMPLE).read_text()))
+
+
+def test_a_gang_asking_for_h100_lands_on_the_h100_node_and_an_unknown_flavor_is_refused(labelled, project):
+    """Flavors on real node agents (``gangflow node --labels``: q1 is the h100 node, the others a100: a
+    flavor-blind choice would take q0 first), the queue file declares both flavors; a gang asking for h100 runs
+    on q1, which ``gangflow status`` names as its flavor, and its rank sees the node's id and labels; a run
+    asking for a flavor (or a node label) the cluster lacks exits 2 naming what exists, before anything
+    starts."""
+    address = labelled.server.address
+    before = run_ids(address)
+    for flow, named in (
+        (
+            "on_h200",
+            "asks for flavor 'h200', which the cluster's queue configuration does not declare: the "
+            "cluster's flavors are h100, a100",
+        ),
+        (
+            "in_zone_b",
+            "no registered node carries zone=b; the nodes' labels are gpu=a100, gpu=h100, rack=r1, rack=r2, zone=a",
+        ),
+    ):
+        refused = cli(address, "run", f"flow.py:{flow}", "--tenant", "team-a", "--detach", cwd=project)
+        assert refused.returncode == 2 and named in refused.stderr, refused.stderr
+    assert run_ids(address) == before  # nothing was started
+    done = cli(
+        address,
+        "run",
+        "flow.py:on_h100",
+        "--tenant",
+        "team-a",
+        "--json",
+        cwd=project,
+        GANGFLOW_ARTIFACTS=labelled.artifacts,
+    )
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["result"] == "q1 gpu=h100,rack=r2,zone=a", answer
+    status = cli(address, "status", answer["run_id"], "--json")
+    assert status.returncode == 0 and '"flavor": "h100"' in status.stdout, status.stdout
+    # gangflow usage counts the attempt under its flavor (with the ledger the status shows)
+    usage = cli(address, "usage", "--by", "flavor", "--tenant", "team-a", "--json")
+    assert usage.returncode == 0, usage.stderr
+    flavored = {row["flavor"]: row for row in json.loads(usage.stdout)["rows"]}
+    assert flavored["h100"]["tenants"] == ["team-a"] and flavored["h100"]["allocated_gpu_s"] > 0, flavored
+    shown_nodes = cli(address, "cluster")
+    assert "gpu=h100,rack=r2,zone=a" in shown_nodes.stdout, shown_nodes.stdout
+    assert "gpu=a100,rack=r1" in shown_nodes.stdout, shown_nodes.stdout
+
+
+def test_a_gang_that_requires_one_rack_gets_two_nodes_of_one_rack(labelled, project):
+    """``placement=Topology(required="rack")`` on real node agents: a 2-node a100 gang runs on q0 and q3 (rack
+    r1 holds two a100 nodes; r2 one, beside the h100 node), where the first two a100 nodes by id would span both
+    racks; a 3-node one that no rack can hold waits for a node that could to register (its ``lost_node_wait``: 3
+s here), then fails naming the most one rack has."""
+    address = labelled.server.address
+    done = cli(
+        address,
+        "run",
+        "flow.py:in_one_rack",
+        "--tenant",
+        "team-a",
+        "--json",
+        cwd=project,
+        GANGFLOW_ARTIFACTS=labelled.artifacts,
+    )
+    assert done.returncode == 0, done.stderr
+    run_id = json.loads(done.stdout)["run_id"]
+    status = json.loads(cli(address, "status", run_id, "--json").stdout)
+    (attempt,) = gang_task(status)["attempts"]
+    assert sorted(attempt["nodes"]) == ["q0", "q3"], attempt
+    wide = cli(address, "run", "flow.py:in_a_rack_too_small", "--tenant", "team-a", "--json", cwd=project)
+    assert wide.returncode != 0, wide.stdout
+    said = wide.stdout + wide.stderr
+    assert "needs 3 nodes in one rack" in said and "the most in one rack: 2" in said, said
 
 
 def _wait_done(address: str, run_id: str, timeout: float = 120) -> dict[str, Any]:
