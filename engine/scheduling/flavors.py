@@ -172,7 +172,7 @@ def choose(policy: Policy, queued: Queued, exclude: frozenset[str]) -> None:
         placed = (
             blocked is None
             and policy.inventory.free_by_flavor.get(flavor or "", 0) >= vec[0]
-            and policy.inventory.place(request, exclude, admits(flavor, request)) is not None
+            and policy.inventory.can_place(request, (queued.shape, flavor, exclude), exclude, admits(flavor, request))
         )
         if placed:
             if knobs.when_can_borrow == "borrow" or not tenancy.would_borrow(ledger, vec):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -105,6 +105,10 @@ class Inventory:
         self.classify: Callable[[NodeSpec], str | None] = _no_flavor
         #: free capacity per topology domain, when the queue file declares levels (``engine.scheduling.topology``)
         self.domains: DomainIndex | None = None
+        #: bumps on every change of what is free or offered (``can_place`` remembers its answers until it does)
+        self.changes = 0
+        self._fits: dict[Hashable, bool] = {}
+        self._fits_at = 0
 
     def reclassify(self, classify: Callable[[NodeSpec], str | None]) -> None:
         """A new configuration's flavors: every node's flavor again (what fits where may change)."""
@@ -119,6 +123,7 @@ class Inventory:
     def _unindex(self, node: Node) -> None:
         if not node.offered:
             return
+        self.changes += 1
         bucket = self._buckets[len(node.free_gpus)]
         del bucket[bisect.bisect_left(bucket, (node.free_mc, node.spec.node_id))]
         if self.domains is not None:
@@ -133,6 +138,7 @@ class Inventory:
     def _index(self, node: Node) -> None:
         if not node.offered:
             return
+        self.changes += 1
         bisect.insort(self._buckets.setdefault(len(node.free_gpus), []), (node.free_mc, node.spec.node_id))
         if self.domains is not None:
             self.domains.add(node)
@@ -247,6 +253,33 @@ class Inventory:
             and (request.topology_required or request.topology_preferred) in self.domains.levels
         ):
             return self.domains.place(self, request, exclude, admits)
+        return self._best_fit(request, exclude, admits)
+
+    def can_place(
+        self,
+        request: GangRequest,
+        key: Hashable,
+        exclude: frozenset[str] = frozenset(),
+        admits: Callable[[Node], bool] | None = None,
+    ) -> bool:
+        """Whether ``place`` would find a placement now, remembered per ``key`` (what the answer depends on
+        beyond the inventory: the request's shape, its nodes' filter, ``exclude``) until the free capacity
+        changes: a flavor choice asks it for every waiting head at every event. A gang that only prefers a
+        level fits where it fits topology-blind (its placement falls back to any nodes); one that requires a
+        level is placed each time (its failed placement names the largest domain in its reason)."""
+        if self.domains is not None and request.topology_required in self.domains.levels:
+            return self.domains.place(self, request, exclude, admits) is not None
+        if self._fits_at != self.changes:
+            self._fits_at = self.changes
+            self._fits.clear()
+        found = self._fits.get(key)
+        if found is None:
+            found = self._fits[key] = self._best_fit(request, exclude, admits) is not None
+        return found
+
+    def _best_fit(
+        self, request: GangRequest, exclude: frozenset[str], admits: Callable[[Node], bool] | None
+    ) -> Placement | None:
         gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
         n = request.nnodes
         sizes = sorted(k for k in self._buckets if k >= gpus)

@@ -27,6 +27,7 @@ METRICS = {
     "events_per_s",
     "p50_ms",
     "p99_ms",
+    "p99_cpu_ms",
     "makespan_over_bound",
     "gpu_allocated_under_backlog",
     "jain",
@@ -72,7 +73,7 @@ def test_small_run_reports_every_metric_for_both_schedulers(small: dict[str, Any
         assert set(entry["queue_delay_s"]) == {"team-0", "team-1", "team-2"}
         for delays in entry["queue_delay_s"].values():
             assert delays["p50"] is not None and delays["p50"] <= delays["p99"]
-        assert entry["p50_ms"] <= entry["p99_ms"]
+        assert entry["p50_ms"] <= entry["p99_ms"] and entry["p50_cpu_ms"] <= entry["p99_cpu_ms"]
         assert 0 < entry["gpu_allocated_under_backlog"] <= 1
         assert 0 < entry["jain"] <= 1
         assert entry["makespan_over_bound"] >= 1  # the bound is a lower bound

@@ -264,6 +264,30 @@ def test_the_domain_index_follows_takes_and_releases() -> None:
     )
 
 
+def test_can_place_answers_as_place_and_forgets_when_what_is_free_changes() -> None:
+    """``Inventory.can_place`` (what a flavor choice asks of every waiting head) says whether ``place`` would
+    find nodes: a preferred gang wherever an unconstrained one fits, a required one only within one rack; its
+    remembered answers go when a take or release changes what is free."""
+    policy = policy_of()
+    run([*racks({"r1": 2, "r2": 1}), gang("a", gpus=2)], policy)  # a takes one of r1's nodes whole
+    inventory = policy.inventory
+    asks = {
+        "preferred": gang("p", nnodes=2, gpus=2, topology_preferred="rack").request,
+        "required": gang("q", nnodes=2, gpus=2, topology_required="rack").request,
+        "plain": gang("u", nnodes=2, gpus=2).request,
+    }
+    for name, request in asks.items():
+        assert inventory.can_place(request, name) == (inventory.place(request) is not None), name
+    assert [inventory.can_place(r, n) for n, r in asks.items()] == [True, False, True]
+    run([gang("b", gpus=2)], policy)  # the last free node goes: remembered answers are not kept
+    assert [inventory.can_place(r, n) for n, r in asks.items()] == [False, False, False]
+    run([GangReleased(gang_id="a"), GangReleased(gang_id="b")], policy)
+    assert [inventory.can_place(r, n) for n, r in asks.items()] == [True, True, True]
+    excluded = frozenset({"r1-0", "r2-0"})  # what it remembers is by key: the caller's key names the exclude set
+    assert not inventory.can_place(asks["plain"], ("plain", excluded), excluded)
+    assert inventory.can_place(asks["plain"], "plain")
+
+
 def test_snapshot_keeps_node_labels_and_the_levels_asked() -> None:
     policy = policy_of()
     run([*racks({"r1": 2, "r2": 3}), gang("a", gpus=2, nnodes=2, topology_required="rack")], policy)
