@@ -58,12 +58,12 @@ _FITS: list[Fit] = ["now", "drained", "lost", "never"]
 
 def fit_on(policy: Policy, request: GangRequest, shape: Shape, flavor: str | None) -> Fit:
     """``fit`` on one flavor (with the gang's node selector), cached alike."""
-    admits = flavors.admits(flavor, request)
-    key = shape if admits is None else (shape, flavor)
+    # (``flavors.admits`` is None exactly then; its filter is built only to count, on a miss)
+    key = shape if flavor is None and not request.node_selector else (shape, flavor)
     cached = policy._fits.get(key)
     if cached is None or cached[0] != policy.inventory.topology:
         n = request.nnodes
-        offered, alive, undrained, every = policy.inventory.fit_counts(request, admits)
+        offered, alive, undrained, every = policy.inventory.fit_counts(request, flavors.admits(flavor, request))
         fit: Fit
         if offered >= n:
             fit = "now"

@@ -158,6 +158,7 @@ class Policy:
         self._entries: dict[str, list[Any]] = {}
         self._entries_for: tuple[int, Tenancy | None] = (-1, None)  # the topology and ledger they were made with
         self._quota_texts: dict[str, tuple[list[int], int, int, str, bool, Blocked]] = {}
+        self._reclaimable: dict[tuple[str, int], tuple[int, Tenancy, bool]] = {}  # ``preemption.reclaimable``
         self._admitted_latest: float | None = None  # see ``preemption._latest_admission``
         self._searches_left = 1
         self._pending_counts: dict[str, int] = {}  # tenant -> its gangs waiting (``max_pending``)

@@ -311,12 +311,23 @@ def reclaimable(policy: Policy, queued: Queued) -> bool:
     root = policy.tenancy.root(tenant)
     if rule == "never" or root is None:
         return False
-    return any(
+    # what it reads (the pool's borrowers and what they run) moves with the pool's usage: asked for every
+    # waiting head at every event, it is worked out once per usage change of the pool
+    version = policy.tenancy.pool_counter(tenant)[0]
+    key = (tenant, queued.prio if rule != "any" else 0)
+    cached = policy._reclaimable.get(key)
+    if cached is not None and cached[0] == version and cached[1] is policy.tenancy:  # (a new config: a new one)
+        return cached[2]
+    found = any(
         n and (rule == "any" or prio < queued.prio)
         for name in policy.tenancy.members.get(root, [])
         if name != tenant and policy.tenancy.borrowing(name)
         for prio, n in policy._prio_counts.get(name, {}).items()
     )
+    if len(policy._reclaimable) > 10_000:
+        policy._reclaimable.clear()
+    policy._reclaimable[key] = (version, policy.tenancy, found)
+    return found
 
 
 # -- what a gang waiting for its victims holds --------------------------------------------------------------
