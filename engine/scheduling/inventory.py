@@ -107,8 +107,8 @@ class Inventory:
         self.domains: DomainIndex | None = None
         #: bumps on every change of what is free or offered (``can_place`` remembers its answers until it does)
         self.changes = 0
-        self._fits: dict[Hashable, bool] = {}
-        self._fits_at = 0
+        self._placeable: dict[Hashable, bool] = {}
+        self._placeable_at = 0
 
     def reclassify(self, classify: Callable[[NodeSpec], str | None]) -> None:
         """A new configuration's flavors: every node's flavor again (what fits where may change)."""
@@ -269,12 +269,12 @@ class Inventory:
         level is placed each time (its failed placement names the largest domain in its reason)."""
         if self.domains is not None and request.topology_required in self.domains.levels:
             return self.domains.place(self, request, exclude, admits) is not None
-        if self._fits_at != self.changes:
-            self._fits_at = self.changes
-            self._fits.clear()
-        found = self._fits.get(key)
+        if self._placeable_at != self.changes:
+            self._placeable_at = self.changes
+            self._placeable.clear()
+        found = self._placeable.get(key)
         if found is None:
-            found = self._fits[key] = self._best_fit(request, exclude, admits) is not None
+            found = self._placeable[key] = self._best_fit(request, exclude, admits) is not None
         return found
 
     def _best_fit(
