@@ -280,12 +280,18 @@ def test_reclaim_takes_the_gang_that_checkpointed_last_which_saves_at_the_notice
         await until(f"{a_gangs[1]} training", lambda: training(a_gangs[1]))
 
         async def told_late() -> dict[str, Any] | None:
-            # the first gang's last told checkpoint, once it is 8 s after the second's admission: preempting the
-            # first then loses that much less (its relaunch and saves, counted in its cost, take a few seconds)
+            # the first gang's last told checkpoint, once preempting the first loses less than preempting the
+            # second: 2 GPUs × (now − that checkpoint + the first's launch, its admission to its ranks' first
+            # report, + two saves of a few ms) against 2 GPUs × (now − the second's admission); 4 s to spare
             rows = {r["gang_id"]: r for r in (await client.queue())["running"]}
             first, second = (rows.get(g) for g in a_gangs)
             known = first.get("checkpoint") if first is not None and second is not None else None
-            return known if known and known["at"] >= second["admitted_at"] + 8 else None
+            if not known:
+                return None
+            reports = [p for n in (await client.gang(a_gangs[0]))["nodes"] for p in n.get("progress", {}).values()]
+            since = min((p["since"] for p in reports if isinstance(p.get("since"), int | float)), default=None)
+            launch = max(0.0, since - first["admitted_at"]) if since is not None else 8.0
+            return known if known["at"] >= second["admitted_at"] + launch + 4 else None
 
         checkpointed = await until("the first gang's checkpoint told after the second's admission", told_late)
         assert checkpointed["step"] % 10 == 0, checkpointed
