@@ -382,9 +382,9 @@ def test_a_gang_asking_for_h100_lands_on_the_h100_node_and_an_unknown_flavor_is_
 
 def test_a_gang_that_requires_one_rack_gets_two_nodes_of_one_rack(labelled, project):
     """``placement=Topology(required="rack")`` on real node agents: a 2-node a100 gang runs on q0 and q3 (rack
-    r1 holds two a100 nodes; r2 one, beside the h100 node), where the first two a100 nodes by id would span both
-    racks; a 3-node one that no rack can hold waits for a node that could to register (its ``lost_node_wait``: 3
-s here), then fails naming the most one rack has."""
+        r1 holds two a100 nodes; r2 one, beside the h100 node), where the first two a100 nodes by id would span both
+        racks; a 3-node one that no rack can hold waits for a node that could to register (its ``lost_node_wait``: 3
+    s here), then fails naming the most one rack has."""
     address = labelled.server.address
     done = cli(
         address,
