@@ -157,6 +157,13 @@ async def nested(steps: int) -> dict:
 
 
 @workflow
+async def both(steps: int) -> dict:
+    # two calls with one call id, train-1: the run's own and its sub-workflow's (trained-1)
+    direct = await train(steps=steps)
+    return {"direct": direct, "inner": await trained(steps=steps + 4)}
+
+
+@workflow
 async def stubborn_run(steps: int, every: int) -> dict:
     return await stubborn(steps=steps, every=every)
 
@@ -562,6 +569,37 @@ def test_usage_counts_a_gang_called_in_a_child_workflow_under_its_run(stack: Sta
     grown = {cause: seconds - before.get(cause, 0.0) for cause, seconds in after.items()}
     assert sum(grown.values()) == pytest.approx(row["allocated_gpu_s"], rel=0.01, abs=0.01), (grown, row)
     assert grown["productive"] == pytest.approx(row["productive_gpu_s"], rel=0.01, abs=0.01), (grown, row)
+
+
+def test_a_sub_workflows_call_keeps_its_rank_files_apart_from_the_runs_call_of_the_same_id(
+    stack: Stack, flows: Path
+) -> None:
+    """A run calls ``train`` (``train-1``) and a sub-workflow that calls it too (its own ``train-1``): each call's
+    rank logs and saved rank reports have names of their own in the run's store (the sub-workflow's after its
+    id), so each one's status reads its own steps and ``gangflow logs --task train`` finds both."""
+
+    async def main() -> Any:
+        client = await stack.client()
+        await client.apply_queues(CONFIG)
+        run_id = await start(client, flows, "both", {"steps": 5}, tenant="team-a")
+        done = await result(client, flows, run_id, "both")
+        assert (done["direct"]["applied"], done["inner"]["applied"]) == (5, 9), done
+        info = await client.status(run_id)
+        child = await client.status(f"{run_id}.trained-1", parent=info)
+        logs = await client.logs(run_id, task="train")
+        await settled(stack)
+        return info, child, logs
+
+    info, child, logs = run(main())
+    steps = {}
+    for name, status in (("run", info), ("sub-workflow", child)):
+        (call,) = [t for t in status.tasks if t.kind == "gang"]
+        (attempt,) = call.attempts
+        steps[name] = (call.call, attempt["last_step"])
+    assert steps == {"run": ("train-1", 5), "sub-workflow": ("train-1", 9)}, steps
+    names = sorted(name for name, _ in logs)
+    assert any(n.startswith("train-1.") for n in names), names
+    assert any(n.startswith("trained-1~train-1.") for n in names), names
 
 
 def test_a_drain_moves_a_running_gang_to_another_node_through_a_checkpoint(stack: Stack, flows: Path) -> None:

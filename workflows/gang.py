@@ -423,7 +423,7 @@ class GangTask:
                 master_port=port,
                 attempt=attempt,
                 checkpoint_dir=checkpoint_dir,
-                log_name=spec.call,
+                log_name=spec.files_key,
                 hang_timeout_s=spec.hang_timeout_s,
                 hosts=[n.node_id for n in nodes],
             )

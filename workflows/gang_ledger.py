@@ -36,7 +36,7 @@ async def tell_ledger(spec: GangSpec, envelope: bytes, record: dict[str, Any]) -
     if not workflow.patched(LEDGER_PATCH):
         return None
     run = Envelope.decode(envelope).run
-    request = {"run_id": run.run_id, "call": spec.call, "artifacts": run.artifacts, "attempt": record}
+    request = {"run_id": run.run_id, "call": spec.files_key, "artifacts": run.artifacts, "attempt": record}
     try:
         ledger = await workflow.execute_activity(
             ATTEMPT_LEDGER,

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 
-from engine.core.gang import GangShape
+from engine.core.gang import GangShape, rank_files_key
 from engine.core.resources import Retry
 from engine.scheduling import DEFAULT_LOST_NODE_WAIT_S, GangRequest
 
@@ -56,6 +56,11 @@ class GangSpec:
     def checkpoint_key(self) -> str:
         """Its checkpoints' folder below the run's: the call id, under its sub-workflow's id where it has one."""
         return f"{self.scope}/{self.call}" if self.scope else self.call
+
+    @property
+    def files_key(self) -> str:
+        """The name its rank logs and saved rank reports go by in the run's store (``rank_files_key``)."""
+        return rank_files_key(self.scope, self.call)
 
     @property
     def retry(self) -> Retry:

@@ -62,12 +62,13 @@ def progress_of(payload: Any) -> dict[str, Any] | None:
     return {"attempt": attempt, "step": step, "metrics": numbers, "at": at if isinstance(at, int | float) else None}
 
 
-async def goodput_of(gang_id: str | None, run: RunContext, call: str, status: str) -> str | None:
+async def goodput_of(gang_id: str | None, run: RunContext, call: str, status: str, key: str) -> str | None:
     """A finished gang call's goodput line (engine.runtime.gang_goodput, the ledger ``gangflow status`` prints),
-    None where it cannot be told; runs recorded before this replay without the look."""
+    None where it cannot be told; runs recorded before this replay without the look. ``key``: the name its
+    rank reports are saved by (``GangSpec.files_key``)."""
     if not workflow.patched(GOODPUT_PATCH):
         return None
-    request = {"gang_id": gang_id, "run_id": run.run_id, "call": call, "artifacts": run.artifacts, "status": status}
+    request = {"gang_id": gang_id, "run_id": run.run_id, "call": key, "artifacts": run.artifacts, "status": status}
     try:
         line = await workflow.execute_local_activity(
             GANG_GOODPUT,

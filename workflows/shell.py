@@ -42,6 +42,7 @@ from temporalio.workflow import ParentClosePolicy
 
 from engine.core.definitions import TaskDefinition, WorkflowDefinition
 from engine.core.dispatch import using_dispatcher
+from engine.core.gang import scope_of
 from engine.core.guard import guarding, rearm
 from engine.core.protocol import (
     APPROVE_UPDATE,
@@ -157,7 +158,7 @@ class _TemporalDispatcher:
             tolerations=list(task.resources.tolerations),
             topology_required=task.placement.required if task.placement else None,
             topology_preferred=task.placement.preferred if task.placement else None,
-            scope=_scope(workflow.info().workflow_id, self.envelope.run.run_id),
+            scope=scope_of(workflow.info().workflow_id, self.envelope.run.run_id),
         )
         summary = f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)"
         # its state comes by signal (workflows.glance), but from a gang in the platform's namespace (a tenant's,
@@ -171,10 +172,10 @@ class _TemporalDispatcher:
                 self.shell.glance.finished(call, "cancelled", "cancelled")
             else:
                 why = describe_failure(exc) if isinstance(exc, FailureError) else str(exc)
-                goodput = await goodput_of(gang_id, self.envelope.run, call, "failed")
+                goodput = await goodput_of(gang_id, self.envelope.run, call, "failed", spec.files_key)
                 self.shell.glance.finished(call, "failed", why, goodput)
             raise
-        goodput = await goodput_of(gang_id, self.envelope.run, call, "completed")
+        goodput = await goodput_of(gang_id, self.envelope.run, call, "completed", spec.files_key)
         self.shell.glance.finished(call, "completed", goodput=goodput)
         return result
 
@@ -375,8 +376,3 @@ class UserWorkflow:
             ) from exc
 
 
-def _scope(workflow_id: str, run_id: str) -> str:
-    """A sub-workflow's id below its run's (``<run>.prep-1`` -> ``prep-1``, a tenant's prefix before the run's id
-    too); "" for the run's own workflow."""
-    _, below, scope = workflow_id.partition(f"{run_id}.")
-    return scope if below else ""

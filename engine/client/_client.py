@@ -35,6 +35,7 @@ from engine.client._prepare import (
     task_priorities,
 )
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of
+from engine.core.gang import rank_files_key, scope_of
 from engine.core.glance import gang_line
 from engine.core.protocol import (
     ATTEMPTS_MEMO,
@@ -253,10 +254,11 @@ class Client(ClusterClient):
             info.tasks, info.error = await read_tasks(handle, self.temporal.data_converter.payload_codec)
             store = ArtifactStore((parent.artifacts if parent else None) or info.artifacts or self.artifacts)
             saved_under = parent.run_id if parent else run_id
+            scope = scope_of(run_id, parent.run_id) if parent else ""  # its calls' rank files say whose they are
             looked = await self._platform_gangs(run_id, info.tasks) if status == "RUNNING" else {}
             for record in info.tasks:
                 if record.kind == "gang" and record.status != "cached":  # a cache hit launched no gang
-                    await self._gang_attempts(record, saved_under, store, looked.get(record.call or ""))
+                    await self._gang_attempts(record, saved_under, store, looked.get(record.call or ""), scope)
         if desc.status == WorkflowExecutionStatus.COMPLETED:
             info.result = unpack(await handle.result())
         elif desc.status == WorkflowExecutionStatus.RUNNING:
@@ -285,7 +287,12 @@ class Client(ClusterClient):
         return gangs
 
     async def _gang_attempts(
-        self, record: TaskRecord, run_id: str, store: ArtifactStore, looked: dict[str, Any] | None = None
+        self,
+        record: TaskRecord,
+        run_id: str,
+        store: ArtifactStore,
+        looked: dict[str, Any] | None = None,
+        scope: str = "",
     ) -> None:
         """A distributed task call's attempts (``record.attempts``, its last one ``record.attempt``) and, while
         it runs, its gang's phase (``record.detail``) and whether it holds a placement (status "waiting" until
@@ -322,7 +329,7 @@ class Client(ClusterClient):
         saved: dict[int, list[dict[str, Any]]] = {}
         if record.call:
             with contextlib.suppress(OSError, ValueError):
-                saved = attempt_ranks(store, run_id, record.call)
+                saved = attempt_ranks(store, run_id, rank_files_key(scope, record.call))
         record.attempts = merge_attempts([a for a in recorded if isinstance(a, dict)], saved, record.status)
         if record.attempts:
             record.attempt = record.attempts[-1]["attempt"]
@@ -367,7 +374,8 @@ class Client(ClusterClient):
         out = []
         for entry in entries:
             name = entry["name"].rsplit("/", 1)[-1]
-            stem = name.split(".", 1)[0]  # "<task>" for plain tasks, "<task>-<call>" for distributed ones
+            # "<task>" for plain tasks, "<task>-<n>" for distributed ones, after "<sub-workflow>~" in one
+            stem = name.split(".", 1)[0].rsplit("~", 1)[-1]
             if (task is None or task in (stem, stem.rsplit("-", 1)[0])) and (rank is None or log_rank(name) == rank):
                 with store.fs.open(entry["name"], "r") as handle:
                     out.append((name, handle.read()))

@@ -40,6 +40,8 @@ __all__ = [
     "notice_payload",
     "own_rank_env",
     "rank_env",
+    "rank_files_key",
+    "scope_of",
 ]
 
 
@@ -398,3 +400,18 @@ def notice_of(payload: Any, gang_id: str) -> Preempted | None:
         return Preempted.model_validate({**fields, "gang_id": gang_id})
     except ValidationError:
         return None
+
+
+def scope_of(workflow_id: str, run_id: str) -> str:
+    """A sub-workflow's id below its run's (``<run>.prep-1`` -> ``prep-1``, a tenant's prefix before the run's id
+    too); "" for the run's own workflow."""
+    _, below, scope = workflow_id.partition(f"{run_id}.")
+    return scope if below else ""
+
+
+def rank_files_key(scope: str, call: str) -> str:
+    """The name a distributed call's rank logs and saved rank reports go by in its run's store: its call id
+    (``train-1``), after the id of the sub-workflow that made it where one did (``prep-1~train-1``: a call id
+    counts per workflow, so a sub-workflow's ``train-1`` and its run's are two calls). No dots: a log's name
+    is ``<key>.<rank>.attempt<n>.log``."""
+    return f"{scope.replace('.', '~')}~{call}" if scope else call

@@ -305,13 +305,18 @@ def test_gangflow_cluster_shows_each_nodes_labels_and_flavor(
 QUEUE_FILE = "flavors: [{name: h100, node_labels: {gpu: h100}}]\ntenants: [{name: default}]\n"
 
 
-def test_a_sub_workflows_gang_keeps_its_checkpoints_apart_from_its_runs_call_of_the_same_name() -> None:
+def test_a_sub_workflows_gang_keeps_its_checkpoints_and_rank_files_apart_from_its_runs_call_of_the_same_name() -> None:
     """Call ids count per workflow: a sub-workflow's ``train-1`` and its run's ``train-1`` once shared one
-    checkpoint folder (the second resumed from the first's checkpoint)."""
-    from workflows.shell import _scope
+    checkpoint folder (the second resumed from the first's checkpoint), and their rank logs and saved rank
+    reports one name (the run's call showed the sub-workflow's steps)."""
+    from engine.client import log_rank
+    from engine.core.gang import rank_files_key, scope_of
 
-    assert _scope("run-7", "run-7") == "" and _scope("run-7.prep-1", "run-7") == "prep-1"
-    assert _scope("team-a:run-7.prep-1.inner-2", "run-7") == "prep-1.inner-2"  # a tenant's prefix before it
+    assert scope_of("run-7", "run-7") == "" and scope_of("run-7.prep-1", "run-7") == "prep-1"
+    assert scope_of("team-a:run-7.prep-1.inner-2", "run-7") == "prep-1.inner-2"  # a tenant's prefix before it
+    assert rank_files_key("", "train-1") == "train-1"  # a run's own call: as before
+    assert rank_files_key("prep-1.inner-2", "train-1") == "prep-1~inner-2~train-1"  # no dots: logs split on them
+    assert log_rank(f"{rank_files_key('prep-1', 'train-1')}.rank3.attempt0.log") == 3
     shape = GangShape(nnodes=1, nproc_per_node=1, gpus_per_node=0, cpus_per_node=1.0, mem_per_node=None)
     top = GangSpec(task="train", call="train-1", shape=shape, timeout_s=1.0, heartbeat_timeout_s=1.0, tenant="a")
     nested = GangSpec(
@@ -319,3 +324,4 @@ def test_a_sub_workflows_gang_keeps_its_checkpoints_apart_from_its_runs_call_of_
     )
     assert top.checkpoint_key == "train-1"  # as before sub-workflows had their own
     assert nested.checkpoint_key == "prep-1/train-1"
+    assert (top.files_key, nested.files_key) == ("train-1", "prep-1~train-1")
