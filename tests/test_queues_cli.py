@@ -163,6 +163,20 @@ def shown(address: str) -> dict[str, Any]:
     return data
 
 
+def run_on(stack: Stack, project: Path, flow: str) -> subprocess.CompletedProcess[str]:
+    """``gangflow run flow.py:<flow> --tenant team-a --json``, to its end, with the stack's artifact store."""
+    return cli(
+        stack.server.address,
+        "run",
+        f"flow.py:{flow}",
+        "--tenant",
+        "team-a",
+        "--json",
+        cwd=project,
+        GANGFLOW_ARTIFACTS=stack.artifacts,
+    )
+
+
 def run_ids(address: str) -> set[str]:
     listed = cli(address, "list", "--json", "--limit", "100")
     assert listed.returncode == 0, listed.stderr
@@ -355,16 +369,7 @@ def test_a_gang_asking_for_h100_lands_on_the_h100_node_and_an_unknown_flavor_is_
         refused = cli(address, "run", f"flow.py:{flow}", "--tenant", "team-a", "--detach", cwd=project)
         assert refused.returncode == 2 and named in refused.stderr, refused.stderr
     assert run_ids(address) == before  # nothing was started
-    done = cli(
-        address,
-        "run",
-        "flow.py:on_h100",
-        "--tenant",
-        "team-a",
-        "--json",
-        cwd=project,
-        GANGFLOW_ARTIFACTS=labelled.artifacts,
-    )
+    done = run_on(labelled, project, "on_h100")
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     assert answer["result"] == "q1 gpu=h100,rack=r2,zone=a", answer
@@ -381,27 +386,18 @@ def test_a_gang_asking_for_h100_lands_on_the_h100_node_and_an_unknown_flavor_is_
 
 
 def test_a_gang_that_requires_one_rack_gets_two_nodes_of_one_rack(labelled, project):
-    """``placement=Topology(required="rack")`` on real node agents: a 2-node a100 gang runs on q0 and q3 (rack
-        r1 holds two a100 nodes; r2 one, beside the h100 node), where the first two a100 nodes by id would span both
-        racks; a 3-node one that no rack can hold waits for a node that could to register (its ``lost_node_wait``: 3
-    s here), then fails naming the most one rack has."""
+    """``placement=Topology(required="rack")`` on real node agents: a 2-node a100 gang runs on q0 and q3 (rack r1
+    holds two a100 nodes; r2 one, beside the h100 node), where the first two a100 nodes by id would span both
+    racks; a 3-node one that no rack can hold waits for a node that could to register (its ``lost_node_wait``: 3 s
+    here), then fails naming the most one rack has."""
     address = labelled.server.address
-    done = cli(
-        address,
-        "run",
-        "flow.py:in_one_rack",
-        "--tenant",
-        "team-a",
-        "--json",
-        cwd=project,
-        GANGFLOW_ARTIFACTS=labelled.artifacts,
-    )
+    done = run_on(labelled, project, "in_one_rack")
     assert done.returncode == 0, done.stderr
     run_id = json.loads(done.stdout)["run_id"]
     status = json.loads(cli(address, "status", run_id, "--json").stdout)
     (attempt,) = gang_task(status)["attempts"]
     assert sorted(attempt["nodes"]) == ["q0", "q3"], attempt
-    wide = cli(address, "run", "flow.py:in_a_rack_too_small", "--tenant", "team-a", "--json", cwd=project)
+    wide = run_on(labelled, project, "in_a_rack_too_small")
     assert wide.returncode != 0, wide.stdout
     said = wide.stdout + wide.stderr
     assert "needs 3 nodes in one rack" in said and "the most in one rack: 2" in said, said

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Ledger",
     "admits",
+    "any_node",
     "assign",
     "candidates",
     "choose",
@@ -122,12 +123,17 @@ def assign(config: QueueConfig, queued: Queued) -> None:
     queued.on(queued.candidates[0])
 
 
+def any_node(flavor: str | None, request: GangRequest) -> bool:
+    """Whether a gang on ``flavor`` may use every node (``admits`` gives no filter): a plain gang without flavors."""
+    return flavor is None and not request.node_selector
+
+
 def admits(flavor: str | None, request: GangRequest) -> Callable[[Node], bool] | None:
     """The node filter of a gang on ``flavor``: the flavor's nodes that carry its node selector; None (every
-    node) for a plain gang without flavors."""
-    selector = tuple(request.node_selector.items())
-    if flavor is None and not selector:
+    node, ``any_node``) for a plain gang without flavors."""
+    if any_node(flavor, request):
         return None
+    selector = tuple(request.node_selector.items())
 
     def admitted(node: Node) -> bool:
         return node.flavor == flavor and all(node.spec.labels.get(k) == v for k, v in selector)

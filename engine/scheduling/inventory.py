@@ -253,7 +253,7 @@ class Inventory:
             and (request.topology_required or request.topology_preferred) in self.domains.levels
         ):
             return self.domains.place(self, request, exclude, admits)
-        return self._best_fit(request, exclude, admits)
+        return self._best_fit_placement(request, exclude, admits)
 
     def can_place(
         self,
@@ -274,10 +274,10 @@ class Inventory:
             self._placeable.clear()
         found = self._placeable.get(key)
         if found is None:
-            found = self._placeable[key] = self._best_fit(request, exclude, admits) is not None
+            found = self._placeable[key] = self._best_fit_placement(request, exclude, admits) is not None
         return found
 
-    def _best_fit(
+    def _best_fit_placement(
         self, request: GangRequest, exclude: frozenset[str], admits: Callable[[Node], bool] | None
     ) -> Placement | None:
         gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node

@@ -58,8 +58,8 @@ _FITS: list[Fit] = ["now", "drained", "lost", "never"]
 
 def fit_on(policy: Policy, request: GangRequest, shape: Shape, flavor: str | None) -> Fit:
     """``fit`` on one flavor (with the gang's node selector), cached alike."""
-    # (``flavors.admits`` is None exactly then; its filter is built only to count, on a miss)
-    key = shape if flavor is None and not request.node_selector else (shape, flavor)
+    # (its node filter, ``flavors.admits``, is built only to count, on a miss)
+    key = shape if flavors.any_node(flavor, request) else (shape, flavor)
     cached = policy._fits.get(key)
     if cached is None or cached[0] != policy.inventory.topology:
         n = request.nnodes
