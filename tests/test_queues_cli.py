@@ -5,11 +5,14 @@ session's): ``queues apply`` refuses a bad file and changes nothing, applies the
 anything starts, ``run --tenant team-a --priority high`` runs a gang on a 4-node cluster, a gang asking for a
 flavor lands on the node agent labelled for it (and a flavor or label the cluster lacks is refused with exit 2),
 a gang that requires one rack gets two nodes of one rack where a topology-blind choice would span two (and one
-that no rack can hold is rejected, saying so), and ``dev --queues`` applies its file once the stack is up."""
+that no rack can hold is rejected, saying so), two tenants' quotas per flavor hold apart (team-a's second a100 gang
+waits, naming its full a100 quota, while team-b's a100 gang runs on the a100 GPUs left), and ``dev --queues``
+applies its file once the stack is up."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -132,6 +135,20 @@ def too_wide() -> str:
 @workflow
 async def in_a_rack_too_small() -> str:
     return await too_wide()
+
+
+@task(plugin=Ranks(), resources=Resources(gpu=1, flavor="a100"))
+def hold_a100(marker: str) -> int:
+    # as hold, on two a100 nodes; two minutes at most: the test looks at three runs meanwhile
+    deadline = time.monotonic() + 120
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return int(os.environ["RANK"])
+
+
+@workflow
+async def train_a100(marker: str) -> int:
+    return await hold_a100(marker=marker)
 """
 
 #: two flavors and two racks over the stack's four node agents (the labels ``labelled`` gives them)
@@ -142,6 +159,17 @@ flavors:
 topology: [rack]
 tenants:
   - {name: team-a, quota: {gpu: 4}}
+"""
+
+#: FLAVORS' flavors and topology, two tenants with quotas per flavor and no cohort (neither may borrow)
+PER_FLAVOR = """\
+flavors:
+  - {name: h100, node_labels: {gpu: h100}}
+  - {name: a100, node_labels: {gpu: a100}}
+topology: [rack]
+tenants:
+  - {name: team-a, quota: {a100: {gpu: 2}, h100: {gpu: 2}}}
+  - {name: team-b, quota: {a100: {gpu: 4}}}
 """
 
 BAD = """\
@@ -337,14 +365,20 @@ def labelled(stack: Stack) -> Iterator[Stack]:
         )
     )
 
-    async def apply(config: str) -> None:  # in this process: a CLI process each would cost seconds under load
-        await (await stack.client()).apply_queues(config)
-
-    asyncio.run(apply(FLAVORS))
+    apply(stack, FLAVORS)
     try:
         yield stack
     finally:
-        asyncio.run(apply(Path(EXAMPLE).read_text()))
+        apply(stack, Path(EXAMPLE).read_text())
+
+
+def apply(stack: Stack, config: str) -> None:
+    """``gangflow queues apply`` in this process: a CLI process each would cost seconds under load."""
+
+    async def applied() -> None:
+        await (await stack.client()).apply_queues(config)
+
+    asyncio.run(applied())
 
 
 def test_a_gang_asking_for_h100_lands_on_the_h100_node_and_an_unknown_flavor_is_refused(labelled, project):
@@ -401,6 +435,114 @@ def test_a_gang_that_requires_one_rack_gets_two_nodes_of_one_rack(labelled, proj
     assert wide.returncode != 0, wide.stdout
     said = wide.stdout + wide.stderr
     assert "needs 3 nodes in one rack" in said and "the most in one rack: 2" in said, said
+
+
+def test_a_per_flavor_quota_holds_across_two_tenants(labelled: Stack, project: Path, tmp_path: Path) -> None:
+    """Quotas per flavor, two tenants, no cohort: team-a's second a100 gang waits while its first holds its a100
+    quota, saying so, and team-b's a100 gang runs meanwhile on the a100 GPUs left, its quota its own."""
+    address = labelled.server.address
+    marker = tmp_path / "go"
+    a100 = {node_id for node_id, labels in LABELS.items() if labels["gpu"] == "a100"}
+    runs: list[str] = []  # started, to cancel if the test fails
+
+    def start(tenant: str) -> str:
+        started = cli(
+            address,
+            "run",
+            "flow.py:train_a100",
+            "--tenant",
+            tenant,
+            "--detach",
+            "--json",
+            "--marker",
+            str(marker),
+            cwd=project,
+            GANGFLOW_ARTIFACTS=labelled.artifacts,
+        )
+        assert started.returncode == 0, started.stderr
+        run_id: str = json.loads(started.stdout)["run_id"]
+        runs.append(run_id)
+        return run_id
+
+    def gang(queue: dict[str, Any], state: str, run_id: str) -> dict[str, Any] | None:
+        return next((g for g in queue[state] if g["gang_id"].startswith(f"{run_id}.")), None)
+
+    apply(labelled, PER_FLAVOR)
+    done = False
+    try:
+        first = start("team-a")
+        asyncio.run(labelled.wait_for("team-a's first gang running", lambda q: bool(gang(q, "running", first)), 90))
+        second, other = start("team-a"), start("team-b")
+        asyncio.run(
+            labelled.wait_for(
+                "team-a's second gang waiting with a reason, team-b's running",
+                lambda q: bool((g := gang(q, "pending", second)) and g["reason"] and gang(q, "running", other)),
+                90,
+            )
+        )
+        queue = asyncio.run(labelled.queue())
+        waiting = gang(queue, "pending", second)
+        assert waiting is not None and waiting["flavors"] == ["a100"], waiting
+        assert waiting["reason"] == (
+            "pending: team-a is at its a100 quota of 2 GPUs and has no cohort to borrow from; needs 2 GPUs on 2 "
+            "nodes (1 GPU, 1 CPU per node); the gang asks for a100 only"
+        ), waiting
+        held = [g for run_id in (first, other) if (g := gang(queue, "running", run_id))]
+        assert [(g["tenant"], g["flavor"]) for g in held] == [("team-a", "a100"), ("team-b", "a100")], held
+        gpus = [(n["node_id"], gpu) for g in held for n in g["nodes"] for gpu in n["gpu_ids"]]
+        assert len(gpus) == len(set(gpus)) == 4 and {node for node, _ in gpus} <= a100, held
+        # what the user sees: the run's status names the reason, queues show the quotas used per flavor
+        _wait_detail(address, second, "pending: team-a is at its a100 quota of 2 GPUs and has no cohort")
+        tenants = shown(address)["tenants"]
+        used = {(t, f): row["used"]["gpu"] for t, entry in tenants.items() for f, row in entry["flavors"].items()}
+        assert used == {("team-a", "a100"): 2, ("team-a", "h100"): 0, ("team-b", "a100"): 2}, tenants
+        assert (tenants["team-a"]["pending"], tenants["team-b"]["pending"]) == (1, 0), tenants
+
+        released = time.time()  # no rank lets go before the marker: team-a's first gang releases after this
+        marker.write_text("go")
+        statuses = {run_id: _wait_done(address, run_id) for run_id in runs}
+        attempts: dict[str, dict[str, Any]] = {}
+        for run_id, status in statuses.items():
+            assert (status["status"], status["result"]) == ("COMPLETED", 0), status
+            (attempts[run_id],) = gang_task(status)["attempts"]  # one each: nobody was preempted
+            assert attempts[run_id]["flavor"] == "a100" and set(attempts[run_id]["nodes"]) <= a100, status
+        # team-b's was placed while team-a's first held its quota, team-a's second only once the first let go
+        assert attempts[first]["started_at"] < attempts[other]["started_at"] < released, (released, attempts)
+        assert attempts[second]["started_at"] > released, (released, attempts)
+        done = True
+    finally:
+        marker.write_text("go")  # every rank lets go
+        try:
+            if not done:
+                asyncio.run(_cancel(labelled, runs))
+            asyncio.run(
+                labelled.wait_for(
+                    "the runs' gangs gone",
+                    lambda q: not any(gang(q, state, run_id) for state in ("running", "pending") for run_id in runs),
+                    90,
+                )
+            )
+        finally:
+            apply(labelled, FLAVORS)  # what the module's other tests expect
+
+
+async def _cancel(stack: Stack, run_ids: list[str]) -> None:
+    client = await stack.client()
+    for run_id in run_ids:
+        with contextlib.suppress(Exception):  # one that has ended already
+            await client.cancel(run_id)
+
+
+def _wait_detail(address: str, run_id: str, text: str, timeout: float = 60) -> None:
+    """Until a task's detail in ``gangflow status RUN --json`` says ``text`` (a gang's pending reason)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = cli(address, "status", run_id, "--json")
+        assert done.returncode == 0, done.stderr
+        if any(text in (t["detail"] or "") for t in json.loads(done.stdout)["tasks"]):
+            return
+        assert time.monotonic() < deadline, done.stdout
+        time.sleep(0.5)
 
 
 def _wait_done(address: str, run_id: str, timeout: float = 120) -> dict[str, Any]:
