@@ -66,21 +66,21 @@ the node's re-registrations, its loss and ``snapshot``.
 **Decisions**, in order: what the event itself caused (``GangRejected``), then ``Admitted`` / ``Preempted``
 as the order is walked, and ``Pending`` for a gang whose reason changed (a new gang always gets one).
 
-**Where.** This module: the state, the events, the admission cycle. Victim search ``engine.scheduling.preemption``,
-waits for lost and drained nodes ``.node_waits``, lenders waiting ``.lenders``, requests rejected at once and a
-new configuration ``.intake``, continue-as-new ``.snapshot``, what is counted (metrics) ``.counters``, the
-per-gang records they share ``.state``; they read and update the policy's state, which stays this class's.
+**Where.** This module: the state and the events. The admission cycle ``engine.scheduling.cycle``, victim
+search ``.preemption``, waits for lost and drained nodes ``.node_waits``, lenders waiting ``.lenders``, requests
+rejected at once and a new configuration ``.intake``, continue-as-new ``.snapshot``, what is counted (metrics)
+``.counters``, the per-gang records they share ``.state``; they read and update the policy's state, which stays
+this class's.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Callable
 from typing import Any
 
+from engine.scheduling import cycle, flavors, intake, lost_work, node_waits, topology
 from engine.scheduling import describe as views
-from engine.scheduling import flavors, intake, lost_work, node_waits, preemption, topology
 from engine.scheduling import snapshot as snapshots
 from engine.scheduling.config import DEFAULT_QUEUE_CONFIG, QueueConfig
 from engine.scheduling.counters import Counters
@@ -102,15 +102,9 @@ from engine.scheduling.events import (
 from engine.scheduling.inventory import Inventory
 from engine.scheduling.lenders import Lenders
 from engine.scheduling.model import DEFAULT_NODE_TTL_S, GangRequest, Placement
-from engine.scheduling.reasons import (
-    behind_reason,
-    capacity_reason,
-    lender_waiting_reason,
-    queued_reason,
-    quota_reason,
-)
+from engine.scheduling.reasons import queued_reason
 from engine.scheduling.state import Fit, Queued, QueueKey, Running, Shape
-from engine.scheduling.tenancy import Blocked, Tenancy, Vec
+from engine.scheduling.tenancy import Tenancy
 
 __all__ = ["Policy"]
 
@@ -153,11 +147,11 @@ class Policy:
         self._texts: dict[tuple[Any, ...], str] = {}
         self._tier_cache: dict[str, tuple[Any, dict[int, tuple[bool, float]]]] = {}
         # caches of pure functions of the state, keyed on what they read (a restored policy, with them empty,
-        # decides the same): per tenant its entries in the order (``_cycle``), and per gang its quota reason
+        # decides the same): per tenant its entries in the order (``cycle.run``), and per gang its quota reason
         self._touched: set[str] = set()  # the tenants whose pending gangs changed since the last cycle
         self._entries: dict[str, list[Any]] = {}
         self._entries_for: tuple[int, Tenancy | None] = (-1, None)  # the topology and ledger they were made with
-        self._quota_texts: dict[str, tuple[list[int], int, int, str, bool, Blocked]] = {}
+        self._quota_texts: dict[str, cycle.QuotaText] = {}  # gang -> its quota text (``.cycle``)
         self._reclaimable: dict[tuple[str, int], tuple[int, Tenancy, bool]] = {}  # ``preemption.reclaimable``
         self._admitted_latest: float | None = None  # see ``preemption._latest_admission``
         self._searches_left = 1
@@ -197,7 +191,7 @@ class Policy:
             changed = True
         if changed or reranked:
             # a Tick may carry searches put off by earlier events: it allows more of them than an event does
-            self._cycle(decisions, timed=now is not None, searches=4 if isinstance(event, Tick) else 1)
+            cycle.run(self, decisions, timed=now is not None, searches=4 if isinstance(event, Tick) else 1)
         if isinstance(event, GangSubmitted):
             queued = self.pending.get(event.request.gang_id)
             if queued is not None and not queued.reason:  # not looked at yet: behind its tenant's earlier gangs
@@ -263,223 +257,6 @@ class Policy:
                 return queued
             heapq.heappop(heap)  # withdrawn, admitted or re-queued: a stale entry
         return None
-
-    def _cycle(self, decisions: list[Decision], *, timed: bool, searches: int) -> None:
-        node_waits.revive_lost_waiters(self)
-        if not self.pending:
-            return
-        # a tenant's entries in the order change with its pending gangs, its usage and the capacity only: most
-        # events touch one tenant, and the others' entries are the same as at the last event
-        tenancy, made_for = self.tenancy, (self.inventory.topology, self.tenancy)
-        if self._entries_for != made_for:
-            self._entries.clear()
-            self._entries_for = made_for
-            touched = set(self._queues)
-        else:
-            touched = self._touched | tenancy.touched
-        self._touched.clear()
-        tenancy.touched.clear()
-        for tenant in touched:
-            queues = self._queues.get(tenant)
-            if queues is None:
-                continue
-            heads = []
-            for key, heap in list(queues.items()):
-                head = self._head(heap)
-                if head is None:
-                    del queues[key]
-                else:
-                    heads.append((key, head))
-            tiers = self.tiers(tenant, [h for _, h in heads])
-            entries = []
-            for key, head in heads:
-                borrows, share = tiers[key[0]]
-                entries.append((borrows, key[0], share, head.seq, 0, head.request.gang_id, tenant, key))
-            self._entries[tenant] = entries
-        order: list[Any] = list(itertools.chain.from_iterable(self._entries.values()))
-        heapq.heapify(order)
-        if self.inventory.topology != self._topology_seen:
-            self._topology_seen = self.inventory.topology
-            self._pversion += 1
-        for gang_id in [g for g, at in self._retry.items() if at <= self._now]:
-            del self._retry[gang_id]  # come of age: the gang's next look searches again
-        self._searches_left = searches  # victim searches per event are bounded: so is the cost of an event
-        holds: list[preemption.Hold] = []  # what gangs waiting for their victims hold: undone however it ends
-        try:
-            self._walk(order, decisions, holds, timed=timed)
-        finally:
-            preemption.unhold(self, holds)
-
-    def _walk(self, order: list[Any], decisions: list[Decision], holds: list[preemption.Hold], *, timed: bool) -> None:
-        """The cycle's walk of the order (``_cycle``): admit, nominate, or say why each head waits."""
-        policy = self.config.policy
-        # ``changed`` counts admissions per tenant in this cycle: an entry ranked before the last one is ranked
-        # again when it comes up (its tenant's share moved)
-        changed: dict[str, int] = {}
-        # per tenant, the demands its quota refused in this cycle: a bigger one is refused too (its reason
-        # was set when it was first looked at, so it is not worked out again for every event)
-        refused: dict[str, list[Vec]] = {}
-        blocker: Queued | None = None
-        blocker_why = ""
-        failed_shapes: set[Shape] = set()
-        reserved = frozenset().union(*self._reserved.values()) if self._reserved else frozenset()
-        held: frozenset[str] = frozenset()  # the nodes of the gangs that hold what their victims free
-        pending, quotas, topology, now = self.pending, self._quota_texts, self.inventory.topology, self._now
-        while order:
-            entry = heapq.heappop(order)
-            _, _, _, seq, version, gang_id, tenant, key = entry
-            if version != changed.get(tenant, 0):  # the tenant started a gang in this cycle: rank it again
-                current = [h for h in map(self._head, self._queues[tenant].values()) if h is not None]
-                borrows, share = self.tiers(tenant, current)[key[0]]
-                heapq.heappush(order, (borrows, key[0], share, seq, changed[tenant], gang_id, tenant, key))
-                continue
-            queued = pending[gang_id]
-            quick = quotas.get(gang_id)
-            if (
-                quick is not None
-                and quick[2] == topology  # the same nodes: it fits them, as then
-                and queued.reason == quick[3]
-                and not queued.victims
-                and (blocker is None or (policy.backfill and queued.preemptible))
-                and (quick[1] == quick[0][0] or self._stopped_alike(queued, quick))
-            ):
-                # its quota stops it as last time, and it would say the same: only the cheap effects of a
-                # look (``refused``, a victim search that fails fast or is put off) are left to do; the same
-                # tests as below, in the same order
-                vec = queued.vec
-                if (
-                    blocker is not None
-                    and not self._searches_left
-                    and (queued.placed_shape in failed_shapes or self.inventory.free_gpus < vec[0])
-                ):
-                    continue
-                refusals = refused.get(queued.ledger)
-                if quick[4] or (
-                    refusals and any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refusals)
-                ):
-                    continue  # stopped as a protected gang (it searches no victims), or a smaller gang was refused
-                failed = queued.failed_search
-                if failed is not None and failed[0] == self._pversion and now < failed[1]:
-                    refused.setdefault(queued.ledger, []).append(vec)
-                    continue
-                if self._searches_left <= 0:
-                    refused.setdefault(queued.ledger, []).append(vec)
-                    self._retry[gang_id] = now + preemption.SEARCH_PUT_OFF_S
-                    continue
-            request = queued.request
-            heap = self._queues[tenant][key]
-            cached = self._fits.get(queued.shape)  # ``node_waits.fit``'s answer, read as it keeps it
-            fit = cached[1] if cached and cached[0] == topology else node_waits.fit(self, request, queued.shape)
-            if fit != "now":  # it waits for nodes, not for what its tenant lent: no longer a lender waiting
-                self.lenders.forget(self.tenancy.root(queued.ledger), request.gang_id)
-            if fit == "drained":
-                node_waits.wait_for_drain(self, queued, decisions)
-                continue
-            if fit != "now":
-                node_waits.wait_for_lost(self, heap, decisions, timed=timed)
-                continue
-            if (
-                blocker is not None
-                and not self._searches_left
-                and queued.reason
-                and not queued.victims
-                and (queued.placed_shape in failed_shapes or self.inventory.free_gpus < queued.vec[0])
-            ):
-                # behind the first gang that waits, with no GPUs it could take and no search left for this
-                # event: nothing can change for it now, and its reason still holds (the cost of an event
-                # under a long backlog is the gangs that can move, not every queue's head)
-                continue
-            if blocker is not None and (not policy.backfill or not queued.preemptible):
-                why = blocker_why
-                if policy.backfill and not queued.preemptible:
-                    why += " (this gang is not preemptible, so it does not backfill)"
-                tkey: tuple[Any, ...] = ("behind", queued.shape, blocker.request.gang_id, why)
-                self._say(queued, self._text(tkey, behind_reason, request, blocker.request, why), decisions)
-                continue
-            if len(queued.candidates) > 1:  # which of its flavors it is looked at on now
-                flavors.choose(self, queued, (reserved if blocker is not None else frozenset()) | held)
-            vec, ledger = queued.vec, queued.ledger  # its tenant on its flavor (its name without flavors)
-            if (
-                queued.reason
-                and not queued.victims
-                and any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refused.get(ledger, ()))
-            ):
-                continue
-            blocked = self.tenancy.blocked(ledger, vec, not queued.preemptible)
-            root = self.tenancy.root(ledger)
-            self.lenders.update(root, request.gang_id, blocked)
-            if blocked is None and self.lenders.waiting(root) and self.tenancy.would_borrow(ledger, vec):
-                refused.setdefault(ledger, []).append(vec)  # a bigger gang would borrow too
-                text = self._text(("lender", tenant, queued.shape, root), lender_waiting_reason, request, root)
-                self._say(queued, text, decisions)
-                continue
-            if blocked is not None:
-                if blocked.kind != "protected":  # a preemptible gang bigger than this one may still borrow
-                    refused.setdefault(ledger, []).append(vec)
-                if queued.victims or (
-                    blocked.kind != "protected" and preemption.preempt_for(self, queued, decisions, timed=timed)
-                ):
-                    self._say(queued, preemption.nominated(queued), decisions)
-                    held = preemption.hold(self, queued, holds, held)
-                else:
-                    # what it reads moves with its pool's usage (``_prio_counts`` with its tenants' usage), and
-                    # beyond nominal (no reclaim) the same stop says the same
-                    counter = self.tenancy.pool_counter(ledger)
-                    if quick is not None and (
-                        quick[1] == counter[0] or (blocked == quick[5] and not blocked.within_nominal)
-                    ):
-                        text = quick[3]
-                    else:
-                        reclaim = blocked.within_nominal and preemption.reclaimable(self, queued)
-                        tkey = ("quota", ledger, blocked, queued.shape, reclaim)
-                        text = self._text(tkey, quota_reason, tenant, blocked, root, request, reclaim, queued.flavor)
-                    protected = blocked.kind == "protected"
-                    if len(queued.candidates) == 1:  # else another flavor's quota may take it at the next look
-                        self._quota_texts[gang_id] = (counter, counter[0], topology, text, protected, blocked)
-                    self._say(queued, text, decisions)
-                continue
-            shape = queued.placed_shape
-            backfill = blocker is not None
-            placement = None
-            if shape not in failed_shapes:
-                # a backfilled gang stays off the nodes reserved for gangs waiting for their victims to leave
-                exclude = (reserved if backfill else frozenset()) | held
-                placement = self.inventory.place(request, exclude, flavors.admits(queued.flavor, request))
-            if placement is None:
-                failed_shapes.add(shape)
-                waiting_first = blocker is None
-                if queued.victims or (
-                    waiting_first and preemption.preempt_for(self, queued, decisions, timed=timed, defrag=True)
-                ):
-                    self._say(queued, preemption.nominated(queued), decisions)
-                    held = preemption.hold(self, queued, holds, held)
-                    why = "waits for the gangs it preempted to release"
-                else:
-                    said = self.inventory.domains.said(request) if self.inventory.domains else None  # topology
-                    tkey = ("capacity", shape, policy.backfill, self.inventory.drain_changes, said)
-                    text = self._text(tkey, capacity_reason, request, policy.backfill, self.inventory, queued.flavor)
-                    self._say(queued, text, decisions)
-                    why = "waits for capacity"
-                if waiting_first:
-                    blocker, blocker_why = queued, why
-                continue
-            held_back = request.gang_id in self._reserved
-            self._admit(queued, placement, backfill=backfill, decisions=decisions)
-            if held_back:  # the nodes it kept free are free for the gangs after it in this cycle too
-                reserved = frozenset().union(*self._reserved.values()) if self._reserved else frozenset()
-            changed[tenant] = changed.get(tenant, 0) + 1
-            nxt = self._head(heap)
-            if nxt is not None:  # ranked again when it comes up, as the tenant's share moved
-                heapq.heappush(order, (False, key[0], 0.0, nxt.seq, -1, nxt.request.gang_id, tenant, key))
-
-    def _stopped_alike(self, queued: Queued, quick: tuple[list[int], int, int, str, bool, Blocked]) -> bool:
-        """Whether its pool's usage moved but its quota stops it as before (``blocked`` is pure), above nominal
-        (its reason names no reclaim): it says the same; then the cache says so for its pool's usage now."""
-        blocked = self.tenancy.blocked(queued.ledger, queued.vec, not queued.preemptible)
-        if blocked is None or blocked != quick[5] or blocked.within_nominal:
-            return False
-        self._quota_texts[queued.request.gang_id] = (quick[0], quick[0][0], *quick[2:])
-        return True
 
     def tiers(self, tenant: str, heads: list[Queued]) -> dict[int, tuple[bool, float]]:
         """Per priority value, how the tenant's heads rank against other tenants': (whether its next gang in

@@ -1,0 +1,257 @@
+"""The admission cycle: after an event, the heads of the pending queues in order, each admitted, nominating
+its victims, or told why it waits (the rules are ``engine.scheduling.policy``'s docstring).
+
+It reads and updates the policy's state (``Policy``), as the other rule modules do. Most of an event's cost
+under a long backlog is here, so the walk skips what cannot have changed: a tenant's entries in the order
+are rebuilt only for the tenants an event touched, a shape that failed to be placed is not placed again in
+the cycle, a demand a tenant's quota refused stops the bigger ones of that tenant, and a head its quota
+stopped last time for the same reason (``Policy._quota_texts``, its *quota text*) takes a quick path that
+does only what such a look could still change (a victim search that fails fast or is put off).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from engine.scheduling import flavors, node_waits, preemption
+from engine.scheduling.events import Decision
+from engine.scheduling.reasons import (
+    behind_reason,
+    capacity_reason,
+    lender_waiting_reason,
+    quota_reason,
+)
+from engine.scheduling.state import Queued, Shape
+from engine.scheduling.tenancy import Blocked, Vec
+
+if TYPE_CHECKING:
+    from engine.scheduling.policy import Policy
+
+__all__ = ["QuotaText", "run"]
+
+#: a head its quota stopped: (its pool's counter, a list whose first item moves with the pool's usage; that
+#: item then; the inventory's ``topology`` then; its reason; whether it was stopped as a protected gang; the stop)
+QuotaText = tuple[list[int], int, int, str, bool, Blocked]
+
+
+def run(policy: Policy, decisions: list[Decision], *, timed: bool, searches: int) -> None:
+    """Admit (and preempt) what the order allows after an event (``Policy.step``), saying why the rest waits."""
+    node_waits.revive_lost_waiters(policy)
+    if not policy.pending:
+        return
+    # a tenant's entries in the order change with its pending gangs, its usage and the capacity only: most
+    # events touch one tenant, and the others' entries are the same as at the last event
+    tenancy, made_for = policy.tenancy, (policy.inventory.topology, policy.tenancy)
+    if policy._entries_for != made_for:
+        policy._entries.clear()
+        policy._entries_for = made_for
+        touched = set(policy._queues)
+    else:
+        touched = policy._touched | tenancy.touched
+    policy._touched.clear()
+    tenancy.touched.clear()
+    for tenant in touched:
+        queues = policy._queues.get(tenant)
+        if queues is None:
+            continue
+        heads = []
+        for key, heap in list(queues.items()):
+            head = policy._head(heap)
+            if head is None:
+                del queues[key]
+            else:
+                heads.append((key, head))
+        tiers = policy.tiers(tenant, [h for _, h in heads])
+        entries = []
+        for key, head in heads:
+            borrows, share = tiers[key[0]]
+            entries.append((borrows, key[0], share, head.seq, 0, head.request.gang_id, tenant, key))
+        policy._entries[tenant] = entries
+    order: list[Any] = list(itertools.chain.from_iterable(policy._entries.values()))
+    heapq.heapify(order)
+    if policy.inventory.topology != policy._topology_seen:
+        policy._topology_seen = policy.inventory.topology
+        policy._pversion += 1
+    for gang_id in [g for g, at in policy._retry.items() if at <= policy._now]:
+        del policy._retry[gang_id]  # come of age: the gang's next look searches again
+    policy._searches_left = searches  # victim searches per event are bounded: so is the cost of an event
+    holds: list[preemption.Hold] = []  # what gangs waiting for their victims hold: undone however it ends
+    try:
+        _walk(policy, order, decisions, holds, timed=timed)
+    finally:
+        preemption.unhold(policy, holds)
+
+
+def _walk(
+    policy: Policy, order: list[Any], decisions: list[Decision], holds: list[preemption.Hold], *, timed: bool
+) -> None:
+    """The cycle's walk of the order (``run``): admit, nominate, or say why each head waits."""
+    rules = policy.config.policy
+    # ``changed`` counts admissions per tenant in this cycle: an entry ranked before the last one is ranked
+    # again when it comes up (its tenant's share moved)
+    changed: dict[str, int] = {}
+    # per tenant, the demands its quota refused in this cycle: a bigger one is refused too (its reason
+    # was set when it was first looked at, so it is not worked out again for every event)
+    refused: dict[str, list[Vec]] = {}
+    blocker: Queued | None = None
+    blocker_why = ""
+    failed_shapes: set[Shape] = set()
+    reserved = frozenset().union(*policy._reserved.values()) if policy._reserved else frozenset()
+    held: frozenset[str] = frozenset()  # the nodes of the gangs that hold what their victims free
+    pending, quotas, topology, now = policy.pending, policy._quota_texts, policy.inventory.topology, policy._now
+    while order:
+        entry = heapq.heappop(order)
+        _, _, _, seq, version, gang_id, tenant, key = entry
+        if version != changed.get(tenant, 0):  # the tenant started a gang in this cycle: rank it again
+            current = [h for h in map(policy._head, policy._queues[tenant].values()) if h is not None]
+            borrows, share = policy.tiers(tenant, current)[key[0]]
+            heapq.heappush(order, (borrows, key[0], share, seq, changed[tenant], gang_id, tenant, key))
+            continue
+        queued = pending[gang_id]
+        quick = quotas.get(gang_id)
+        if (
+            quick is not None
+            and quick[2] == topology  # the same nodes: it fits them, as then
+            and queued.reason == quick[3]
+            and not queued.victims
+            and (blocker is None or (rules.backfill and queued.preemptible))
+            and (quick[1] == quick[0][0] or _stopped_alike(policy, queued, quick))
+        ):
+            # its quota stops it as last time, and it would say the same: only the cheap effects of a
+            # look (``refused``, a victim search that fails fast or is put off) are left to do; the same
+            # tests as below, in the same order
+            vec = queued.vec
+            if (
+                blocker is not None
+                and not policy._searches_left
+                and (queued.placed_shape in failed_shapes or policy.inventory.free_gpus < vec[0])
+            ):
+                continue
+            refusals = refused.get(queued.ledger)
+            if quick[4] or (refusals and any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refusals)):
+                continue  # stopped as a protected gang (it searches no victims), or a smaller gang was refused
+            failed = queued.failed_search
+            if failed is not None and failed[0] == policy._pversion and now < failed[1]:
+                refused.setdefault(queued.ledger, []).append(vec)
+                continue
+            if policy._searches_left <= 0:
+                refused.setdefault(queued.ledger, []).append(vec)
+                policy._retry[gang_id] = now + preemption.SEARCH_PUT_OFF_S
+                continue
+        request = queued.request
+        heap = policy._queues[tenant][key]
+        cached = policy._fits.get(queued.shape)  # ``node_waits.fit``'s answer, read as it keeps it
+        fit = cached[1] if cached and cached[0] == topology else node_waits.fit(policy, request, queued.shape)
+        if fit != "now":  # it waits for nodes, not for what its tenant lent: no longer a lender waiting
+            policy.lenders.forget(policy.tenancy.root(queued.ledger), request.gang_id)
+        if fit == "drained":
+            node_waits.wait_for_drain(policy, queued, decisions)
+            continue
+        if fit != "now":
+            node_waits.wait_for_lost(policy, heap, decisions, timed=timed)
+            continue
+        if (
+            blocker is not None
+            and not policy._searches_left
+            and queued.reason
+            and not queued.victims
+            and (queued.placed_shape in failed_shapes or policy.inventory.free_gpus < queued.vec[0])
+        ):
+            # behind the first gang that waits, with no GPUs it could take and no search left for this
+            # event: nothing can change for it now, and its reason still holds (the cost of an event
+            # under a long backlog is the gangs that can move, not every queue's head)
+            continue
+        if blocker is not None and (not rules.backfill or not queued.preemptible):
+            why = blocker_why
+            if rules.backfill and not queued.preemptible:
+                why += " (this gang is not preemptible, so it does not backfill)"
+            tkey: tuple[Any, ...] = ("behind", queued.shape, blocker.request.gang_id, why)
+            policy._say(queued, policy._text(tkey, behind_reason, request, blocker.request, why), decisions)
+            continue
+        if len(queued.candidates) > 1:  # which of its flavors it is looked at on now
+            flavors.choose(policy, queued, (reserved if blocker is not None else frozenset()) | held)
+        vec, ledger = queued.vec, queued.ledger  # its tenant on its flavor (its name without flavors)
+        if (
+            queued.reason
+            and not queued.victims
+            and any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refused.get(ledger, ()))
+        ):
+            continue
+        blocked = policy.tenancy.blocked(ledger, vec, not queued.preemptible)
+        root = policy.tenancy.root(ledger)
+        policy.lenders.update(root, request.gang_id, blocked)
+        if blocked is None and policy.lenders.waiting(root) and policy.tenancy.would_borrow(ledger, vec):
+            refused.setdefault(ledger, []).append(vec)  # a bigger gang would borrow too
+            text = policy._text(("lender", tenant, queued.shape, root), lender_waiting_reason, request, root)
+            policy._say(queued, text, decisions)
+            continue
+        if blocked is not None:
+            if blocked.kind != "protected":  # a preemptible gang bigger than this one may still borrow
+                refused.setdefault(ledger, []).append(vec)
+            if queued.victims or (
+                blocked.kind != "protected" and preemption.preempt_for(policy, queued, decisions, timed=timed)
+            ):
+                policy._say(queued, preemption.nominated(queued), decisions)
+                held = preemption.hold(policy, queued, holds, held)
+            else:
+                # what it reads moves with its pool's usage (``_prio_counts`` with its tenants' usage), and
+                # beyond nominal (no reclaim) the same stop says the same
+                counter = policy.tenancy.pool_counter(ledger)
+                if quick is not None and (
+                    quick[1] == counter[0] or (blocked == quick[5] and not blocked.within_nominal)
+                ):
+                    text = quick[3]
+                else:
+                    reclaim = blocked.within_nominal and preemption.reclaimable(policy, queued)
+                    tkey = ("quota", ledger, blocked, queued.shape, reclaim)
+                    text = policy._text(tkey, quota_reason, tenant, blocked, root, request, reclaim, queued.flavor)
+                protected = blocked.kind == "protected"
+                if len(queued.candidates) == 1:  # else another flavor's quota may take it at the next look
+                    policy._quota_texts[gang_id] = (counter, counter[0], topology, text, protected, blocked)
+                policy._say(queued, text, decisions)
+            continue
+        shape = queued.placed_shape
+        backfill = blocker is not None
+        placement = None
+        if shape not in failed_shapes:
+            # a backfilled gang stays off the nodes reserved for gangs waiting for their victims to leave
+            exclude = (reserved if backfill else frozenset()) | held
+            placement = policy.inventory.place(request, exclude, flavors.admits(queued.flavor, request))
+        if placement is None:
+            failed_shapes.add(shape)
+            waiting_first = blocker is None
+            if queued.victims or (
+                waiting_first and preemption.preempt_for(policy, queued, decisions, timed=timed, defrag=True)
+            ):
+                policy._say(queued, preemption.nominated(queued), decisions)
+                held = preemption.hold(policy, queued, holds, held)
+                why = "waits for the gangs it preempted to release"
+            else:
+                said = policy.inventory.domains.said(request) if policy.inventory.domains else None  # topology
+                tkey = ("capacity", shape, rules.backfill, policy.inventory.drain_changes, said)
+                text = policy._text(tkey, capacity_reason, request, rules.backfill, policy.inventory, queued.flavor)
+                policy._say(queued, text, decisions)
+                why = "waits for capacity"
+            if waiting_first:
+                blocker, blocker_why = queued, why
+            continue
+        held_back = request.gang_id in policy._reserved
+        policy._admit(queued, placement, backfill=backfill, decisions=decisions)
+        if held_back:  # the nodes it kept free are free for the gangs after it in this cycle too
+            reserved = frozenset().union(*policy._reserved.values()) if policy._reserved else frozenset()
+        changed[tenant] = changed.get(tenant, 0) + 1
+        nxt = policy._head(heap)
+        if nxt is not None:  # ranked again when it comes up, as the tenant's share moved
+            heapq.heappush(order, (False, key[0], 0.0, nxt.seq, -1, nxt.request.gang_id, tenant, key))
+
+
+def _stopped_alike(policy: Policy, queued: Queued, quick: QuotaText) -> bool:
+    """Whether its pool's usage moved but its quota stops it as before (``blocked`` is pure), above nominal
+    (its reason names no reclaim): it says the same; then the cache says so for its pool's usage now."""
+    blocked = policy.tenancy.blocked(queued.ledger, queued.vec, not queued.preemptible)
+    if blocked is None or blocked != quick[5] or blocked.within_nominal:
+        return False
+    policy._quota_texts[queued.request.gang_id] = (quick[0], quick[0][0], *quick[2:])
+    return True
