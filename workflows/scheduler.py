@@ -96,6 +96,9 @@ NODE_WAIT_PATCH = "wait-for-nodes"
 #: Scheduler runs recorded before a gang waiting for its victims held what they free (Policy.hold_for_victims):
 #: a gang of lower priority could take it and be preempted for it again, in a loop (issue 22)
 HOLD_PATCH = "hold-for-victims"
+#: Scheduler runs recorded before a gang preferring a topology level moved its victims out of one domain where
+#: it could (Policy.defrag_preferred): they chose them topology-blind
+DEFRAG_PREFERRED_PATCH = "defrag-preferred-topology"
 #: Scheduler runs recorded before node leases: a run started afresh knew no node until agents re-registered;
 #: from this patch on it re-learns the nodes from their running leases (workflows.node_lease)
 NODE_LEASE_PATCH = "node-leases"
@@ -306,6 +309,7 @@ class Scheduler:
             self.versioned = True
             self.policy.wait_for_nodes = workflow.patched(NODE_WAIT_PATCH)
             self.policy.hold_for_victims = workflow.patched(HOLD_PATCH)
+            self.policy.defrag_preferred = workflow.patched(DEFRAG_PREFERRED_PATCH)
         # a leased node reported lost by a gang stays lost for as long as its lease lives on (nothing else
         # registers it again): its lease is asked to check the agent. Never on a replay of older runs: a
         # node only has ``leased`` in runs recorded since node leases.

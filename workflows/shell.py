@@ -374,5 +374,3 @@ class UserWorkflow:
                 type=type(exc).__name__,
                 non_retryable=True,
             ) from exc
-
-

@@ -120,6 +120,9 @@ class Policy:
         #: a gang waiting for its victims holds what they free for the rest of each cycle (``_hold``); False:
         #: what Schedulers recorded before decided (a lower gang could take it, and be preempted in a loop)
         self.hold_for_victims = True
+        #: a gang preferring a topology level that must move gangs moves them out of one domain where it can
+        #: (``topology.chooser``); False: its victims are chosen topology-blind (Schedulers recorded before)
+        self.defrag_preferred = True
         self.inventory = Inventory(node_ttl_s)
         if config.flavors:  # a node's flavor from its labels (``engine.scheduling.flavors``)
             self.inventory.reclassify(flavors.classifier(config))

@@ -101,8 +101,10 @@ def preempt_for(
     costed = policy.lost_work.active
     rank, more, routes, young = _ranking(policy, queued, timed=timed, defrag=defrag)
     admits, ledger = flavors.admits(queued.flavor, queued.request), queued.ledger
-    # a gang requiring a topology level: the same search per domain (engine.scheduling.topology)
-    choose = topology.chooser(choose_victims, policy.inventory, queued.request, policy._now)
+    # a gang naming a topology level: the same search per domain (engine.scheduling.topology)
+    choose = topology.chooser(
+        choose_victims, policy.inventory, queued.request, policy._now, preferred=policy.defrag_preferred
+    )
     chosen = choose(
         policy.inventory,
         policy.tenancy,

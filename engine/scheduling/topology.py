@@ -31,7 +31,10 @@ restricted to that domain's nodes, under the same rules: preemptible victims onl
 cycles, moved gangs must fit elsewhere at once) and takes the domain whose victims lose the least work:
 the fewest expected lost GPU-seconds (``engine.scheduling.lost_work``: since each victim's last checkpoint
 with its save and restore, or since its admission where none was reported), then the fewest victims, then the
-domain's label value.
+domain's label value. A preferred gang that must move gangs to start at all (the first in line, as any
+gang) searches topology-blind and, where that finds victims, the same way per domain, keeping the blind
+victims only where none of those domains can be freed: moving gangs anyway, it moves them out of one domain
+(``Policy.defrag_preferred``; Schedulers recorded before chose its victims topology-blind).
 """
 
 from __future__ import annotations
@@ -191,7 +194,11 @@ class DomainIndex:
             return one
         self.largest.pop(_key(request), None)
         n = request.nnodes
-        fitting = {v: self._walk(inventory, d, request, exclude, n, admits) for v, d in self.buckets[level].items()}
+        fitting = {}  # the domains with nodes that fit now: an empty one adds nothing to a placement
+        for value, domain in self.buckets[level].items():
+            nodes = self._walk(inventory, domain, request, exclude, n, admits)
+            if nodes:
+                fitting[value] = nodes
         chosen: list[Node] = []
         while len(chosen) < n and fitting:
             rest = n - len(chosen)
@@ -291,16 +298,26 @@ def _best_fit(
 
 
 # -- defragmentation ---------------------------------------------------------------------------------------
-def chooser(choose: Callable[..., Any], inventory: Inventory, request: GangRequest, now: float) -> Callable[..., Any]:
-    """``choose`` (``preemption.choose_victims``) as it is for a gang without a required level; for one with,
-    the same search per domain that could hold it when idle, keeping the domain that loses the least work
-    (module docstring)."""
-    level = request.topology_required
+def chooser(
+    choose: Callable[..., Any], inventory: Inventory, request: GangRequest, now: float, *, preferred: bool = True
+) -> Callable[..., Any]:
+    """``choose`` (``preemption.choose_victims``) as it is for a gang asking no level; for one requiring a
+    level, the same search per domain that could hold it when idle, keeping the domain that loses the least
+    work; for one preferring a level (with ``preferred``), ``choose`` first and, where it finds victims, the
+    search per domain, keeping ``choose``'s victims where no domain looked at can be freed (module docstring)."""
+    level = request.topology_required or (request.topology_preferred if preferred else None)
     index = inventory.domains
     if level is None or index is None or level not in index.levels:
         return choose
 
     def in_one_domain(*args: Any, **kwargs: Any) -> Any:
+        anywhere = None
+        if not request.topology_required:
+            # it prefers the level: victims anywhere will do where no domain can be freed, and where there are
+            # none (most searches of a gang waiting at the head) no domain is searched (each costs about as much)
+            anywhere = choose(*args, **kwargs)
+            if anywhere is None:
+                return None
         gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
         best: tuple[tuple[float, int, str], Any] | None = None
         # the domains with the most nodes that have the GPUs free first (the fewest victims), at most
@@ -322,6 +339,6 @@ def chooser(choose: Callable[..., Any], inventory: Inventory, request: GangReque
             cost = (sum(lost_gpu_s(v, now) for v in found[0]), len(found[0]), value)
             if best is None or cost < best[0]:
                 best = (cost, found)
-        return None if best is None else best[1]
+        return anywhere if best is None else best[1]
 
     return in_one_domain

@@ -244,6 +244,26 @@ def test_defrag_never_moves_a_gang_before_its_min_runtime() -> None:
     assert [v for v, *_ in preempted(run([Tick()], policy, now=60.0))] == ["young"]  # of age first
 
 
+@pytest.mark.parametrize("in_one", [True, False])
+def test_a_preferring_gang_that_must_move_gangs_moves_them_out_of_one_rack(in_one: bool) -> None:
+    """n0 (rack r2) full, n1 (r1) and n2 (r2) half taken by ``a`` (admitted at 0) and ``b`` (at 50), n3 (r1)
+    free: a gang preferring one rack needs both nodes of r1 or r2 freed. Moving ``a`` gives it r1; moving ``b``,
+    the younger, is what a topology-blind search takes (and Schedulers recorded before did: ``in_one`` False),
+    and spans two racks."""
+    policy = policy_of(DEFRAG)
+    policy.defrag_preferred = in_one
+    nodes = [labelled(node_id, rack) for node_id, rack in (("n0", "r2"), ("n1", "r1"), ("n2", "r2"), ("n3", "r1"))]
+    run([*nodes, gang("c", gpus=2, priority="vip"), gang("a", priority="low"), gang("f")], policy, now=0.0)
+    run([gang("b", priority="low"), GangReleased(gang_id="f")], policy, now=50.0)
+    assert [nodes_of(policy, g) for g in "cab"] == [{"n0"}, {"n1"}, {"n2"}]
+    decisions = run([gang("g", nnodes=2, gpus=2, topology_preferred="rack")], policy, now=100.0)
+    victim = "a" if in_one else "b"
+    assert [(v, cause) for v, _, _, cause in preempted(decisions)] == [(victim, "defrag")]
+    decisions = run([GangReleased(gang_id=victim), gang(victim, priority="low")], policy, now=101.0)
+    assert sorted(admitted(decisions)) == sorted(["g", victim])
+    assert rack_of(policy, "g") == ({"r1"} if in_one else {"r1", "r2"})
+
+
 # -- index, snapshot --------------------------------------------------------------------------------------
 def test_the_domain_index_follows_takes_and_releases() -> None:
     policy = policy_of()
