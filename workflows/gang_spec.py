@@ -17,7 +17,14 @@ from engine.scheduling import DEFAULT_LOST_NODE_WAIT_S, GangRequest
 
 __all__ = ["GangSpec", "gang_request", "no_scheduler"]
 
-_FLEET_FIELDS = ("flavors", "node_selector", "tolerations", "topology_required", "topology_preferred")
+_FLEET_FIELDS = (
+    "flavors",
+    "node_selector",
+    "tolerations",
+    "topology_required",
+    "topology_preferred",
+    "topology_wait_s",
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class GangSpec:
     tolerations: list[str] = field(default_factory=list)
     topology_required: str | None = None  # the task's ``placement=Topology(required=...)``: one domain of it
     topology_preferred: str | None = None  # ``Topology(preferred=...)``: as few domains of it as can be
+    topology_wait_s: float | None = None  # ``Topology(wait=...)``: how long it waits for one domain of it
     # the sub-workflow that calls it, as its id below the run's ("prep-1"; "" in the run's own workflow): a
     # call id counts per workflow, so a sub-workflow's train-1 and its run's train-1 need their own checkpoints
     scope: str = ""
@@ -90,6 +98,7 @@ def gang_request(spec: GangSpec, gang_id: str) -> dict[str, Any]:
             tolerations=tuple(spec.tolerations),
             topology_required=spec.topology_required,
             topology_preferred=spec.topology_preferred,
+            topology_wait_s=spec.topology_wait_s,
         )
     except ValidationError as exc:
         raise ApplicationError(f"a malformed gang request: {exc}", type="Unschedulable", non_retryable=True) from None

@@ -158,6 +158,7 @@ class _TemporalDispatcher:
             tolerations=list(task.resources.tolerations),
             topology_required=task.placement.required if task.placement else None,
             topology_preferred=task.placement.preferred if task.placement else None,
+            topology_wait_s=task.placement.wait_s if task.placement else None,
             scope=scope_of(workflow.info().workflow_id, self.envelope.run.run_id),
         )
         summary = f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)"

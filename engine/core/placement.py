@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 
 __all__ = ["HOST_LEVEL", "Topology", "label_key_problem"]
 
@@ -43,10 +44,15 @@ class Topology:
     level (one rack) or it waits; ``Topology(preferred="block")`` spans as few domains of it as the scheduler
     finds free now. Exactly one of them; the level is a node label key the queue file's ``topology`` declares
     (or ``host``, the node itself). A level the queue file does not declare is rejected when the gang is
-    submitted, naming the declared ones."""
+    submitted, naming the declared ones.
+
+    ``wait`` (with ``preferred`` only; seconds or a timedelta, stored as a timedelta): once the gang could
+    start over several domains but not in one, it waits up to that long for one, as a required gang waits,
+    then takes several (Slurm's ``--switches=1@<max-time>``). None: it never waits for one."""
 
     required: str | None = None
     preferred: str | None = None
+    wait: float | timedelta | None = None
 
     def __post_init__(self) -> None:
         if (self.required is None) == (self.preferred is None):
@@ -58,6 +64,25 @@ class Topology:
         problem = label_key_problem(getattr(self, which))
         if problem is not None:
             raise ValueError(f"Topology.{which}: {problem}")
+        wait = self.wait
+        if wait is None:
+            return
+        if self.required is not None:
+            raise ValueError("Topology.wait applies to preferred= only: a required gang waits for its domain anyway")
+        if isinstance(wait, bool) or not isinstance(wait, int | float | timedelta):
+            raise ValueError(f"Topology.wait must be seconds or a timedelta, got {wait!r}")
+        delta = wait if isinstance(wait, timedelta) else timedelta(seconds=wait)
+        if delta <= timedelta(0):
+            raise ValueError(f"Topology.wait must be positive, got {wait!r}")
+        object.__setattr__(self, "wait", delta)
+
+    @property
+    def wait_s(self) -> float | None:
+        """``wait`` in seconds (None: it never waits for one domain)."""
+        wait = self.wait
+        if wait is None:
+            return None
+        return wait.total_seconds() if isinstance(wait, timedelta) else float(wait)
 
     @property
     def level(self) -> str:

@@ -22,9 +22,11 @@ from engine.scheduling.reasons import (
     capacity_reason,
     lender_waiting_reason,
     quota_reason,
+    topology_wait_reason,
 )
 from engine.scheduling.state import Queued, Shape
 from engine.scheduling.tenancy import Blocked, Vec
+from engine.scheduling.topology import holds_out
 
 if TYPE_CHECKING:
     from engine.scheduling.policy import Policy
@@ -215,10 +217,14 @@ def _walk(
         shape = queued.placed_shape
         backfill = blocker is not None
         placement = None
+        holding_out = False  # placed over several domains, it waits for one (``Topology(wait=...)``)
         if shape not in failed_shapes:
             # a backfilled gang stays off the nodes reserved for gangs waiting for their victims to leave
             exclude = (reserved if backfill else frozenset()) | held
             placement = policy.inventory.place(request, exclude, flavors.admits(queued.flavor, request))
+            if placement is not None and request.topology_wait_s is not None:
+                holding_out = holds_out(policy.inventory, request, placement, policy._topology_waits, now)
+                placement = None if holding_out else placement
         if placement is None:
             failed_shapes.add(shape)
             waiting_first = blocker is None
@@ -228,6 +234,9 @@ def _walk(
                 policy._say(queued, preemption.nominated(queued), decisions)
                 held = preemption.hold(policy, queued, holds, held)
                 why = "waits for the gangs it preempted to release"
+            elif holding_out:
+                policy._say(queued, policy._text(("one domain", shape), topology_wait_reason, request), decisions)
+                why = f"waits for one {request.topology_preferred}"
             else:
                 said = policy.inventory.domains.said(request) if policy.inventory.domains else None  # topology
                 tkey = ("capacity", shape, rules.backfill, policy.inventory.drain_changes, said)

@@ -91,6 +91,9 @@ class GangRequest(Frozen):
     topology_required: str | None = None
     #: topology level whose domains the gang should span as few of as the policy can find now
     topology_preferred: str | None = None
+    #: with ``topology_preferred``: how long (s) it waits for one domain once it could start over several
+    #: (``Topology(wait=...)``); None: it never waits for one
+    topology_wait_s: float | None = None
 
 
 class NodeAssignment(Frozen):

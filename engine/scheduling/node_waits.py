@@ -172,12 +172,16 @@ def drain_report(policy: Policy, node_id: str) -> dict[str, list[str]]:
 
 def next_deadline(policy: Policy) -> float | None:
     """``Policy.next_deadline``: a node expiring, a lost-node wait running out, a victim search put off or a
-    victim coming of age (``Policy._retry``)."""
+    victim coming of age (``Policy._retry``), a preferring gang's wait for one domain running out."""
     deadlines = [policy.inventory.next_expiry()]
     for gang_id in policy._lost_waiters:
         queued = policy.pending.get(gang_id)
         if queued is not None and queued.lost_wait_since is not None:
             deadlines.append(queued.lost_wait_since + queued.request.lost_node_wait_s)
     deadlines += policy._retry.values()
+    for gang_id, since in policy._topology_waits.items():  # a preferring gang's wait for one domain runs out
+        queued = policy.pending.get(gang_id)
+        if queued is not None and since + float(queued.request.topology_wait_s or 0.0) > policy._now:
+            deadlines.append(since + float(queued.request.topology_wait_s or 0.0))
     known = [d for d in deadlines if d is not None]
     return min(known) if known else None

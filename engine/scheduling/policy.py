@@ -145,6 +145,9 @@ class Policy:
         self._reserved: dict[str, frozenset[str]] = {}
         self._lost_waiters: set[str] = set()
         self._retry: dict[str, float] = {}  # blocked gangs whose victim search waits for a gang to come of age
+        #: gangs preferring a level with a wait -> when they could first have started over several domains
+        #: (``topology.holds_out``)
+        self._topology_waits: dict[str, float] = {}
         self._fits: dict[Shape, tuple[int, Fit]] = {}  # shape -> (topology then, fit)
         self._topology_seen = 0
         self._texts: dict[tuple[Any, ...], str] = {}
@@ -347,6 +350,7 @@ class Policy:
         self._reserved.pop(gang_id, None)
         self._lost_waiters.discard(gang_id)
         self._retry.pop(gang_id, None)
+        self._topology_waits.pop(gang_id, None)
 
     # -- time ------------------------------------------------------------------------------------------
     def next_deadline(self) -> float | None:

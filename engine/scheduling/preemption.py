@@ -102,8 +102,9 @@ def preempt_for(
     rank, more, routes, young = _ranking(policy, queued, timed=timed, defrag=defrag)
     admits, ledger = flavors.admits(queued.flavor, queued.request), queued.ledger
     # a gang naming a topology level: the same search per domain (engine.scheduling.topology)
+    one = topology.waiting_for_one(policy._topology_waits, queued.request, policy._now)
     choose = topology.chooser(
-        choose_victims, policy.inventory, queued.request, policy._now, preferred=policy.defrag_preferred
+        choose_victims, policy.inventory, queued.request, policy._now, preferred=policy.defrag_preferred, one=one
     )
     chosen = choose(
         policy.inventory,

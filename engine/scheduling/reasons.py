@@ -37,6 +37,7 @@ __all__ = [
     "nominated_reason",
     "queued_reason",
     "quota_reason",
+    "topology_wait_reason",
 ]
 
 #: how many node or gang ids a reason lists before saying "and N more" (reasons stay one line)
@@ -329,6 +330,16 @@ def capacity_reason(
         if big:
             reason += f"; {_ids(big)}"
     return reason
+
+
+def topology_wait_reason(request: GangRequest) -> str:
+    """Why a gang preferring a level with a wait (``Topology(wait=...)``) does not start over several domains."""
+    level = request.topology_preferred
+    return (
+        f"pending: waiting for one {level}: needs {_count(request.nnodes, 'node')} ({per_node(request)} per node) "
+        f"and could start over several {level}s now, but prefers one and waits for it up to "
+        f"{_num(float(request.topology_wait_s or 0.0))} s from when it could first start, then takes several"
+    )
 
 
 def behind_reason(request: GangRequest, blocker: GangRequest, why: str) -> str:

@@ -59,9 +59,9 @@ def take(policy: Policy) -> dict[str, Any]:
             r.lost_node_wait_s,
         ]
         if r.flavors or r.node_selector or r.tolerations or r.topology_required or r.topology_preferred:
-            # the fleet's fields, only when set: a row without them is as before, byte for byte
+            # the fleet's fields, only when set: a row without them is as before, byte for byte (the wait too)
             fleet = [list(r.flavors), r.node_selector, list(r.tolerations), r.topology_required, r.topology_preferred]
-            row.append(fleet)
+            row.append(fleet + ([r.topology_wait_s] if r.topology_wait_s is not None else []))
         return row
 
     data = {
@@ -143,6 +143,8 @@ def take(policy: Policy) -> dict[str, Any]:
         data["usage"] = policy.tenancy.decay.rows()
     if policy.lost_work.seen:  # only then, as ``usage``
         data["checkpoints"] = True
+    if policy._topology_waits:  # only then, as ``usage``
+        data["topology_waits"] = policy._topology_waits
     blob = zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 6)
     return {"v": SNAPSHOT_VERSION, "zlib": base64.b64encode(blob).decode("ascii")}
 
@@ -171,6 +173,7 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
             tolerations=tuple(fleet[2]),
             topology_required=fleet[3],
             topology_preferred=fleet[4],
+            topology_wait_s=fleet[5] if len(fleet) > 5 else None,
         )
 
     policy = cls(load_queue_config(data["config"]), node_ttl_s=data["ttl"])
@@ -255,6 +258,7 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
     policy._pversion = data["pversion"]
     policy._topology_seen = inventory.topology  # the count restarts with the restored nodes
     policy._retry = dict(data["retry"])
+    policy._topology_waits = dict(data.get("topology_waits", {}))
     policy._evicted_for = {k: set(v) for k, v in data["evicted_for"].items()}
     # keys added later are absent from older snapshots: their default is what a policy of then did
     policy.lenders = Lenders({k: set(v) for k, v in data.get("lenders", {}).items()})

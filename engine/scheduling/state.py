@@ -14,11 +14,12 @@ from engine.scheduling.inventory import millicores
 from engine.scheduling.model import GangRequest, Placement
 from engine.scheduling.tenancy import Vec
 
-__all__ = ["Cause", "Checkpoint", "Fit", "Notice", "QueueKey", "Queued", "Running", "Shape", "shape_of"]
+__all__ = ["Cause", "Checkpoint", "Fit", "Notice", "QueueKey", "Queued", "Running", "Shape", "shape_of", "shape_tag"]
 
 #: nnodes, GPUs, millicores and bytes per node; for a gang naming a topology level then "required:rack" (or
-#: "preferred:rack"); with flavors or a node selector, then the gang's candidate flavors and its selector
-#: (``engine.scheduling.flavors.shape``): gangs of one shape are placed alike
+#: "preferred:rack", "preferred:rack@600" with a wait: ``shape_tag``); with flavors or a node selector, then the
+#: gang's candidate flavors and its selector (``engine.scheduling.flavors.shape``): gangs of one shape are placed
+#: alike
 Shape = tuple[Any, ...]
 #: (-priority value, shape, preemptible): one FIFO queue per key, and only its head is looked at, so a gang that
 #: may backfill never waits behind one of its shape that may not (it would never get past it)
@@ -130,7 +131,15 @@ class Running:
 
 def shape_of(request: GangRequest) -> Shape:
     shape = (request.nnodes, request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node)
-    level = request.topology_required or request.topology_preferred
-    if level is None:
-        return shape
-    return (*shape, f"required:{level}" if request.topology_required else f"preferred:{level}")
+    tag = shape_tag(request)
+    return shape if tag is None else (*shape, tag)
+
+
+def shape_tag(request: GangRequest) -> str | None:
+    """What a constrained request adds to its shape (gangs of one shape are placed alike), else None."""
+    if request.topology_required:
+        return f"required:{request.topology_required}"
+    if request.topology_preferred:
+        wait = request.topology_wait_s
+        return f"preferred:{request.topology_preferred}" + (f"@{wait:g}" if wait is not None else "")
+    return None

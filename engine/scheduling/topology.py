@@ -47,6 +47,7 @@ from engine.core.placement import HOST_LEVEL, label_key_problem
 from engine.scheduling.inventory import Inventory, Node, _placement, millicores
 from engine.scheduling.lost_work import lost_gpu_s
 from engine.scheduling.model import GangRequest, Placement
+from engine.scheduling.state import shape_tag
 
 if TYPE_CHECKING:
     from engine.scheduling.config import QueueConfig
@@ -56,9 +57,10 @@ __all__ = [
     "DomainIndex",
     "chooser",
     "declare",
+    "holds_out",
     "level_of",
     "refusal",
-    "shape_tag",
+    "waiting_for_one",
 ]
 
 Buckets = dict[int, list[tuple[int, str]]]  # free GPUs -> sorted (free millicores, node id)
@@ -73,15 +75,6 @@ def level_of(request: GangRequest) -> str | None:
     return request.topology_required or request.topology_preferred
 
 
-def shape_tag(request: GangRequest) -> str | None:
-    """What a constrained request adds to its shape (gangs of one shape are placed alike), else None."""
-    if request.topology_required:
-        return f"required:{request.topology_required}"
-    if request.topology_preferred:
-        return f"preferred:{request.topology_preferred}"
-    return None
-
-
 def refusal(config: QueueConfig, request: GangRequest) -> str | None:
     """Why the request's topology can never be met (rejected at once), or None."""
     required, preferred = request.topology_required, request.topology_preferred
@@ -91,6 +84,12 @@ def refusal(config: QueueConfig, request: GangRequest) -> str | None:
         return (
             f"rejected: asks for topology_required {required!r} and topology_preferred {preferred!r}; "
             "a gang names at most one topology level"
+        )
+    wait = request.topology_wait_s
+    if wait is not None and (required is not None or not wait > 0):
+        return (
+            f"rejected: topology_wait_s {wait!r} needs topology_preferred and a positive number of seconds "
+            "(how long a gang preferring one domain waits for it)"
         )
     level = required if required is not None else str(preferred)
     problem = label_key_problem(level)
@@ -126,6 +125,8 @@ class DomainIndex:
         #: per shape (gangs of one shape fit alike), the most nodes one domain had free for it at its last failed
         #: required placement: what its reason names (a shape the policy skips in a cycle reads its first try's)
         self.largest: dict[tuple[Any, ...], tuple[int, str]] = {}
+        self._bounds_memo: dict[tuple[str, int], list[tuple[int, str]]] = {}  # ``_bounds``
+        self._bounds_at = -1
         for node in nodes:
             self.add(node)
 
@@ -168,7 +169,7 @@ class DomainIndex:
         n, gpus = request.nnodes, request.gpus_per_node
         domains = self.buckets[level]
         # an upper bound per domain from the bucket sizes alone, then the tightest candidates walked first
-        bounds = sorted((sum(len(b) for k, b in d.items() if k >= gpus), value) for value, d in domains.items())
+        bounds = self._bounds(inventory, level, gpus)
         # what the reason names: the walked domains' exact counts, the others' nodes with the GPUs free
         best = max(bounds, default=(0, ""))
         walked = (0, "")
@@ -185,6 +186,19 @@ class DomainIndex:
         if len(self.largest) > 10_000:  # a cache for reasons only: bounded
             self.largest.clear()
         return None
+
+    def _bounds(self, inventory: Inventory, level: str, gpus: int) -> list[tuple[int, str]]:
+        """(nodes with ``gpus`` GPUs free, domain) of each domain of ``level``, ascending; remembered until what
+        is free changes (``Inventory.changes``): the required heads of one cycle mostly ask alike."""
+        if self._bounds_at != inventory.changes:
+            self._bounds_at = inventory.changes
+            self._bounds_memo.clear()
+        bounds = self._bounds_memo.get((level, gpus))
+        if bounds is None:
+            domains = self.buckets[level]
+            bounds = sorted((sum(len(b) for k, b in d.items() if k >= gpus), value) for value, d in domains.items())
+            self._bounds_memo[(level, gpus)] = bounds
+        return bounds
 
     def _fewest(
         self, inventory: Inventory, request: GangRequest, level: str, exclude: frozenset[str], admits: Admits
@@ -297,22 +311,53 @@ def _best_fit(
             yield node
 
 
+# -- a preferred gang's wait for one domain ---------------------------------------------------------------
+def holds_out(
+    inventory: Inventory, request: GangRequest, placement: Placement, waits: dict[str, float], now: float
+) -> bool:
+    """Whether a gang preferring a level with a wait (``topology_wait_s``), placed over several domains of it,
+    waits for one instead: up to its wait from the first time it could have started over several, which
+    ``waits`` keeps per gang (a node in no domain of the level is one of its own)."""
+    level = str(request.topology_preferred)
+    nodes = inventory.nodes
+    if len({nodes[a.node_id].spec.labels.get(level, "\0" + a.node_id) for a in placement.nodes}) < 2:
+        return False
+    since = waits.setdefault(request.gang_id, now)
+    return now < since + float(request.topology_wait_s or 0.0)
+
+
+def waiting_for_one(waits: dict[str, float], request: GangRequest, now: float) -> bool:
+    """Whether the gang is within its wait for one domain (``holds_out``): it moves gangs for one domain only."""
+    since = waits.get(request.gang_id)
+    return since is not None and now < since + float(request.topology_wait_s or 0.0)
+
+
 # -- defragmentation ---------------------------------------------------------------------------------------
 def chooser(
-    choose: Callable[..., Any], inventory: Inventory, request: GangRequest, now: float, *, preferred: bool = True
+    choose: Callable[..., Any],
+    inventory: Inventory,
+    request: GangRequest,
+    now: float,
+    *,
+    preferred: bool = True,
+    one: bool = False,
 ) -> Callable[..., Any]:
     """``choose`` (``preemption.choose_victims``) as it is for a gang asking no level; for one requiring a
     level, the same search per domain that could hold it when idle, keeping the domain that loses the least
     work; for one preferring a level (with ``preferred``), ``choose`` first and, where it finds victims, the
-    search per domain, keeping ``choose``'s victims where no domain looked at can be freed (module docstring)."""
+    search per domain, keeping ``choose``'s victims where no domain looked at can be freed; with ``one`` (it
+    waits for one domain: ``waiting_for_one``), the search per domain only (module docstring)."""
     level = request.topology_required or (request.topology_preferred if preferred else None)
     index = inventory.domains
     if level is None or index is None or level not in index.levels:
         return choose
 
     def in_one_domain(*args: Any, **kwargs: Any) -> Any:
+        if one:  # the search checks whether the gang fits without a victim: in one domain, not over several
+            in_one = request.model_copy(update={"topology_required": level, "topology_preferred": None})
+            args = (*args[:2], in_one, *args[3:])
         anywhere = None
-        if not request.topology_required:
+        if not request.topology_required and not one:
             # it prefers the level: victims anywhere will do where no domain can be freed, and where there are
             # none (most searches of a gang waiting at the head) no domain is searched (each costs about as much)
             anywhere = choose(*args, **kwargs)

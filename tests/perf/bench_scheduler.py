@@ -1411,6 +1411,7 @@ def main(args: argparse.Namespace) -> None:
         "queue": queue,
         "policy_source": source_digest(),
         **({"racks": args.racks} if args.racks else {}),
+        **({"preferred_wait_s": args.preferred_wait} if args.preferred_wait is not None else {}),
     }
     log(
         f"{workload.name}: {len(workload.gangs):,} gangs, {len(workload.tenants)} tenants, "
@@ -1427,7 +1428,15 @@ def main(args: argparse.Namespace) -> None:
         else:
             if args.racks:  # topology-aware ("policy") and blind ("blind") on racked nodes (bench_topology)
                 sides = bench_topology.run_sides(
-                    simulate, workload, queue, args.racks, args.save_s, log, lambda: told(args, workload), fleet
+                    simulate,
+                    workload,
+                    queue,
+                    args.racks,
+                    args.save_s,
+                    log,
+                    lambda: told(args, workload),
+                    fleet,
+                    args.preferred_wait,
                 )
                 result.update(sides)
             else:
@@ -1438,7 +1447,9 @@ def main(args: argparse.Namespace) -> None:
             if args.checkpoint_interval is not None:  # the same trace and reports, victims by the rule before
                 log("policy, victims by the rule before lost work ...")
                 today = (
-                    bench_topology.RackedAdapter(queue, workload.node_ids(), args.racks, aware=True)
+                    bench_topology.RackedAdapter(
+                        queue, workload.node_ids(), args.racks, aware=True, wait=args.preferred_wait
+                    )
                     if args.racks
                     else PolicyAdapter(queue)
                 )

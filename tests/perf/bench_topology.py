@@ -5,7 +5,8 @@ The cluster's nodes are spread over ``N`` racks in order (node i in rack ``i * N
 labelled nodes, in the same process:
 
 * **policy** (topology-aware): each multi-node gang asks for its rack, ``required`` when it fits one rack
-  when idle and its id's CRC-32 is even, ``preferred`` otherwise (a gang bigger than a rack can only prefer);
+  when idle and its id's CRC-32 is even, ``preferred`` otherwise (a gang bigger than a rack can only prefer;
+  with ``--preferred-wait S`` it waits up to S seconds for one rack once it could start over several);
 * **blind**: the same gangs asking nothing, placed as today (topology-blind best fit).
 
 Each side's JSON gets ``gangs_in_one_domain``: of the admissions of multi-node gangs that fit one rack when
@@ -34,11 +35,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "gangs ask for one rack (required or preferred), and a topology-blind side runs the same trace "
         "(default 0: no racks)",
     )
+    parser.add_argument(
+        "--preferred-wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --racks: the gangs preferring a rack wait up to this long for one once they could start over "
+        "several (Topology(wait=...)); default: they never wait",
+    )
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, nodes: int) -> None:
     if args.racks < 0 or args.racks > nodes:
         parser.error(f"--racks must be between 0 and the number of nodes ({nodes}), got {args.racks}")
+    if args.preferred_wait is not None and (not args.racks or not args.preferred_wait > 0):
+        parser.error(f"--preferred-wait needs --racks and a positive number of seconds, got {args.preferred_wait}")
 
 
 def rack_of(index: int, nodes: int, racks: int) -> str:
@@ -55,10 +66,13 @@ class RackedAdapter(PolicyAdapter):
     """``PolicyAdapter`` on racked nodes; ``aware``: multi-node gangs ask for a rack. Counts, per admission of
     a multi-node gang that fits a rack, whether it landed in one."""
 
-    def __init__(self, queue: dict[str, Any], node_ids: list[str], racks: int, *, aware: bool) -> None:
+    def __init__(
+        self, queue: dict[str, Any], node_ids: list[str], racks: int, *, aware: bool, wait: float | None = None
+    ) -> None:
         super().__init__(racked_queue(queue))
         self.name = "policy" if aware else "blind"
         self.aware = aware
+        self.wait = wait  # how long a gang preferring a rack waits for one (``--preferred-wait``); None: never
         self.rack = {node_id: rack_of(i, len(node_ids), racks) for i, node_id in enumerate(node_ids)}
         sizes: dict[str, int] = {}
         for rack in self.rack.values():
@@ -83,13 +97,15 @@ class RackedAdapter(PolicyAdapter):
 
     def submit(self, gang: SimGang, now: float) -> list[Outcome]:
         self.nnodes[gang.gang_id] = gang.nnodes
-        fields: dict[str, str] = {}
+        fields: dict[str, Any] = {}
         if gang.nnodes > 1:
             fits = gang.nnodes <= self.rack_size
             ask = "required" if fits and zlib.crc32(gang.gang_id.encode()) % 2 == 0 else "preferred"
             self.asks[gang.gang_id] = ask
             if self.aware:
                 fields[f"topology_{ask}"] = LEVEL
+                if ask == "preferred" and self.wait is not None:
+                    fields["topology_wait_s"] = self.wait
         request = self.s.GangRequest(
             gang_id=gang.gang_id,
             nnodes=gang.nnodes,
@@ -134,13 +150,15 @@ def run_sides(
     log: Any,
     told: Any = None,
     fleet: Any = None,
+    wait: float | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Both sides on the same trace: the topology-aware policy, then the topology-blind one. ``told``: makes
     each side's checkpoint reports (``--checkpoint-interval``: bench_scheduler.told), or None; ``fleet``: the
-    flavors' node labels and gangs' flavors (``--flavors``: bench_fleet.Fleet), or None."""
+    flavors' node labels and gangs' flavors (``--flavors``: bench_fleet.Fleet), or None; ``wait``: the
+    preferring gangs' wait for one rack (``--preferred-wait``)."""
     sides: dict[str, dict[str, Any]] = {}
     for aware in (True, False):
-        adapter = RackedAdapter(queue, workload.node_ids(), racks, aware=aware)
+        adapter = RackedAdapter(queue, workload.node_ids(), racks, aware=aware, wait=wait)
         adapter.fleet = fleet
         log(f"{adapter.name} ({racks} racks of >= {adapter.rack_size} nodes) ...")
         checkpoints = None if told is None else told()

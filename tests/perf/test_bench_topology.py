@@ -2,7 +2,8 @@
 
 Asserted: both sides report ``gangs_in_one_domain`` and pass the simulation's checks, every required gang
 lands in one rack, and the blind side decides exactly as a run without racks (labels and a declared level
-change nothing for gangs that ask for none). Figures are not asserted."""
+change nothing for gangs that ask for none); a bad ``--racks`` or ``--preferred-wait`` is refused. Figures
+are not asserted."""
 
 from __future__ import annotations
 
@@ -40,3 +41,10 @@ def test_the_blind_side_decides_as_a_run_without_racks(racked: dict[str, Any]) -
 def test_a_bad_number_of_racks_is_refused(racks: str) -> None:
     done = bench(*SMALL, "--racks", racks)
     assert done.returncode == 2 and "--racks must be between 0 and the number of nodes (20)" in done.stderr
+
+
+@pytest.mark.parametrize(("args", "said"), [([], "got 600.0"), (["--racks", "4", "--preferred-wait", "0"], "got 0.0")])
+def test_a_preferred_wait_without_racks_or_not_positive_is_refused(args: list[str], said: str) -> None:
+    done = bench(*SMALL, *args, *(["--preferred-wait", "600"] if not args else []))
+    assert done.returncode == 2 and "--preferred-wait needs --racks and a positive number of seconds" in done.stderr
+    assert said in done.stderr
