@@ -509,6 +509,8 @@ def test_a_per_flavor_quota_holds_across_two_tenants(labelled: Stack, project: P
         # team-b's was placed while team-a's first held its quota, team-a's second only once the first let go
         assert attempts[first]["started_at"] < attempts[other]["started_at"] < released, (released, attempts)
         assert attempts[second]["started_at"] > released, (released, attempts)
+        # the first attempt ended when its gang let go of the GPUs, not once its release signal came back
+        assert attempts[first]["ended_at"] <= attempts[second]["started_at"], attempts
         done = True
     finally:
         marker.write_text("go")  # every rank lets go

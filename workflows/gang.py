@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -77,11 +77,7 @@ from workflows.gang_notice import PreemptedAttempt, preempted_outcome, waiting_b
 from workflows.gang_spec import GangSpec, gang_request, no_scheduler
 from workflows.glance import GangTeller, progress_of
 
-__all__ = [
-    "PROBE_TIMEOUT",
-    "GangTask",
-    "LegacyGangRun",
-]
+__all__ = ["PROBE_TIMEOUT", "GangTask", "LegacyGangRun"]
 
 #: how long a probed node agent has to answer before it is declared lost
 PROBE_TIMEOUT = timedelta(seconds=1)
@@ -229,10 +225,10 @@ class GangTask:
     def _failed(self) -> list[dict[str, Any]]:
         return [a for a in self.attempts if a["kind"] in ("preempted", "system", "user")]
 
-    def _ended(self, record: dict[str, Any], kind: str, reason: str, ended: str | None = None) -> None:
-        """End the attempt's record, and keep the list in the memo where a finished gang's status reads it
-        without a worker to answer a query (gangs recorded before it replay without the upsert)."""
-        finish_record(record, kind, reason, workflow.now(), ended)
+    def _ended(self, record: dict[str, Any], at: datetime, kind: str, reason: str, ended: str | None = None) -> None:
+        """End the attempt's record at ``at``, and keep the list in the memo where a finished gang's status reads
+        it without a worker to answer a query (gangs recorded before it replay without the upsert)."""
+        finish_record(record, kind, reason, at, ended)
         if workflow.patched(ATTEMPTS_PATCH):
             workflow.upsert_memo({ATTEMPTS_MEMO: self.attempts})
 
@@ -280,6 +276,9 @@ class GangTask:
             except PreemptedAttempt as notice:
                 preempted = notice
             finally:
+                # The attempt ends now, not after the signals below: the Scheduler may place the next gang on
+                # these GPUs before a signal's completion comes back (a read of the time, no command: replays).
+                let_go = workflow.now()
                 # Always hand the GPUs back (also when this run is being cancelled), after reporting
                 # lost nodes so the Scheduler never offers them again.
                 lost = failure.lost_nodes if failure else preempted.lost_nodes if preempted else []
@@ -289,13 +288,13 @@ class GangTask:
                 self.noticed = None
                 if preempted is not None:
                     reason = f"{preempted.summary}: {preempted.outcome}" if preempted.outcome else preempted.summary
-                    self._ended(record, "preempted", reason, preempted.summary)
+                    self._ended(record, let_go, "preempted", reason, preempted.summary)
                 elif failure is not None:
-                    self._ended(record, "system" if failure.system else "user", failure.reason)
+                    self._ended(record, let_go, "system" if failure.system else "user", failure.reason)
                 elif result is not None:
-                    self._ended(record, "completed", "completed")
+                    self._ended(record, let_go, "completed", "completed")
                 else:  # the run is being cancelled (nothing else leaves _attempt without a result)
-                    self._ended(record, "cancelled", "cancelled")
+                    self._ended(record, let_go, "cancelled", "cancelled")
                 await tell_ledger(spec, envelope, record)  # where its GPU-seconds went, for the cluster's goodput
             if result is not None:
                 self.ended = "completed"
