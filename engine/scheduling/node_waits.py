@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.scheduling import flavors
+from engine.scheduling import flavors, topology
 from engine.scheduling.events import Decision, GangRejected, NodeDrained, Preempted
 from engine.scheduling.lost_work import lost_gpu_s
 from engine.scheduling.model import GangRequest
@@ -179,9 +179,10 @@ def next_deadline(policy: Policy) -> float | None:
         if queued is not None and queued.lost_wait_since is not None:
             deadlines.append(queued.lost_wait_since + queued.request.lost_node_wait_s)
     deadlines += policy._retry.values()
-    for gang_id, since in policy._topology_waits.items():  # a preferring gang's wait for one domain runs out
+    for gang_id in policy._topology_waits:  # a preferring gang's wait for one domain runs out
         queued = policy.pending.get(gang_id)
-        if queued is not None and since + float(queued.request.topology_wait_s or 0.0) > policy._now:
-            deadlines.append(since + float(queued.request.topology_wait_s or 0.0))
+        end = None if queued is None else topology.wait_ends(policy._topology_waits, queued.request)
+        if end is not None and end > policy._now:
+            deadlines.append(end)
     known = [d for d in deadlines if d is not None]
     return min(known) if known else None

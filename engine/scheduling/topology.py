@@ -60,6 +60,7 @@ __all__ = [
     "holds_out",
     "level_of",
     "refusal",
+    "wait_ends",
     "waiting_for_one",
 ]
 
@@ -289,6 +290,11 @@ class DomainIndex:
         return self.largest.get(_key(request), (0, ""))
 
 
+def _domain(inventory: Inventory, node_id: str, level: str) -> str:
+    """The node's domain of ``level`` (a node in none is one of its own)."""
+    return inventory.nodes[node_id].spec.labels.get(level, "\0" + node_id)
+
+
 def _key(request: GangRequest) -> tuple[Any, ...]:
     return (request.nnodes, request.gpus_per_node, request.cpus_per_node, request.mem_per_node, shape_tag(request))
 
@@ -319,17 +325,22 @@ def holds_out(
     waits for one instead: up to its wait from the first time it could have started over several, which
     ``waits`` keeps per gang (a node in no domain of the level is one of its own)."""
     level = str(request.topology_preferred)
-    nodes = inventory.nodes
-    if len({nodes[a.node_id].spec.labels.get(level, "\0" + a.node_id) for a in placement.nodes}) < 2:
+    if len({_domain(inventory, a.node_id, level) for a in placement.nodes}) < 2:
         return False
-    since = waits.setdefault(request.gang_id, now)
-    return now < since + float(request.topology_wait_s or 0.0)
+    waits.setdefault(request.gang_id, now)
+    return waiting_for_one(waits, request, now)
 
 
 def waiting_for_one(waits: dict[str, float], request: GangRequest, now: float) -> bool:
     """Whether the gang is within its wait for one domain (``holds_out``): it moves gangs for one domain only."""
+    end = wait_ends(waits, request)
+    return end is not None and now < end
+
+
+def wait_ends(waits: dict[str, float], request: GangRequest) -> float | None:
+    """When the gang's wait for one domain runs out (None: it has not started waiting)."""
     since = waits.get(request.gang_id)
-    return since is not None and now < since + float(request.topology_wait_s or 0.0)
+    return None if since is None else since + float(request.topology_wait_s or 0.0)
 
 
 # -- defragmentation ---------------------------------------------------------------------------------------
@@ -353,16 +364,18 @@ def chooser(
         return choose
 
     def in_one_domain(*args: Any, **kwargs: Any) -> Any:
-        if one:  # the search checks whether the gang fits without a victim: in one domain, not over several
+        anywhere = None
+        if not request.topology_required:
+            if not one:
+                # it prefers the level: victims anywhere will do where no domain can be freed, and where there
+                # are none (most searches of a gang first in line) no domain is searched (each costs as much)
+                anywhere = choose(*args, **kwargs)
+                if anywhere is None or len({_domain(inventory, n, level) for n in anywhere[1]}) == 1:
+                    return anywhere  # none anywhere, or the cheapest victims free one domain already
+            # a search per domain checks whether the gang fits (without a victim, once they are gone) in one
+            # domain, not over several: as a gang requiring it (and at the cost of one, not of a preferred one)
             in_one = request.model_copy(update={"topology_required": level, "topology_preferred": None})
             args = (*args[:2], in_one, *args[3:])
-        anywhere = None
-        if not request.topology_required and not one:
-            # it prefers the level: victims anywhere will do where no domain can be freed, and where there are
-            # none (most searches of a gang waiting at the head) no domain is searched (each costs about as much)
-            anywhere = choose(*args, **kwargs)
-            if anywhere is None:
-                return None
         gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
         best: tuple[tuple[float, int, str], Any] | None = None
         # the domains with the most nodes that have the GPUs free first (the fewest victims), at most
