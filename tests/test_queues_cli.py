@@ -5,9 +5,10 @@ session's): ``queues apply`` refuses a bad file and changes nothing, applies the
 anything starts, ``run --tenant team-a --priority high`` runs a gang on a 4-node cluster, a gang asking for a
 flavor lands on the node agent labelled for it (and a flavor or label the cluster lacks is refused with exit 2),
 a gang that requires one rack gets two nodes of one rack where a topology-blind choice would span two (and one
-that no rack can hold is rejected, saying so), two tenants' quotas per flavor hold apart (team-a's second a100 gang
-waits, naming its full a100 quota, while team-b's a100 gang runs on the a100 GPUs left), and ``dev --queues``
-applies its file once the stack is up."""
+that no rack can hold is rejected, saying so; one that prefers a rack with a wait waits for one and takes it
+once it frees), two tenants' quotas per flavor hold apart (team-a's second a100 gang waits, naming its full
+a100 quota, while team-b's a100 gang runs on the a100 GPUs left), and ``dev --queues`` applies its file once
+the stack is up."""
 
 from __future__ import annotations
 
@@ -149,6 +150,30 @@ def hold_a100(marker: str) -> int:
 @workflow
 async def train_a100(marker: str) -> int:
     return await hold_a100(marker=marker)
+
+
+@task(plugin=OneNode(), resources=Resources(gpu=2, flavor="a100"))
+def held(marker: str) -> str:
+    # as hold, on one whole a100 node (the first by id: q0)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return os.environ["GANGFLOW_NODE_ID"]
+
+
+@workflow
+async def hold_q0(marker: str) -> str:
+    return await held(marker=marker)
+
+
+@task(plugin=Ranks(), resources=Resources(gpu=2, flavor="a100"), placement=Topology(preferred="rack", wait=120))
+def rack_if_soon() -> str:
+    return os.environ["GANGFLOW_NODE_ID"]
+
+
+@workflow
+async def in_one_rack_soon() -> str:
+    return await rack_if_soon()
 """
 
 #: two flavors and two racks over the stack's four node agents (the labels ``labelled`` gives them)
@@ -171,6 +196,9 @@ tenants:
   - {name: team-a, quota: {a100: {gpu: 2}, h100: {gpu: 2}}}
   - {name: team-b, quota: {a100: {gpu: 4}}}
 """
+
+#: FLAVORS with room for three a100 nodes' GPUs (the preferred-with-a-wait test holds one and places two)
+ROOMY = FLAVORS.replace("quota: {gpu: 4}", "quota: {gpu: 8}")
 
 BAD = """\
 cohorts: [{name: research}]
@@ -443,51 +471,26 @@ def test_a_per_flavor_quota_holds_across_two_tenants(labelled: Stack, project: P
     address = labelled.server.address
     marker = tmp_path / "go"
     a100 = {node_id for node_id, labels in LABELS.items() if labels["gpu"] == "a100"}
-    runs: list[str] = []  # started, to cancel if the test fails
-
-    def start(tenant: str) -> str:
-        started = cli(
-            address,
-            "run",
-            "flow.py:train_a100",
-            "--tenant",
-            tenant,
-            "--detach",
-            "--json",
-            "--marker",
-            str(marker),
-            cwd=project,
-            GANGFLOW_ARTIFACTS=labelled.artifacts,
-        )
-        assert started.returncode == 0, started.stderr
-        run_id: str = json.loads(started.stdout)["run_id"]
-        runs.append(run_id)
-        return run_id
-
-    def gang(queue: dict[str, Any], state: str, run_id: str) -> dict[str, Any] | None:
-        return next((g for g in queue[state] if g["gang_id"].startswith(f"{run_id}.")), None)
-
-    apply(labelled, PER_FLAVOR)
-    done = False
-    try:
-        first = start("team-a")
-        asyncio.run(labelled.wait_for("team-a's first gang running", lambda q: bool(gang(q, "running", first)), 90))
-        second, other = start("team-a"), start("team-b")
+    with runs_under(labelled, PER_FLAVOR, marker) as runs:
+        first = start(labelled, project, runs, "train_a100", "team-a", "--marker", str(marker))
+        asyncio.run(labelled.wait_for("team-a's first gang running", lambda q: bool(gang_of(q, "running", first)), 90))
+        second = start(labelled, project, runs, "train_a100", "team-a", "--marker", str(marker))
+        other = start(labelled, project, runs, "train_a100", "team-b", "--marker", str(marker))
         asyncio.run(
             labelled.wait_for(
                 "team-a's second gang waiting with a reason, team-b's running",
-                lambda q: bool((g := gang(q, "pending", second)) and g["reason"] and gang(q, "running", other)),
+                lambda q: bool((g := gang_of(q, "pending", second)) and g["reason"] and gang_of(q, "running", other)),
                 90,
             )
         )
         queue = asyncio.run(labelled.queue())
-        waiting = gang(queue, "pending", second)
+        waiting = gang_of(queue, "pending", second)
         assert waiting is not None and waiting["flavors"] == ["a100"], waiting
         assert waiting["reason"] == (
             "pending: team-a is at its a100 quota of 2 GPUs and has no cohort to borrow from; needs 2 GPUs on 2 "
             "nodes (1 GPU, 1 CPU per node); the gang asks for a100 only"
         ), waiting
-        held = [g for run_id in (first, other) if (g := gang(queue, "running", run_id))]
+        held = [g for run_id in (first, other) if (g := gang_of(queue, "running", run_id))]
         assert [(g["tenant"], g["flavor"]) for g in held] == [("team-a", "a100"), ("team-b", "a100")], held
         gpus = [(n["node_id"], gpu) for g in held for n in g["nodes"] for gpu in n["gpu_ids"]]
         assert len(gpus) == len(set(gpus)) == 4 and {node for node, _ in gpus} <= a100, held
@@ -511,21 +514,80 @@ def test_a_per_flavor_quota_holds_across_two_tenants(labelled: Stack, project: P
         assert attempts[second]["started_at"] > released, (released, attempts)
         # the first attempt ended when its gang let go of the GPUs, not once its release signal came back
         assert attempts[first]["ended_at"] <= attempts[second]["started_at"], attempts
+
+
+def test_a_gang_preferring_a_rack_with_a_wait_waits_for_one_then_takes_it(
+    labelled: Stack, project: Path, tmp_path: Path
+) -> None:
+    """``Topology(preferred="rack", wait=120)`` on real agents: with q0 held, the two a100 nodes left are in two
+    racks; the gang waits, saying it waits for one rack, and takes r1 (q0, q3) once q0 is let go."""
+    address = labelled.server.address
+    marker = tmp_path / "go"
+    with runs_under(labelled, ROOMY, marker) as runs:
+        holder = start(labelled, project, runs, "hold_q0", "team-a", "--marker", str(marker))
+        asyncio.run(labelled.wait_for("q0 held", lambda q: bool(gang_of(q, "running", holder)), 90))
+        holding = gang_of(asyncio.run(labelled.queue()), "running", holder)
+        assert holding is not None and [n["node_id"] for n in holding["nodes"]] == ["q0"], holding  # best fit
+        racked = start(labelled, project, runs, "in_one_rack_soon", "team-a")
+        said = "pending: waiting for one rack: needs 2 nodes (2 GPUs, 1 CPU per node) and could start over several"
+        _wait_detail(address, racked, said)
+        marker.write_text("go")
+        status = _wait_done(address, racked)
+        assert status["status"] == "COMPLETED", status
+        (attempt,) = gang_task(status)["attempts"]
+        assert sorted(attempt["nodes"]) == ["q0", "q3"], attempt
+
+
+def start(stack: Stack, project: Path, runs: list[str], flow: str, tenant: str, *args: str) -> str:
+    """``gangflow run flow.py:<flow> --tenant <tenant> --detach <args>``: its run id, added to ``runs``."""
+    started = cli(
+        stack.server.address,
+        "run",
+        f"flow.py:{flow}",
+        "--tenant",
+        tenant,
+        "--detach",
+        "--json",
+        *args,
+        cwd=project,
+        GANGFLOW_ARTIFACTS=stack.artifacts,
+    )
+    assert started.returncode == 0, started.stderr
+    run_id: str = json.loads(started.stdout)["run_id"]
+    runs.append(run_id)
+    return run_id
+
+
+def gang_of(queue: dict[str, Any], state: str, run_id: str) -> dict[str, Any] | None:
+    """The run's gang among the queue's ``running`` or ``pending`` ones, or None."""
+    return next((g for g in queue[state] if g["gang_id"].startswith(f"{run_id}.")), None)
+
+
+@contextlib.contextmanager
+def runs_under(stack: Stack, config: str, marker: Path) -> Iterator[list[str]]:
+    """``config`` applied; yields the list the test adds its runs to. Then every rank lets go (``marker``), the
+    runs are cancelled if the test failed, their gangs leave the queue, and FLAVORS is applied again (what the
+    module's other tests expect)."""
+    apply(stack, config)
+    runs: list[str] = []
+    done = False
+    try:
+        yield runs
         done = True
     finally:
-        marker.write_text("go")  # every rank lets go
+        marker.write_text("go")
         try:
             if not done:
-                asyncio.run(_cancel(labelled, runs))
+                asyncio.run(_cancel(stack, runs))
             asyncio.run(
-                labelled.wait_for(
+                stack.wait_for(
                     "the runs' gangs gone",
-                    lambda q: not any(gang(q, state, run_id) for state in ("running", "pending") for run_id in runs),
+                    lambda q: not any(gang_of(q, state, r) for state in ("running", "pending") for r in runs),
                     90,
                 )
             )
         finally:
-            apply(labelled, FLAVORS)  # what the module's other tests expect
+            apply(stack, FLAVORS)
 
 
 async def _cancel(stack: Stack, run_ids: list[str]) -> None:
