@@ -23,7 +23,9 @@ would need borrowing is kept only as a fallback while a later one fits within qu
 are taken) is a fallback while a later one fits as it is, and ``preempt`` stops there (when a victim
 could exist: a borrower to reclaim from, a lower-priority gang of its own, a backfilled gang). Failing all,
 the gang waits on its first fallback (borrow, then preempt), else on its first candidate, and its reason
-says why there. Once it preempted for a flavor it stays on it. ``Admitted.flavor`` names it.
+says why there. Once it preempted for a flavor it stays on it. ``Admitted.flavor`` names it. A gang that
+prefers a topology level with a wait "fits" a flavor where one domain holds it, until its wait runs out
+(``topology.as_placed``): else it would wait for a domain of its first flavor while another had one free.
 
 **Quota per flavor.** The tenancy ledger has one entry per (tenant, flavor), ``team-a/h100``, with that
 flavor's quota and limits, and each cohort one pool per flavor (``research/h100``): borrowing, lending,
@@ -37,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.scheduling import node_waits, preemption  # used at call time only: the cycle is harmless
+from engine.scheduling import node_waits, preemption, topology  # used at call time only: the cycle is harmless
 from engine.scheduling.config import QueueConfig
 from engine.scheduling.model import GangRequest, NodeSpec
 from engine.scheduling.state import Queued, Running, Shape, shape_of
@@ -160,6 +162,7 @@ def choose(policy: Policy, queued: Queued, exclude: frozenset[str]) -> None:
         return
     knobs = policy.config.policy.flavor_fungibility
     tenancy, request, vec = policy.tenancy, queued.request, queued.vec
+    asked = topology.as_placed(policy._topology_waits, request, policy._now)  # whether it fits where it would start
     before = queued.ledger
     borrow_at: str | None = None
     preempt_at: str | None = None
@@ -178,7 +181,7 @@ def choose(policy: Policy, queued: Queued, exclude: frozenset[str]) -> None:
         placed = (
             blocked is None
             and policy.inventory.free_by_flavor.get(flavor or "", 0) >= vec[0]
-            and policy.inventory.can_place(request, (queued.shape, flavor, exclude), exclude, admits(flavor, request))
+            and policy.inventory.can_place(asked, (queued.shape, flavor, exclude), exclude, admits(flavor, request))
         )
         if placed:
             if knobs.when_can_borrow == "borrow" or not tenancy.would_borrow(ledger, vec):

@@ -55,11 +55,13 @@ if TYPE_CHECKING:
 __all__ = [
     "DOMAINS_LOOKED_AT",
     "DomainIndex",
+    "as_placed",
     "chooser",
     "declare",
     "holds_out",
     "level_of",
     "refusal",
+    "requiring",
     "wait_ends",
     "waiting_for_one",
 ]
@@ -337,6 +339,20 @@ def waiting_for_one(waits: dict[str, float], request: GangRequest, now: float) -
     return end is not None and now < end
 
 
+def as_placed(waits: dict[str, float], request: GangRequest, now: float) -> GangRequest:
+    """The request as a flavor choice asks whether it fits now: a gang preferring a level with a wait that has
+    not run out fits where one domain holds it (it would wait for one elsewhere)."""
+    if request.topology_wait_s is None:
+        return request
+    end = wait_ends(waits, request)
+    return request if end is not None and now >= end else requiring(request)
+
+
+def requiring(request: GangRequest) -> GangRequest:
+    """A gang preferring a level, as one requiring it."""
+    return request.model_copy(update={"topology_required": request.topology_preferred, "topology_preferred": None})
+
+
 def wait_ends(waits: dict[str, float], request: GangRequest) -> float | None:
     """When the gang's wait for one domain runs out (None: it has not started waiting)."""
     since = waits.get(request.gang_id)
@@ -374,8 +390,7 @@ def chooser(
                     return anywhere  # none anywhere, or the cheapest victims free one domain already
             # a search per domain checks whether the gang fits (without a victim, once they are gone) in one
             # domain, not over several: as a gang requiring it (and at the cost of one, not of a preferred one)
-            in_one = request.model_copy(update={"topology_required": level, "topology_preferred": None})
-            args = (*args[:2], in_one, *args[3:])
+            args = (*args[:2], requiring(request), *args[3:])
         gpus, mc, mem = request.gpus_per_node, millicores(request.cpus_per_node), request.mem_per_node
         best: tuple[tuple[float, int, str], Any] | None = None
         # the domains with the most nodes that have the GPUs free first (the fewest victims), at most

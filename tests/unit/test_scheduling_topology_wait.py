@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 from scheduling_builders import FOREVER, admitted, config, gang, nodes_of, only, preempted, run
-from test_scheduling_topology import DEFRAG, labelled, rack_of, racks
+from test_scheduling_topology import DEFRAG, FLAVORED_RACKS, flavored, labelled, rack_of, racks
 
 from engine import Topology
 from engine.core.gang import GangShape
@@ -100,6 +100,19 @@ def test_a_restored_policy_keeps_the_wait() -> None:
     assert restored._topology_waits == {"g": 100.0} and restored.pending["g"].request.topology_wait_s == 60.0
     events = [Tick()]
     assert run(events, restored, now=160.0) == run(events, policy, now=160.0)
+
+
+@pytest.mark.parametrize("wait", [60.0, None])
+def test_a_gang_of_two_flavors_takes_the_one_with_a_whole_rack_rather_than_wait(wait: float | None) -> None:
+    """h100 has two free nodes in two racks, a100 a free rack: a gang asking h100 first, then a100, starts at once
+    on the a100 rack when it would wait for one; without a wait it takes its first flavor over two racks."""
+    policy = Policy(config(FLAVORED_RACKS), node_ttl_s=FOREVER)
+    fleet = [flavored("h0", "r1", "h100"), flavored("h1", "r2", "h100"), flavored("a0", "r3", "a100")]
+    fleet.append(flavored("a1", "r3", "a100"))
+    asks = {"nnodes": 2, "gpus": 2, "flavors": ("h100", "a100"), "topology_preferred": "rack"}
+    decisions = run([*fleet, gang("g", **asks, topology_wait_s=wait)], policy, now=0.0)
+    assert admitted(decisions) == ["g"]
+    assert nodes_of(policy, "g") == ({"a0", "a1"} if wait else {"h0", "h1"})
 
 
 @pytest.mark.parametrize(
