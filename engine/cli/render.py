@@ -442,26 +442,39 @@ def show_queues(data: Mapping[str, Any]) -> None:
 
 
 def _tenant_summary(tenants: Mapping[str, Any]) -> Table:
-    """``gangflow cluster``'s per-tenant lines: GPUs only (``gangflow queues show`` has every resource)."""
+    """``gangflow cluster``'s per-tenant lines: GPUs only (``gangflow queues show`` has every resource); with
+    flavors, a line per flavor under its tenant, as there (a total over flavors would hide a full one)."""
     table = Table(title="tenants", show_edge=False, header_style="bold")
     table.add_column("tenant", no_wrap=True)
     for column in ("GPUs used/quota", "borrowed", "lent", "pending", "share"):
         table.add_column(column, justify="right")
+
+    def gpus(entry: Mapping[str, Any], key: str) -> str:
+        values = entry.get(key)
+        return _amount("gpu", values.get("gpu", 0) if isinstance(values, Mapping) else 0)
+
     for name, entry in sorted(tenants.items()):
         entry = entry if isinstance(entry, Mapping) else {}
-
-        def gpus(key: str, entry: Mapping[str, Any] = entry) -> str:
-            values = entry.get(key)
-            return _amount("gpu", values.get("gpu", 0) if isinstance(values, Mapping) else 0)
-
+        flavors = entry.get("flavors")
+        flavors = flavors if isinstance(flavors, Mapping) else {}
         table.add_row(
             escape(name),
-            f"{gpus('used')}/{gpus('nominal')}",
-            gpus("borrowed"),
-            gpus("lent"),
+            f"{gpus(entry, 'used')}/{gpus(entry, 'nominal')}",
+            gpus(entry, "borrowed"),
+            gpus(entry, "lent"),
             str(entry.get("pending", 0)),
             _share(entry.get("share")),
         )
+        for flavor, row in sorted(flavors.items()):
+            row = row if isinstance(row, Mapping) else {}
+            table.add_row(
+                f"  on {escape(str(flavor))}",
+                f"{gpus(row, 'used')}/{gpus(row, 'nominal')}",
+                gpus(row, "borrowed"),
+                gpus(row, "lent"),
+                "",
+                _share(row.get("share")),
+            )
     return table
 
 
