@@ -162,13 +162,15 @@ def choose(policy: Policy, queued: Queued, exclude: frozenset[str]) -> None:
         return
     knobs = policy.config.policy.flavor_fungibility
     tenancy, request, vec = policy.tenancy, queued.request, queued.vec
-    asked = topology.as_placed(policy._topology_waits, request, policy._now)  # whether it fits where it would start
     before = queued.ledger
     borrow_at: str | None = None
     preempt_at: str | None = None
     fits_at: str | None = None
     chosen: str | None = None
-    for flavor in cands:
+    asked = topology.as_placed(policy._topology_waits, request, policy._now)
+    if asked is not request:  # it would wait for one domain: a flavor with one free now first, within quota
+        chosen = next((f for f in cands if _starts_in_one(policy, queued, f, asked, exclude)), None)
+    for flavor in cands if chosen is None else ():
         queued.on(flavor)
         if policy_fit(policy, queued) != "now":
             continue
@@ -178,11 +180,7 @@ def choose(policy: Policy, queued: Queued, exclude: frozenset[str]) -> None:
         if blocked is not None and blocked.kind in ("never", "never_protected", "protected"):
             continue
         # too few GPUs free on the flavor: no placement to try (the flavor is full, as a waiting gang mostly finds it)
-        placed = (
-            blocked is None
-            and policy.inventory.free_by_flavor.get(flavor or "", 0) >= vec[0]
-            and policy.inventory.can_place(asked, (queued.shape, flavor, exclude), exclude, admits(flavor, request))
-        )
+        placed = blocked is None and _placeable(policy, queued, flavor, request, exclude)
         if placed:
             if knobs.when_can_borrow == "borrow" or not tenancy.would_borrow(ledger, vec):
                 chosen = flavor
@@ -200,6 +198,28 @@ def choose(policy: Policy, queued: Queued, exclude: frozenset[str]) -> None:
     if queued.ledger != before:  # a lender waiting on the flavor it left no longer waits there
         policy.lenders.forget(tenancy.root(before), request.gang_id)
         policy._quota_texts.pop(request.gang_id, None)
+
+
+def _placeable(policy: Policy, queued: Queued, flavor: str | None, asked: GangRequest, exclude: frozenset[str]) -> bool:
+    """Whether ``asked`` (the gang's request, or as ``topology.as_placed`` has it) has a placement on ``flavor``
+    now; too few GPUs free on the flavor: no placement to try (a waiting gang mostly finds it full)."""
+    return policy.inventory.free_by_flavor.get(flavor or "", 0) >= queued.vec[0] and policy.inventory.can_place(
+        asked, (queued.shape, flavor, exclude), exclude, admits(flavor, queued.request)
+    )
+
+
+def _starts_in_one(
+    policy: Policy, queued: Queued, flavor: str | None, asked: GangRequest, exclude: frozenset[str]
+) -> bool:
+    """Whether the gang starts on ``flavor`` now in one domain (``asked``): within quota, borrowing where
+    ``when_can_borrow`` allows it."""
+    queued.on(flavor)
+    if policy_fit(policy, queued) != "now" or policy.tenancy.blocked(queued.ledger, queued.vec, not queued.preemptible):
+        return False
+    knobs = policy.config.policy.flavor_fungibility
+    if knobs.when_can_borrow != "borrow" and policy.tenancy.would_borrow(queued.ledger, queued.vec):
+        return False
+    return _placeable(policy, queued, flavor, asked, exclude)
 
 
 def policy_fit(policy: Policy, queued: Queued) -> str:
