@@ -24,8 +24,9 @@ are taken) is a fallback while a later one fits as it is, and ``preempt`` stops 
 could exist: a borrower to reclaim from, a lower-priority gang of its own, a backfilled gang). Failing all,
 the gang waits on its first fallback (borrow, then preempt), else on its first candidate, and its reason
 says why there. Once it preempted for a flavor it stays on it. ``Admitted.flavor`` names it. A gang that
-prefers a topology level with a wait "fits" a flavor where one domain holds it, until its wait runs out
-(``topology.as_placed``): else it would wait for a domain of its first flavor while another had one free.
+prefers a topology level with a wait that has not run out (``topology.as_placed``) takes first a flavor where
+it starts in one domain now, within its quota; else it is chosen as above (where it then fits over several
+domains, it waits for one there): it would not wait on its first flavor while another had a domain free.
 
 **Quota per flavor.** The tenancy ledger has one entry per (tenant, flavor), ``team-a/h100``, with that
 flavor's quota and limits, and each cohort one pool per flavor (``research/h100``): borrowing, lending,
