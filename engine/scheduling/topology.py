@@ -14,7 +14,9 @@ A gang request names at most one level (``topology_required`` or ``topology_pref
   value) — best fit, so the emptier domains stay whole for bigger gangs. Best fit within it, as today.
 - **preferred**: as few domains as the policy finds now: the tightest domain that holds it all; else,
   greedily, the domain with the most fitting nodes first (best fit within), and at each step the tightest
-  domain that holds the rest when one does. It never waits longer than an unconstrained gang would.
+  domain that holds the rest when one does. It never waits longer than an unconstrained gang would, unless
+  it asks for a wait (``topology_wait_s``, ``Topology(wait=...)``): from the first time it could start over
+  several domains, it waits up to that long for one (``holds_out``), placed meanwhile as a required gang.
 - unconstrained (neither): today's placement (``Inventory.place``), exactly, whatever is declared.
 
 **Index.** ``DomainIndex`` keeps, per level and domain, the offered nodes bucketed by free GPUs and sorted by
