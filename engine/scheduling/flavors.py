@@ -168,7 +168,7 @@ def choose(policy: Policy, queued: Queued, exclude: frozenset[str]) -> None:
     preempt_at: str | None = None
     fits_at: str | None = None
     chosen: str | None = None
-    asked = topology.as_placed(policy._topology_waits, request, policy._now)
+    asked = topology.as_placed(policy.inventory, policy._topology_waits, request, policy._now)
     if asked is not request:  # it would wait for one domain: a flavor with one free now first, within quota
         chosen = next((f for f in cands if _starts_in_one(policy, queued, f, asked, exclude)), None)
     for flavor in cands if chosen is None else ():

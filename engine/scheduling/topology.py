@@ -299,6 +299,11 @@ def _domain(inventory: Inventory, node_id: str, level: str) -> str:
     return inventory.nodes[node_id].spec.labels.get(level, "\0" + node_id)
 
 
+def _indexed(inventory: Inventory, level: str) -> bool:
+    """Whether the inventory has domains of ``level`` (a declared level; not ``host``)."""
+    return inventory.domains is not None and level in inventory.domains.levels
+
+
 def _key(request: GangRequest) -> tuple[Any, ...]:
     return (request.nnodes, request.gpus_per_node, request.cpus_per_node, request.mem_per_node, shape_tag(request))
 
@@ -327,8 +332,11 @@ def holds_out(
 ) -> bool:
     """Whether a gang preferring a level with a wait (``topology_wait_s``), placed over several domains of it,
     waits for one instead: up to its wait from the first time it could have started over several, which
-    ``waits`` keeps per gang (a node in no domain of the level is one of its own)."""
+    ``waits`` keeps per gang (a node in no domain of the level is one of its own). A level the inventory has
+    no domains of (``host``: every node is its own) never holds it out: it could wait only for a wait's end."""
     level = str(request.topology_preferred)
+    if not _indexed(inventory, level):
+        return False
     if len({_domain(inventory, a.node_id, level) for a in placement.nodes}) < 2:
         return False
     waits.setdefault(request.gang_id, now)
@@ -341,10 +349,10 @@ def waiting_for_one(waits: dict[str, float], request: GangRequest, now: float) -
     return end is not None and now < end
 
 
-def as_placed(waits: dict[str, float], request: GangRequest, now: float) -> GangRequest:
+def as_placed(inventory: Inventory, waits: dict[str, float], request: GangRequest, now: float) -> GangRequest:
     """The request as a flavor choice asks whether it fits now: a gang preferring a level with a wait that has
-    not run out fits where one domain holds it (it would wait for one elsewhere)."""
-    if request.topology_wait_s is None:
+    not run out fits where one domain holds it (it would wait for one elsewhere, ``holds_out``)."""
+    if request.topology_wait_s is None or not _indexed(inventory, str(request.topology_preferred)):
         return request
     end = wait_ends(waits, request)
     return request if end is not None and now >= end else requiring(request)

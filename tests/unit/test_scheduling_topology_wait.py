@@ -70,6 +70,13 @@ def test_the_wait_counts_from_when_it_could_first_start_over_several() -> None:
     assert admitted(run([Tick()], policy, now=560.0)) == ["g"]
 
 
+def test_a_gang_preferring_host_with_a_wait_never_waits() -> None:
+    # every node is a host of its own: two nodes are always two hosts, so a wait for one could only run out
+    policy = two_half_taken_racks()
+    decisions = run([gang("g", nnodes=2, gpus=2, topology_preferred="host", topology_wait_s=60.0)], policy, now=100.0)
+    assert admitted(decisions) == ["g"] and policy._topology_waits == {}
+
+
 def test_a_gang_behind_it_backfills_only_as_behind_a_required_gang() -> None:
     policy = two_half_taken_racks(RACKS + "priority_classes: [{name: vip, value: 0, preemptible: false}]\n")
     decisions = run([waiting("g"), gang("v", gpus=2, priority="vip")], policy, now=100.0)
