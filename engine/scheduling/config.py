@@ -47,8 +47,11 @@ Semantics (Kueue's, where Kueue has the concept):
 - **Policy knobs** — ``reclaim_within_cohort`` (``never`` | ``lower_priority`` | ``any``: which lent-out
   gangs a tenant may preempt to get back to its nominal quota), ``within_tenant`` (``never`` |
   ``lower_priority``: whether a tenant's gang may preempt its own lower-priority gangs), ``min_runtime``
-  (no gang is preempted before it has run this long), ``preemption_grace`` (time between the notice and
-  the kill, carried in every preemption decision; the node agents do not honour it yet and give 5 s),
+  (no gang is preempted before it has run this long), ``checkpoint_wait`` (a victim whose next checkpoint
+  is expected within this long, from the interval of its last two, is preempted just after it: it then
+  loses next to nothing; default 0, off; ``engine.scheduling.lost_work``), ``preemption_grace`` (time
+  between the notice and the kill, carried in every preemption decision; the node agents do not honour it
+  yet and give 5 s),
   ``backfill`` (smaller gangs may use idle GPUs while a bigger one waits; they are preemptible and
   reclaimed when the big one fits), ``usage_half_life`` (fair share with memory, below).
 - **usage_half_life** — fair share remembers: a tenant's share also counts its recent usage above nominal
@@ -341,6 +344,8 @@ class PolicyConfig(Frozen):
     within_tenant: Literal["never", "lower_priority"] = "lower_priority"
     min_runtime: float = 60.0
     preemption_grace: float = 120.0
+    #: seconds; a victim whose next checkpoint is expected within it is preempted just after it (0: off)
+    checkpoint_wait: float = 0.0
     backfill: bool = True
     default_priority: str | None = None
     max_pending: int = DEFAULT_MAX_PENDING
@@ -348,7 +353,7 @@ class PolicyConfig(Frozen):
     usage_half_life: float | None = None
     flavor_fungibility: FlavorFungibility = FlavorFungibility()
 
-    @field_validator("min_runtime", "preemption_grace", mode="before")
+    @field_validator("min_runtime", "preemption_grace", "checkpoint_wait", mode="before")
     @classmethod
     def _duration(cls, value: object) -> float:
         return parse_duration(value)

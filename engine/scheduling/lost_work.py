@@ -18,6 +18,18 @@ dearest. ``engine.scheduling.preemption`` chooses victims by it once the policy 
 (``LostWork.active``): until then no gang's cost says more than its admission time, and the victims are
 today's (the decisions stay the same, byte for byte, for a cluster whose gangs report no checkpoints).
 Every preemption records its cost (``Preempted.cost_gpu_s``) either way.
+
+**Waiting for a checkpoint** (``policy.checkpoint_wait``, off by default): a gang's interval is the time
+between its attempt's last two checkpoints (``Checkpoint.every_s``), so its next one is expected an interval
+after its last (``next_checkpoint``). A victim whose next checkpoint is expected within the wait, and sooner
+than the work it would lose now is old (the wait delays the gang less than it saves), is not preempted
+before it, as a gang younger than ``min_runtime`` is not (``engine.scheduling.preemption``): the waiting
+gang searches again once it is told (at most ``CHECKPOINT_LATE_S`` after it was expected) and takes it then
+at next to nothing (its loss is young: it is not waited for again); one that does not come by then is not
+waited for again either. The victim's GPUs are not
+idle meanwhile (it trains up to its checkpoint); only the waiting gang starts up to the wait later. It is
+for gangs that lose the work since their last checkpoint when preempted (a save at the notice that does not
+fit the grace, a framework that cannot save mid-step); a gang that saves at the notice loses one save anyway.
 """
 
 from __future__ import annotations
@@ -30,7 +42,7 @@ from engine.scheduling.state import Checkpoint, Running
 if TYPE_CHECKING:
     from engine.scheduling.policy import Policy
 
-__all__ = ["LostWork", "gpu_minutes", "lost_gpu_s", "record"]
+__all__ = ["LostWork", "gpu_minutes", "lost_gpu_s", "next_checkpoint", "record"]
 
 
 class LostWork:
@@ -68,9 +80,20 @@ def record(policy: Policy, event: GangCheckpointed) -> bool:
     running = policy.running.get(event.gang_id)
     if running is None:
         return False
-    running.checkpoint = Checkpoint(event.step, event.at, event.save_s, event.restore_s, event.relaunch_s)
+    last = running.checkpoint
+    # its interval, from this attempt's last two checkpoints (a late report of an earlier attempt is not one)
+    every = event.at - last.at if last is not None and running.admitted_at <= last.at < event.at else None
+    running.checkpoint = Checkpoint(event.step, event.at, event.save_s, event.restore_s, event.relaunch_s, every)
     policy.lost_work.seen = True
     return False
+
+
+def next_checkpoint(running: Running) -> float | None:
+    """When ``running``'s next checkpoint is expected: its last one and its interval on (None: not known)."""
+    checkpoint = running.checkpoint
+    if checkpoint is None or checkpoint.every_s is None or checkpoint.at < running.admitted_at:
+        return None
+    return checkpoint.at + checkpoint.every_s
 
 
 def gpu_minutes(cost_gpu_s: float) -> str:

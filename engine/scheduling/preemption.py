@@ -3,7 +3,9 @@
 **Who may go** (``preempt_for``, for the policy's admission cycle): a gang that cannot start ranks the
 running gangs as victims by the four causes of ``engine.scheduling.policy`` (reclaim, priority, backfill,
 defrag; the first that applies names the cause). A victim is preemptible, not already leaving, not a
-gang this one was itself preempted for (no cycles), and admitted at least ``policy.min_runtime`` ago.
+gang this one was itself preempted for (no cycles), and admitted at least ``policy.min_runtime`` ago;
+with ``policy.checkpoint_wait``, not one whose next checkpoint is expected within it (``lost_work``), until
+just after that checkpoint.
 An event runs a bounded number of searches: a search put off comes back within ``SEARCH_PUT_OFF_S``,
 and one that found nothing is not repeated before something that could change its answer moves.
 
@@ -54,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from engine.scheduling import flavors, topology
 from engine.scheduling.events import Decision, Preempted
 from engine.scheduling.inventory import Inventory, Node, millicores
-from engine.scheduling.lost_work import gpu_minutes, lost_gpu_s
+from engine.scheduling.lost_work import gpu_minutes, lost_gpu_s, next_checkpoint
 from engine.scheduling.model import GangRequest, Placement
 from engine.scheduling.reasons import needs, nominated_reason
 from engine.scheduling.state import Cause, Notice, Queued, Running
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
     from engine.scheduling.policy import Policy
 
 __all__ = [
+    "CHECKPOINT_LATE_S",
     "MORE_VICTIMS",
     "NODES_LOOKED_AT",
     "SEARCH_PUT_OFF_S",
@@ -81,6 +84,9 @@ __all__ = [
 NODES_LOOKED_AT = 8
 #: how soon a gang whose victim search was put off (one search per event) searches again, policy seconds
 SEARCH_PUT_OFF_S = 5.0
+#: how long after its expected time a victim's checkpoint is waited for (``policy.checkpoint_wait``): its report
+#: comes once the save is done; one later still is not waited for
+CHECKPOINT_LATE_S = 5.0
 #: how many of a tenant's most recent gangs a victim search considers to free quota (not nodes)
 MORE_VICTIMS = 256
 
@@ -114,7 +120,7 @@ def preempt_for(
         policy.running,
         rank,
         more,
-        lazy=not timed or (policy.config.policy.min_runtime <= 0 and _latest_admission(policy) <= policy._now),
+        lazy=not timed or (_nobody_waited_for(policy) and _latest_admission(policy) <= policy._now),
         costed=costed,
         admits=admits,
         ledger=ledger,
@@ -191,6 +197,13 @@ def nominated(queued: Queued) -> str:
     return nominated_reason(queued.request, sorted(queued.victims), queued.cause, cost)
 
 
+def _nobody_waited_for(policy: Policy) -> bool:
+    """Whether no victim is waited for: no minimum runtime, no checkpoint wait counting (``rank`` then notes
+    no gang that comes of age later)."""
+    knobs = policy.config.policy
+    return knobs.min_runtime <= 0 and (knobs.checkpoint_wait <= 0 or not policy.lost_work.active)
+
+
 def _latest_admission(policy: Policy) -> float:
     """No running gang was admitted later than this (the latest admission since it was worked out from the
     running gangs, a restored policy's included): with no minimum runtime, no gang is too young to go."""
@@ -262,7 +275,7 @@ def _ranking(
 
     # read once: a search ranks every gang on the nodes it looks at
     running, prio, seq, gpus, now = policy.running, queued.prio, queued.seq, queued.vec[0], policy._now
-    any_prio, min_runtime = knobs.reclaim_within_cohort == "any", knobs.min_runtime
+    any_prio, min_runtime, wait = knobs.reclaim_within_cohort == "any", knobs.min_runtime, knobs.checkpoint_wait
     costed = policy.lost_work.active
 
     def route(r: Running) -> Cause | None:
@@ -288,6 +301,9 @@ def _ranking(
         if timed and of_age > now:
             comes_of_age.append(of_age)
             return None
+        if timed and wait > 0 and costed and (after := _after_checkpoint(r, now, wait)) is not None:
+            comes_of_age.append(after)
+            return None
         routes[gang_id] = cause
         if costed:
             return (r.ledger not in borrowers, lost_gpu_s(r, now), r.prio, -r.admit_seq)
@@ -305,6 +321,17 @@ def _ranking(
     if not (lower or backfilled or reclaim or defrag):
         return (lambda _: None), list, routes, comes_of_age  # nobody could be a victim: no walk at all
     return rank, more, routes, comes_of_age
+
+
+def _after_checkpoint(r: Running, now: float, wait: float) -> float | None:
+    """When to preempt ``r`` just after its next checkpoint (``policy.checkpoint_wait``), or None (now will
+    do): it is expected within ``wait``, and sooner than the work it would lose now is old (waiting then
+    delays the gang less than it saves, and the wait ends: just after a checkpoint a victim's loss is young)."""
+    due = next_checkpoint(r)
+    if due is None or r.checkpoint is None or now >= due + CHECKPOINT_LATE_S:
+        return None  # not known, or it did not come in time: not waited for again
+    since = max(r.checkpoint.at, r.admitted_at)
+    return due + CHECKPOINT_LATE_S if due - now <= min(wait, now - since) else None
 
 
 def reclaimable(policy: Policy, queued: Queued) -> bool:

@@ -96,9 +96,12 @@ class Checkpoint:
     save_s: float  # what the save took
     restore_s: float | None  # measured: a resumed attempt's start to its first new step (None: not yet known)
     relaunch_s: float | None  # measured: this attempt's start to its first step (None: not yet known)
+    #: the time between this attempt's last two checkpoints, its interval (None: one reported so far)
+    every_s: float | None = None
 
     def row(self) -> list[Any]:
-        return [self.step, self.at, self.save_s, self.restore_s, self.relaunch_s]
+        row = [self.step, self.at, self.save_s, self.restore_s, self.relaunch_s]
+        return row if self.every_s is None else [*row, self.every_s]  # rows from before it have five items
 
 
 @dataclass(slots=True)

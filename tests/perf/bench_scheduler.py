@@ -331,11 +331,16 @@ WORKLOADS = ("philly", "kueue-baseline")
 
 
 def queue_config(
-    workload: Workload, grace_s: float, min_runtime_s: float, usage_half_life_s: float | None = None
+    workload: Workload,
+    grace_s: float,
+    min_runtime_s: float,
+    usage_half_life_s: float | None = None,
+    checkpoint_wait_s: float | None = None,
 ) -> dict[str, Any]:
     """The queue configuration (the YAML file's shape) the Policy runs with: the workload's tenants and
     cohorts, its priority classes, no cap on pending gangs, and the default policy otherwise (fair share
-    with memory only when ``usage_half_life_s`` is given: without it the queue file is as before)."""
+    with memory only when ``usage_half_life_s`` is given, a victim's checkpoint waited for only with
+    ``checkpoint_wait_s``: without them the queue file is as before)."""
     if workload.cohorts is None:
         used = sorted({t.cohort for t in workload.tenants if t.cohort is not None})
         cohorts = [{"name": ROOT_COHORT}, *({"name": c, "parent": ROOT_COHORT} for c in used)]
@@ -359,6 +364,7 @@ def queue_config(
             "max_pending": len(workload.gangs),
             **dict(workload.policy),
             **({} if usage_half_life_s is None else {"usage_half_life": usage_half_life_s}),
+            **({} if checkpoint_wait_s is None else {"checkpoint_wait": checkpoint_wait_s}),
         },
     }
 
@@ -1135,6 +1141,8 @@ def command_line(result: dict[str, Any]) -> str:
         line += f" --usage-half-life-s {c['usage_half_life_s']:g}"
     if c.get("checkpoint_interval_s") is not None:
         line += f" --checkpoint-interval {c['checkpoint_interval_s']:g}"
+    if c.get("checkpoint_wait_s") is not None:
+        line += f" --checkpoint-wait {c['checkpoint_wait_s']:g}"
     return line
 
 
@@ -1295,6 +1303,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"{CHECKPOINT_EVERY_S:g} s, untold)",
     )
     parser.add_argument(
+        "--checkpoint-wait",
+        type=float,
+        default=None,
+        help="the policy's checkpoint_wait (needs --checkpoint-interval): a victim whose next checkpoint is due "
+        "within S s is preempted just after it (default: none)",
+    )
+    parser.add_argument(
         "--fifo-budget-s",
         type=float,
         default=OPTIONAL_FLAGS["fifo_budget_s"],
@@ -1331,6 +1346,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     interval = args.checkpoint_interval
     if interval is not None and (not math.isfinite(interval) or interval <= 0):
         parser.error(f"--checkpoint-interval must be a finite number > 0, got {interval}")
+    wait = args.checkpoint_wait
+    if wait is not None and (interval is None or not math.isfinite(wait) or wait <= 0):
+        parser.error(f"--checkpoint-wait needs --checkpoint-interval and a finite number > 0, got {wait}")
     if not math.isfinite(args.load) or args.load <= 0:
         parser.error(f"--load must be a finite number > 0, got {args.load}")
     if args.save_s > args.grace_s:
@@ -1370,7 +1388,7 @@ def main(args: argparse.Namespace) -> None:
         workload = kueue_baseline_workload()
     else:
         workload = generate_workload(args.nodes, args.gpus_per_node, args.gangs, args.tenants, args.seed, args.load)
-    queue = queue_config(workload, args.grace_s, args.min_runtime_s, args.usage_half_life_s)
+    queue = queue_config(workload, args.grace_s, args.min_runtime_s, args.usage_half_life_s, args.checkpoint_wait)
     fleet = None
     if args.flavors:  # bench_fleet.py: labelled nodes, per-flavor quotas, gangs asking for flavors
         from bench_fleet import Fleet
@@ -1396,6 +1414,7 @@ def main(args: argparse.Namespace) -> None:
         "usage_half_life_s": args.usage_half_life_s,
         "checkpoint_every_s": CHECKPOINT_EVERY_S if args.checkpoint_interval is None else None,
         "checkpoint_interval_s": args.checkpoint_interval,
+        **({"checkpoint_wait_s": args.checkpoint_wait} if args.checkpoint_wait is not None else {}),
         "window_s": WINDOW_S,
         "fifo_budget_s": args.fifo_budget_s,
         "fifo_commit": BASELINE_COMMIT,

@@ -252,6 +252,19 @@ def test_checkpoint_interval_tells_the_policy_and_runs_todays_victim_choice_besi
     assert drawn.intervals == bs.Checkpoints.drawn(["a", "b", "c"], 600.0, 7, 30.0).intervals
 
 
+def test_checkpoint_wait_sets_the_policy_knob_for_the_costed_side() -> None:
+    result = json_line(
+        bench(*SMALL, "--fifo-budget-s", "0", "--checkpoint-interval", "600", "--checkpoint-wait", "120", "--json")
+    )
+    for side in (result["policy"], result["policy_today"]):
+        assert all(side["checks"].values()), side["violations"]
+    assert result["config"]["queue"]["policy"]["checkpoint_wait"] == 120 == result["config"]["checkpoint_wait_s"]
+    assert bs.command_line(result).endswith("--checkpoint-interval 600 --checkpoint-wait 120")
+    for bad in (["--checkpoint-wait", "120"], ["--checkpoint-interval", "600", "--checkpoint-wait", "0"]):
+        with pytest.raises(SystemExit):
+            bs.parse_args(bad)
+
+
 def test_one_cohort_of_the_kueue_baseline_ends_with_min_runtime_zero() -> None:
     # issue 22: with min_runtime 0 the policy preempted gangs in a loop on this workload and never ended
     w = bs.kueue_baseline_workload()
