@@ -26,8 +26,8 @@ no gang that would borrow from that cohort is admitted: what the reclaim frees g
 to a new borrower that would have to be reclaimed in turn. So a gang within its nominal quota (with
 ``reclaim_within_cohort: any``, and the nominal quotas adding up to what the nodes hold) starts within
 ``min_runtime`` + ``preemption_grace`` of its arrival (+ ``checkpoint_wait`` and
-``preemption.CHECKPOINT_LATE_S`` where a wait is set): every borrower it
-needs gone was admitted before it arrived (tests/unit/test_scheduling_reclaim.py checks it in simulated time).
+``preemption.CHECKPOINT_LATE_S`` where a wait is set): every borrower it needs gone was admitted before it
+arrived (tests/unit/test_scheduling_reclaim.py checks it in simulated time).
 
 **Backfill without starvation.** The first gang in order that the nodes cannot hold is the *blocker*.
 Gangs after it may still start on idle GPUs, but only as *backfill*: they must be preemptible, and any
