@@ -89,9 +89,10 @@ def record(policy: Policy, event: GangCheckpointed) -> bool:
 
 
 def next_checkpoint(running: Running) -> float | None:
-    """When ``running``'s next checkpoint is expected: its last one and its interval on (None: not known)."""
+    """When ``running``'s next checkpoint is expected: its last one and its interval on (None: not known; an
+    interval is kept only between two checkpoints of the running attempt, ``record``)."""
     checkpoint = running.checkpoint
-    if checkpoint is None or checkpoint.every_s is None or checkpoint.at < running.admitted_at:
+    if checkpoint is None or checkpoint.every_s is None:
         return None
     return checkpoint.at + checkpoint.every_s
 

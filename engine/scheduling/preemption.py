@@ -327,11 +327,11 @@ def _after_checkpoint(r: Running, now: float, wait: float) -> float | None:
     """When to preempt ``r`` just after its next checkpoint (``policy.checkpoint_wait``), or None (now will
     do): it is expected within ``wait``, and sooner than the work it would lose now is old (waiting then
     delays the gang less than it saves, and the wait ends: just after a checkpoint a victim's loss is young)."""
-    due = next_checkpoint(r)
-    if due is None or r.checkpoint is None or now >= due + CHECKPOINT_LATE_S:
+    due, checkpoint = next_checkpoint(r), r.checkpoint
+    if due is None or checkpoint is None or now >= due + CHECKPOINT_LATE_S:
         return None  # not known, or it did not come in time: not waited for again
-    since = max(r.checkpoint.at, r.admitted_at)
-    return due + CHECKPOINT_LATE_S if due - now <= min(wait, now - since) else None
+    # an interval is known only for a checkpoint of this attempt: the work it would lose is since then
+    return due + CHECKPOINT_LATE_S if due - now <= min(wait, now - checkpoint.at) else None
 
 
 def reclaimable(policy: Policy, queued: Queued) -> bool:
