@@ -21,10 +21,11 @@ A gang request names at most one level (``topology_required`` or ``topology_pref
 
 **Index.** ``DomainIndex`` keeps, per level and domain, the offered nodes bucketed by free GPUs and sorted by
 (free millicores, node id), as ``Inventory`` does for the whole cluster, updated on every take and release
-(``Inventory._index`` / ``_unindex`` call it): a required placement reads bucket sizes per domain (an upper
-bound of the nodes that fit), then walks the candidate domains' nodes in best-fit order, tightest first,
-until one holds the gang — O(domains × distinct free-GPU counts + nodes looked at), never a pass over
-every node. An inventory without declared levels has no index and pays nothing.
+(``Inventory._index`` / ``_unindex`` call it), with each domain's count of nodes per number of GPUs free or
+more (``fitting``): a required placement reads those counts (an upper bound of the nodes that fit), then
+walks the candidate domains' nodes in best-fit order, tightest first, until one holds the gang —
+O(domains + nodes looked at), never a pass over every node. An inventory without declared levels has no
+index and pays nothing.
 
 **Defragmentation** (``chooser``): a required gang that would fit one domain if some gangs moved searches
 the ``DOMAINS_LOOKED_AT`` domains that could hold it when idle with the most nodes free for it, for the
@@ -130,8 +131,9 @@ class DomainIndex:
         #: per shape (gangs of one shape fit alike), the most nodes one domain had free for it at its last failed
         #: required placement: what its reason names (a shape the policy skips in a cycle reads its first try's)
         self.largest: dict[tuple[Any, ...], tuple[int, str]] = {}
-        self._bounds_memo: dict[tuple[str, int], list[tuple[int, str]]] = {}  # ``_bounds``
-        self._bounds_at = -1
+        #: per level, GPUs and domain, the nodes with at least that many GPUs free: kept as nodes change, so a
+        #: placement (a victim search places a gang again after each move) reads each domain's bound at once
+        self.fitting: dict[str, dict[int, dict[str, int]]] = {level: {} for level in levels}
         for node in nodes:
             self.add(node)
 
@@ -143,6 +145,7 @@ class DomainIndex:
             if value is not None:
                 bucket = self.buckets[level].setdefault(value, {}).setdefault(len(node.free_gpus), [])
                 bisect.insort(bucket, entry)
+                _count(self.fitting[level], value, len(node.free_gpus), 1)
 
     def remove(self, node: Node) -> None:
         labels, entry = node.spec.labels, (node.free_mc, node.spec.node_id)
@@ -155,6 +158,7 @@ class DomainIndex:
             del bucket[bisect.bisect_left(bucket, entry)]
             if not bucket:  # keep only non-empty buckets: a placement reads their sizes
                 del domain[len(node.free_gpus)]
+            _count(self.fitting[level], value, len(node.free_gpus), -1)
 
     # -- placement -------------------------------------------------------------------------------------
     def place(
@@ -173,37 +177,21 @@ class DomainIndex:
     ) -> list[Node] | None:
         n, gpus = request.nnodes, request.gpus_per_node
         domains = self.buckets[level]
-        # an upper bound per domain from the bucket sizes alone, then the tightest candidates walked first
-        bounds = self._bounds(inventory, level, gpus)
-        # what the reason names: the walked domains' exact counts, the others' nodes with the GPUs free
-        best = max(bounds, default=(0, ""))
+        # an upper bound per domain (its nodes with the GPUs free), then the tightest candidates walked first
+        bounds = self.fitting[level].get(gpus, {})
         walked = (0, "")
-        for bound, value in bounds:
-            if bound < n:
-                continue  # cannot hold it
+        for _, value in sorted((bound, value) for value, bound in bounds.items() if bound >= n):
             found = self._walk(inventory, domains[value], request, exclude, n, admits)
             if len(found) == n:
                 self.largest.pop(_key(request), None)
                 return found
             walked = max(walked, (len(found), value))
-        best = max([walked] + [b for b in bounds if b[0] < n])
+        # what the reason names: the walked domains' exact counts, the others' nodes with the GPUs free
+        best = max([walked] + [(b, v) for v in domains if (b := bounds.get(v, 0)) < n])
         self.largest[_key(request)] = best
         if len(self.largest) > 10_000:  # a cache for reasons only: bounded
             self.largest.clear()
         return None
-
-    def _bounds(self, inventory: Inventory, level: str, gpus: int) -> list[tuple[int, str]]:
-        """(nodes with ``gpus`` GPUs free, domain) of each domain of ``level``, ascending; remembered until what
-        is free changes (``Inventory.changes``): the required heads of one cycle mostly ask alike."""
-        if self._bounds_at != inventory.changes:
-            self._bounds_at = inventory.changes
-            self._bounds_memo.clear()
-        bounds = self._bounds_memo.get((level, gpus))
-        if bounds is None:
-            domains = self.buckets[level]
-            bounds = sorted((sum(len(b) for k, b in d.items() if k >= gpus), value) for value, d in domains.items())
-            self._bounds_memo[(level, gpus)] = bounds
-        return bounds
 
     def _fewest(
         self, inventory: Inventory, request: GangRequest, level: str, exclude: frozenset[str], admits: Admits
@@ -302,6 +290,13 @@ def _domain(inventory: Inventory, node_id: str, level: str) -> str:
 def _indexed(inventory: Inventory, level: str) -> bool:
     """Whether the inventory has domains of ``level`` (a declared level; not ``host``)."""
     return inventory.domains is not None and level in inventory.domains.levels
+
+
+def _count(fitting: dict[int, dict[str, int]], value: str, free: int, step: int) -> None:
+    """Count a node with ``free`` GPUs free in or out of domain ``value``'s ``DomainIndex.fitting``."""
+    for gpus in range(free + 1):
+        counts = fitting.setdefault(gpus, {})
+        counts[value] = counts.get(value, 0) + step
 
 
 def _key(request: GangRequest) -> tuple[Any, ...]:
@@ -405,8 +400,8 @@ def chooser(
         best: tuple[tuple[float, int, str], Any] | None = None
         # the domains with the most nodes that have the GPUs free first (the fewest victims), at most
         # DOMAINS_LOOKED_AT of them: a search costs O(that), not O(domains)
-        domains = index.buckets[level]
-        free = sorted((-sum(len(b) for k, b in d.items() if k >= gpus), value) for value, d in domains.items())
+        bounds = index.fitting[level].get(gpus, {})
+        free = sorted((-bounds.get(value, 0), value) for value in index.buckets[level])
         looked = 0
         admits = kwargs.get("admits")  # its flavor's nodes (engine.scheduling.flavors); None: any
         for _, value in free:
