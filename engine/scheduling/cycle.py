@@ -212,7 +212,7 @@ def _walk(
                 protected = blocked.kind == "protected"
                 if len(queued.candidates) == 1:  # else another flavor's quota may take it at the next look
                     policy._quota_texts[gang_id] = (counter, counter[0], topology, text, protected, blocked)
-                policy._say(queued, text, decisions)
+                policy._say(queued, text + preemption.waiting_note(policy, queued), decisions)
             continue
         shape = queued.placed_shape
         backfill = blocker is not None
@@ -241,7 +241,7 @@ def _walk(
                 said = policy.inventory.domains.said(request) if policy.inventory.domains else None  # topology
                 tkey = ("capacity", shape, rules.backfill, policy.inventory.drain_changes, said)
                 text = policy._text(tkey, capacity_reason, request, rules.backfill, policy.inventory, queued.flavor)
-                policy._say(queued, text, decisions)
+                policy._say(queued, text + preemption.waiting_note(policy, queued), decisions)
                 why = "waits for capacity"
             if waiting_first:
                 blocker, blocker_why = queued, why

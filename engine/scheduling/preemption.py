@@ -58,7 +58,7 @@ from engine.scheduling.events import Decision, Preempted
 from engine.scheduling.inventory import Inventory, Node, millicores
 from engine.scheduling.lost_work import gpu_minutes, lost_gpu_s, next_checkpoint
 from engine.scheduling.model import GangRequest, Placement
-from engine.scheduling.reasons import needs, nominated_reason
+from engine.scheduling.reasons import checkpoint_wait_note, needs, nominated_reason
 from engine.scheduling.state import Cause, Notice, Queued, Running
 from engine.scheduling.tenancy import Tenancy, Vec
 
@@ -78,6 +78,7 @@ __all__ = [
     "preempt_for",
     "reclaimable",
     "unhold",
+    "waiting_note",
 ]
 
 #: how many nodes beyond the gang's own ``nnodes`` a search looks at (the ones with the most free GPUs)
@@ -105,7 +106,7 @@ def preempt_for(
         return False
     policy._searches_left -= 1
     costed = policy.lost_work.active
-    rank, more, routes, young = _ranking(policy, queued, timed=timed, defrag=defrag)
+    rank, more, routes, young, waited = _ranking(policy, queued, timed=timed, defrag=defrag)
     admits, ledger = flavors.admits(queued.flavor, queued.request), queued.ledger
     # a gang naming a topology level: the same search per domain (engine.scheduling.topology)
     one = topology.waiting_for_one(policy._topology_waits, queued.request, policy._now)
@@ -134,7 +135,7 @@ def preempt_for(
         # The gangs in its way are too young to preempt yet. Keep new backfill off the nodes it would take
         # meanwhile: else short gangs could keep replacing each other there, never old enough, and
         # starve it (the bound in ``engine.scheduling.policy``'s docstring needs this).
-        rank, more, _, _ = _ranking(policy, queued, timed=False, defrag=defrag)
+        rank, more, _, _, _ = _ranking(policy, queued, timed=False, defrag=defrag)
         later = choose(
             policy.inventory,
             policy.tenancy,
@@ -151,6 +152,9 @@ def preempt_for(
             policy._reserved[queued.request.gang_id] = later[1]
     if not victims:
         queued.failed_search = (policy._pversion, comes_of_age)
+        # its reason names the victim whose checkpoint it waits for (the first expected): else it would read
+        # as a wait for capacity or quota alone
+        queued.checkpoint_waited = min(waited)[1:] if waited else None
         if comes_of_age != float("inf"):
             policy._retry[queued.request.gang_id] = comes_of_age
         return False
@@ -186,9 +190,17 @@ def preempt_for(
     # said in its reason once gangs report checkpoints: before, the reasons are today's, word for word
     queued.victims_cost = round(total, 1) if policy.lost_work.seen else None
     queued.cause = ", ".join(sorted(set(causes)))
-    queued.failed_search = None
+    queued.failed_search = queued.checkpoint_waited = None
     policy._reserved[gang_id] = nodes
     return True
+
+
+def waiting_note(policy: Policy, queued: Queued) -> str:
+    """What its reason adds while its last victim search waits for a victim's next checkpoint ("" else)."""
+    failed, waited = queued.failed_search, queued.checkpoint_waited
+    if waited is None or failed is None or policy._now >= failed[1]:
+        return ""
+    return checkpoint_wait_note(waited)
 
 
 def nominated(queued: Queued) -> str:
@@ -241,10 +253,17 @@ def _can_move(policy: Policy, queued: Queued, victims: Sequence[Victim], moved: 
 
 def _ranking(
     policy: Policy, queued: Queued, *, timed: bool, defrag: bool
-) -> tuple[Callable[[str], tuple[Any, ...] | None], Callable[[], list[str]], dict[str, Cause], list[float]]:
+) -> tuple[
+    Callable[[str], tuple[Any, ...] | None],
+    Callable[[], list[str]],
+    dict[str, Cause],
+    list[float],
+    list[tuple[float, str, str]],
+]:
     """How ``queued`` ranks the running gangs as victims (None: not one), the candidates that free quota
     in preference order (computed only if asked), why each victim may go (reclaim over priority over
-    backfill over defrag when several apply), and when the next one too young to go comes of age.
+    backfill over defrag when several apply), when the next one too young to go comes of age, and the
+    victims kept until just after their next checkpoint (``policy.checkpoint_wait``): (when, gang, tenant).
 
     ``defrag`` (the first gang in order, blocked by the nodes, not by its quota): smaller gangs of no
     higher priority may move to make room, when the cluster has enough idle GPUs for it elsewhere
@@ -272,6 +291,7 @@ def _ranking(
     forbidden = policy._evicted_for.get(request.gang_id, set())
     routes: dict[str, Cause] = {}
     comes_of_age: list[float] = []
+    waited: list[tuple[float, str, str]] = []
 
     # read once: a search ranks every gang on the nodes it looks at
     running, prio, seq, gpus, now = policy.running, queued.prio, queued.seq, queued.vec[0], policy._now
@@ -303,6 +323,7 @@ def _ranking(
             return None
         if timed and wait > 0 and costed and (after := _after_checkpoint(r, now, wait)) is not None:
             comes_of_age.append(after)
+            waited.append((after, gang_id, r.request.tenant))
             return None
         routes[gang_id] = cause
         if costed:
@@ -319,8 +340,8 @@ def _ranking(
         return sorted((g for g in ids if rank(g) is not None), key=lambda g: rank(g) or ())
 
     if not (lower or backfilled or reclaim or defrag):
-        return (lambda _: None), list, routes, comes_of_age  # nobody could be a victim: no walk at all
-    return rank, more, routes, comes_of_age
+        return (lambda _: None), list, routes, comes_of_age, waited  # nobody could be a victim: no walk at all
+    return rank, more, routes, comes_of_age, waited
 
 
 def _after_checkpoint(r: Running, now: float, wait: float) -> float | None:

@@ -21,6 +21,7 @@ __all__ = [
     "amount",
     "behind_reason",
     "capacity_reason",
+    "checkpoint_wait_note",
     "class_not_allowed_reason",
     "drained_wait_reason",
     "draining",
@@ -356,6 +357,16 @@ def nominated_reason(request: GangRequest, victims: Sequence[str], cause: str, c
     return (
         f"pending: preempting {_count(len(victims), 'gang')} ({cause}) to make room{costs}: waiting for "
         f"{_ids(sorted(victims))} to release; needs {needs(request)}"
+    )
+
+
+def checkpoint_wait_note(victim: tuple[str, str]) -> str:
+    """What the reason of a gang whose victim search waits for a victim's next checkpoint adds (``victim``:
+    that gang and its tenant; ``policy.checkpoint_wait``)."""
+    gang_id, tenant = victim
+    return (
+        f"; it waits for gang {gang_id!r} of {tenant} to save its next checkpoint before preempting it "
+        "(policy.checkpoint_wait)"
     )
 
 

@@ -32,9 +32,12 @@ __all__ = ["SNAPSHOT_VERSION", "restore", "take"]
 SNAPSHOT_VERSION = 1
 
 
-def _failed(search: tuple[int, float] | None) -> list[Any] | None:
-    # JSON has no infinity: "no victim comes of age" is null
-    return None if search is None else [search[0], None if search[1] == float("inf") else search[1]]
+def _failed(search: tuple[int, float] | None, waited: tuple[str, str] | None) -> list[Any] | None:
+    # JSON has no infinity: "no victim comes of age" is null; the victim waited for (gang, tenant) only
+    # where there is one
+    if search is None:
+        return None
+    return [search[0], None if search[1] == float("inf") else search[1], *(waited or ())]
 
 
 def take(policy: Policy) -> dict[str, Any]:
@@ -118,7 +121,7 @@ def take(policy: Policy) -> dict[str, Any]:
                 q.lost_wait_since,
                 sorted(q.victims),
                 q.cause,
-                _failed(q.failed_search),
+                _failed(q.failed_search, q.checkpoint_waited),
                 policy.counters.waited(q.request.gang_id, policy._now),  # its wait so far (the histogram's)
                 # its flavor, then what its victims lose (lost_work): as the running rows
                 *(
@@ -247,6 +250,8 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
             queued.on(later[1])
         if failed is not None:  # a restored policy searches exactly when the original would have
             queued.failed_search = (failed[0], float("inf") if failed[1] is None else failed[1])
+            if len(failed) > 2:
+                queued.checkpoint_waited = (failed[2], failed[3])
         if len(later) > 2:
             queued.victims_cost = later[2]
         policy._enqueue(queued)

@@ -52,11 +52,39 @@ def test_a_victim_whose_checkpoint_is_near_goes_just_after_it() -> None:
     policy = one_low_gang()
     assert preempted(run([gang("boss", gpus=8, priority="high")], policy, now=1750.0)) == []
     assert policy.next_deadline() == 1800.0 + CHECKPOINT_LATE_S  # a Tick comes back for it
+    # its reason says what it waits for (not only what stops it), and so does a restored Scheduler's
+    note = "; it waits for gang 'low' of default to save its next checkpoint before preempting it"
+    assert note in policy.pending["boss"].reason
+    restored = Policy.restore(policy.snapshot())
+    assert restored.pending["boss"].reason == policy.pending["boss"].reason
+    assert run([Tick()], restored, now=1760.0) == []  # a look after the restore says nothing new
     run([checkpointed("low", 1800.0, save_s=10.0)], policy, now=1800.0)
     decisions = run([Tick()], policy, now=policy.next_deadline())
     assert preempted(decisions) == [("low", "boss", "default", "priority")]
     # 8 GPUs × (5 s since its checkpoint + 10 s save + 10 s restore): not the 50 minutes since 1200 - 600
     assert cost(decisions) == 8 * (CHECKPOINT_LATE_S + 10.0 + 10.0)
+    assert "checkpoint" not in policy.pending["boss"].reason  # it waits for "low" to release now
+
+
+def test_a_wait_for_a_checkpoint_is_said_under_a_quota_too() -> None:
+    # "boss" of team-a reclaims its nominal quota from "low" of team-b (a borrower): quota, not nodes, stops it
+    text = """
+cohorts: [{name: c}]
+tenants:
+  - {name: team-a, quota: {gpu: 8}, cohort: c}
+  - {name: team-b, quota: {gpu: 0}, cohort: c}
+policy: {min_runtime: 0, checkpoint_wait: 2m}
+"""
+    policy = Policy(config(text), node_ttl_s=FOREVER)
+    run([node("n", gpus=8), gang("low", gpus=8, tenant="team-b")], policy, now=0.0)
+    run([checkpointed("low", 600.0), checkpointed("low", 1200.0)], policy, now=1200.0)
+    assert preempted(run([gang("boss", gpus=8, tenant="team-a")], policy, now=1750.0)) == []
+    reason = policy.pending["boss"].reason
+    assert reason.endswith(
+        "; it waits for gang 'low' of team-b to save its next checkpoint before preempting it (policy.checkpoint_wait)"
+    )
+    run([checkpointed("low", 1800.0)], policy, now=1800.0)
+    assert preempted(run([Tick()], policy, now=policy.next_deadline())) == [("low", "boss", "team-a", "reclaim")]
 
 
 def test_a_checkpoint_further_off_than_the_wait_is_not_waited_for() -> None:
