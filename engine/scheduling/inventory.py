@@ -239,6 +239,12 @@ class Inventory:
             node.recompute()  # exact, and clamps a node that shrank while the gang ran
             self._index(node)
 
+    def domains_of(self, level: str | None) -> DomainIndex | None:
+        """The domain index where it has domains of ``level`` (a declared level: not ``host``, not None), else
+        None (a gang naming no such level is placed as any other)."""
+        domains = self.domains
+        return domains if domains is not None and level in domains.levels else None
+
     def place(
         self,
         request: GangRequest,
@@ -248,11 +254,9 @@ class Inventory:
         """Best fit for ``request`` on what is free now, off the ``exclude``d nodes and on the nodes ``admits``
         says yes to (its flavor's, with its node selector; None: any), or None (see the module docstring); a
         gang naming a declared topology level is placed by ``engine.scheduling.topology``."""
-        if (
-            self.domains is not None
-            and (request.topology_required or request.topology_preferred) in self.domains.levels
-        ):
-            return self.domains.place(self, request, exclude, admits)
+        index = self.domains_of(request.topology_required or request.topology_preferred)
+        if index is not None:
+            return index.place(self, request, exclude, admits)
         return self._best_fit_placement(request, exclude, admits)
 
     def can_place(
@@ -267,8 +271,9 @@ class Inventory:
         changes: a flavor choice asks it for every waiting head at every event. A gang that only prefers a
         level fits where it fits topology-blind (its placement falls back to any nodes); one that requires a
         level is placed each time (its failed placement names the largest domain in its reason)."""
-        if self.domains is not None and request.topology_required in self.domains.levels:
-            return self.domains.place(self, request, exclude, admits) is not None
+        index = self.domains_of(request.topology_required)
+        if index is not None:
+            return index.place(self, request, exclude, admits) is not None
         if self._placeable_at != self.changes:
             self._placeable_at = self.changes
             self._placeable.clear()
@@ -329,8 +334,9 @@ class Inventory:
         """``count_fitting_idle`` four ways in one pass over the nodes (those ``admits`` says yes to): (offered,
         alive with the drained ones, not drained with the lost ones, every registered node); for a gang
         requiring a topology level, the most nodes of ONE domain of it (``engine.scheduling.topology``)."""
-        if self.domains is not None and request.topology_required in self.domains.levels:
-            return self.domains.fit_counts(self, request, admits)
+        index = self.domains_of(request.topology_required)
+        if index is not None:
+            return index.fit_counts(self, request, admits)
         mc = millicores(request.cpus_per_node)
         counts = [0, 0, 0, 0]
         for node in self.nodes.values():

@@ -129,8 +129,8 @@ def never_fits_reason(request: GangRequest, inventory: Inventory, count_lost: bo
     and the drained ones too) even with nothing running, or None if it could."""
     big = inventory.count_fitting_idle(request, count_lost=count_lost, count_drained=count_lost)
     level = request.topology_required
-    if big >= request.nnodes and inventory.domains is not None and level in inventory.domains.levels:
-        most = inventory.domains.fit_counts(inventory, request)[3 if count_lost else 0]
+    if big >= request.nnodes and (index := inventory.domains_of(level)) is not None:
+        most = index.fit_counts(inventory, request)[3 if count_lost else 0]
         if most < request.nnodes:
             return (
                 f"rejected: needs {_count(request.nnodes, 'node')} in one {level} ({per_node(request)} per node); "
@@ -311,8 +311,9 @@ def capacity_reason(
     where = f"no {kind}node{with_labels} has" if n == 1 else f"fewer than {n} {kind}nodes{with_labels} have"
     reason = f"pending: waiting for capacity: needs {needs(request)}; {where} {per_node(request)} free"
     level = request.topology_required
-    if inventory is not None and inventory.domains is not None and level in inventory.domains.levels:
-        most, domain = inventory.domains.largest_free(request)
+    index = None if inventory is None else inventory.domains_of(level)
+    if index is not None:
+        most, domain = index.largest_free(request)
         where = f"the largest {level} ({level}={domain}) has {most}" if domain else f"no {level} has any"
         reason = (
             f"pending: waiting for capacity: needs {_count(request.nnodes, 'node')} in one {level} "

@@ -287,11 +287,6 @@ def _domain(inventory: Inventory, node_id: str, level: str) -> str:
     return inventory.nodes[node_id].spec.labels.get(level, "\0" + node_id)
 
 
-def _indexed(inventory: Inventory, level: str) -> bool:
-    """Whether the inventory has domains of ``level`` (a declared level; not ``host``)."""
-    return inventory.domains is not None and level in inventory.domains.levels
-
-
 def _count(fitting: dict[int, dict[str, int]], value: str, free: int, step: int) -> None:
     """Count a node with ``free`` GPUs free in or out of domain ``value``'s ``DomainIndex.fitting``."""
     for gpus in range(free + 1):
@@ -330,7 +325,7 @@ def holds_out(
     ``waits`` keeps per gang (a node in no domain of the level is one of its own). A level the inventory has
     no domains of (``host``: every node is its own) never holds it out: it could wait only for a wait's end."""
     level = str(request.topology_preferred)
-    if not _indexed(inventory, level):
+    if inventory.domains_of(level) is None:
         return False
     if len({_domain(inventory, a.node_id, level) for a in placement.nodes}) < 2:
         return False
@@ -347,7 +342,7 @@ def waiting_for_one(waits: dict[str, float], request: GangRequest, now: float) -
 def as_placed(inventory: Inventory, waits: dict[str, float], request: GangRequest, now: float) -> GangRequest:
     """The request as a flavor choice asks whether it fits now: a gang preferring a level with a wait that has
     not run out fits where one domain holds it (it would wait for one elsewhere, ``holds_out``)."""
-    if request.topology_wait_s is None or not _indexed(inventory, str(request.topology_preferred)):
+    if request.topology_wait_s is None or inventory.domains_of(request.topology_preferred) is None:
         return request
     end = wait_ends(waits, request)
     return request if end is not None and now >= end else requiring(request)
@@ -380,8 +375,8 @@ def chooser(
     search per domain, keeping ``choose``'s victims where no domain looked at can be freed; with ``one`` (it
     waits for one domain: ``waiting_for_one``), the search per domain only (module docstring)."""
     level = request.topology_required or (request.topology_preferred if preferred else None)
-    index = inventory.domains
-    if level is None or index is None or level not in index.levels:
+    index = inventory.domains_of(level)
+    if level is None or index is None:
         return choose
 
     def in_one_domain(*args: Any, **kwargs: Any) -> Any:
