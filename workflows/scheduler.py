@@ -99,6 +99,9 @@ HOLD_PATCH = "hold-for-victims"
 #: Scheduler runs recorded before a gang preferring a topology level moved its victims out of one domain where
 #: it could (Policy.defrag_preferred): they chose them topology-blind
 DEFRAG_PREFERRED_PATCH = "defrag-preferred-topology"
+#: Scheduler runs recorded before a gang named the victim too young to go that it waits for
+#: (Policy.name_young_victims): its reason said only what stops it
+YOUNG_VICTIMS_PATCH = "name-young-victims"
 #: Scheduler runs recorded before node leases: a run started afresh knew no node until agents re-registered;
 #: from this patch on it re-learns the nodes from their running leases (workflows.node_lease)
 NODE_LEASE_PATCH = "node-leases"
@@ -310,6 +313,7 @@ class Scheduler:
             self.policy.wait_for_nodes = workflow.patched(NODE_WAIT_PATCH)
             self.policy.hold_for_victims = workflow.patched(HOLD_PATCH)
             self.policy.defrag_preferred = workflow.patched(DEFRAG_PREFERRED_PATCH)
+            self.policy.name_young_victims = workflow.patched(YOUNG_VICTIMS_PATCH)
         # a leased node reported lost by a gang stays lost for as long as its lease lives on (nothing else
         # registers it again): its lease is asked to check the agent. Never on a replay of older runs: a
         # node only has ``leased`` in runs recorded since node leases.

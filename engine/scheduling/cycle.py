@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["QuotaText", "run"]
 
 #: a head its quota stopped: (its pool's counter, a list whose first item moves with the pool's usage; that
-#: item then; the inventory's ``topology`` then; its reason; whether it was stopped as a protected gang; the stop)
-QuotaText = tuple[list[int], int, int, str, bool, Blocked]
+#: item then; the inventory's ``topology`` then; its reason; whether it was stopped as a protected gang; the stop;
+#: its reason without what its victim search waits for, ``preemption.waiting_note``)
+QuotaText = tuple[list[int], int, int, str, bool, Blocked, str]
 
 
 def run(policy: Policy, decisions: list[Decision], *, timed: bool, searches: int) -> None:
@@ -204,15 +205,16 @@ def _walk(
                 if quick is not None and (
                     quick[1] == counter[0] or (blocked == quick[5] and not blocked.within_nominal)
                 ):
-                    text = quick[3]
+                    stop = quick[6]
                 else:
                     reclaim = blocked.within_nominal and preemption.reclaimable(policy, queued)
                     tkey = ("quota", ledger, blocked, queued.shape, reclaim)
-                    text = policy._text(tkey, quota_reason, tenant, blocked, root, request, reclaim, queued.flavor)
+                    stop = policy._text(tkey, quota_reason, tenant, blocked, root, request, reclaim, queued.flavor)
+                text = stop + preemption.waiting_note(policy, queued)
                 protected = blocked.kind == "protected"
                 if len(queued.candidates) == 1:  # else another flavor's quota may take it at the next look
-                    policy._quota_texts[gang_id] = (counter, counter[0], topology, text, protected, blocked)
-                policy._say(queued, text + preemption.waiting_note(policy, queued), decisions)
+                    policy._quota_texts[gang_id] = (counter, counter[0], topology, text, protected, blocked, stop)
+                policy._say(queued, text, decisions)
             continue
         shape = queued.placed_shape
         backfill = blocker is not None

@@ -113,6 +113,6 @@ def reconfigure(policy: Policy, config: QueueConfig, decisions: list[Decision]) 
         cls = config.priority(request.priority)
         queued.prio, queued.preemptible = cls.value, cls.preemptible and request.preemptible
         queued.victims.clear()
-        queued.failed_search = queued.checkpoint_waited = None
+        queued.failed_search = queued.waited_for = None
         flavors.assign(config, queued)
         policy._enqueue(queued)

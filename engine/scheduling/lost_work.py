@@ -27,7 +27,7 @@ before it, as a gang younger than ``min_runtime`` is not (``engine.scheduling.pr
 gang searches again once it is told (at most ``CHECKPOINT_LATE_S`` after it was expected) and takes it then
 at next to nothing (its loss is young: it is not waited for again); one that does not come by then is not
 waited for again either. Meanwhile the waiting gang's reason names the victim it waits for
-(``reasons.checkpoint_wait_note``; a snapshot keeps it). The victim's GPUs are not idle meanwhile (it
+(``reasons.waiting_note_text``; a snapshot keeps it). The victim's GPUs are not idle meanwhile (it
 trains up to its checkpoint); only the waiting gang starts up to the wait later. It is for gangs that lose
 the work since their last checkpoint when preempted (a save at the notice that does not fit the grace, a
 framework that cannot save mid-step); a gang that saves at the notice loses one save anyway.

@@ -47,7 +47,8 @@ at least ``policy.min_runtime`` ago, chosen by ``engine.scheduling.preemption`` 
 least work lost, ``.lost_work``, from the checkpoints gangs report). A gang is never preempted for one it
 was itself preempted for: no cycles. A preempted gang keeps its place in the order when it comes back; one
 being preempted is never chosen again (a drain of its node included). An event runs at most one victim
-search (a Tick, four): one put off comes back on a Tick within ``SEARCH_PUT_OFF_S``.
+search (a Tick, four): one put off comes back on a Tick within ``SEARCH_PUT_OFF_S``. A gang whose search
+waits for a victim (too young, or about to checkpoint: ``policy.checkpoint_wait``) names it in its reason.
 
 **Nodes.** A node that has not re-registered for ``node_ttl_s`` is lost; its allocations stay until their gangs release
 them. A gang that only lost nodes could hold waits for them without holding up the queue and is rejected after
@@ -124,6 +125,9 @@ class Policy:
         #: a gang preferring a topology level that must move gangs moves them out of one domain where it can
         #: (``topology.chooser``); False: its victims are chosen topology-blind (Schedulers recorded before)
         self.defrag_preferred = True
+        #: a gang whose victim search waits for a victim too young to go (``min_runtime``) names it in its
+        #: reason, as one waiting for a victim's checkpoint does; False: Schedulers recorded before
+        self.name_young_victims = True
         self.inventory = Inventory(node_ttl_s)
         if config.flavors:  # a node's flavor from its labels (``engine.scheduling.flavors``)
             self.inventory.reclassify(flavors.classifier(config))

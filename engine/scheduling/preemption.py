@@ -58,7 +58,7 @@ from engine.scheduling.events import Decision, Preempted
 from engine.scheduling.inventory import Inventory, Node, millicores
 from engine.scheduling.lost_work import gpu_minutes, lost_gpu_s, next_checkpoint
 from engine.scheduling.model import GangRequest, Placement
-from engine.scheduling.reasons import checkpoint_wait_note, needs, nominated_reason
+from engine.scheduling.reasons import needs, nominated_reason, waiting_note_text
 from engine.scheduling.state import Cause, Notice, Queued, Running
 from engine.scheduling.tenancy import Tenancy, Vec
 
@@ -152,9 +152,10 @@ def preempt_for(
             policy._reserved[queued.request.gang_id] = later[1]
     if not victims:
         queued.failed_search = (policy._pversion, comes_of_age)
-        # its reason names the victim whose checkpoint it waits for (the first expected): else it would read
-        # as a wait for capacity or quota alone
-        queued.checkpoint_waited = min(waited)[1:] if waited else None
+        # its reason names the victim it waits for (the first to be ready): else it would read as a wait for
+        # capacity or quota alone (Schedulers recorded before named no victim too young to go)
+        named = [w for w in waited if w[3] == "checkpoint" or policy.name_young_victims]
+        queued.waited_for = min(named)[1:] if named else None
         if comes_of_age != float("inf"):
             policy._retry[queued.request.gang_id] = comes_of_age
         return False
@@ -190,17 +191,18 @@ def preempt_for(
     # said in its reason once gangs report checkpoints: before, the reasons are today's, word for word
     queued.victims_cost = round(total, 1) if policy.lost_work.seen else None
     queued.cause = ", ".join(sorted(set(causes)))
-    queued.failed_search = queued.checkpoint_waited = None
+    queued.failed_search = queued.waited_for = None
     policy._reserved[gang_id] = nodes
     return True
 
 
 def waiting_note(policy: Policy, queued: Queued) -> str:
-    """What its reason adds while its last victim search waits for a victim's next checkpoint ("" else)."""
-    failed, waited = queued.failed_search, queued.checkpoint_waited
+    """What its reason adds while its last victim search waits for a victim (``Queued.waited_for``): to save
+    its next checkpoint or to have run ``min_runtime`` ("" else)."""
+    failed, waited = queued.failed_search, queued.waited_for
     if waited is None or failed is None or policy._now >= failed[1]:
         return ""
-    return checkpoint_wait_note(waited)
+    return waiting_note_text(*waited)
 
 
 def nominated(queued: Queued) -> str:
@@ -258,12 +260,13 @@ def _ranking(
     Callable[[], list[str]],
     dict[str, Cause],
     list[float],
-    list[tuple[float, str, str]],
+    list[tuple[float, str, str, str]],
 ]:
     """How ``queued`` ranks the running gangs as victims (None: not one), the candidates that free quota
     in preference order (computed only if asked), why each victim may go (reclaim over priority over
     backfill over defrag when several apply), when the next one too young to go comes of age, and the
-    victims kept until just after their next checkpoint (``policy.checkpoint_wait``): (when, gang, tenant).
+    victims not preempted yet, (when, gang, tenant, why): too young ("min_runtime") or kept until just after
+    their next checkpoint ("checkpoint", ``policy.checkpoint_wait``).
 
     ``defrag`` (the first gang in order, blocked by the nodes, not by its quota): smaller gangs of no
     higher priority may move to make room, when the cluster has enough idle GPUs for it elsewhere
@@ -291,7 +294,7 @@ def _ranking(
     forbidden = policy._evicted_for.get(request.gang_id, set())
     routes: dict[str, Cause] = {}
     comes_of_age: list[float] = []
-    waited: list[tuple[float, str, str]] = []
+    waited: list[tuple[float, str, str, str]] = []
 
     # read once: a search ranks every gang on the nodes it looks at
     running, prio, seq, gpus, now = policy.running, queued.prio, queued.seq, queued.vec[0], policy._now
@@ -320,10 +323,11 @@ def _ranking(
         of_age = r.admitted_at + min_runtime  # the same sum as the deadline it gives
         if timed and of_age > now:
             comes_of_age.append(of_age)
+            waited.append((of_age, gang_id, r.request.tenant, "min_runtime"))
             return None
         if timed and wait > 0 and costed and (after := _after_checkpoint(r, now, wait)) is not None:
             comes_of_age.append(after)
-            waited.append((after, gang_id, r.request.tenant))
+            waited.append((after, gang_id, r.request.tenant, "checkpoint"))
             return None
         routes[gang_id] = cause
         if costed:

@@ -21,7 +21,6 @@ __all__ = [
     "amount",
     "behind_reason",
     "capacity_reason",
-    "checkpoint_wait_note",
     "class_not_allowed_reason",
     "drained_wait_reason",
     "draining",
@@ -39,6 +38,7 @@ __all__ = [
     "queued_reason",
     "quota_reason",
     "topology_wait_reason",
+    "waiting_note_text",
 ]
 
 #: how many node or gang ids a reason lists before saying "and N more" (reasons stay one line)
@@ -361,14 +361,15 @@ def nominated_reason(request: GangRequest, victims: Sequence[str], cause: str, c
     )
 
 
-def checkpoint_wait_note(victim: tuple[str, str]) -> str:
-    """What the reason of a gang whose victim search waits for a victim's next checkpoint adds (``victim``:
-    that gang and its tenant; ``policy.checkpoint_wait``)."""
-    gang_id, tenant = victim
-    return (
-        f"; it waits for gang {gang_id!r} of {tenant} to save its next checkpoint before preempting it "
-        "(policy.checkpoint_wait)"
-    )
+def waiting_note_text(gang_id: str, tenant: str, why: str) -> str:
+    """What the reason of a gang whose victim search waits for a victim (gang ``gang_id`` of ``tenant``)
+    adds: ``why`` "checkpoint" (``policy.checkpoint_wait``) or "min_runtime" (too young to go yet)."""
+    if why == "checkpoint":
+        return (
+            f"; it waits for gang {gang_id!r} of {tenant} to save its next checkpoint before preempting it "
+            "(policy.checkpoint_wait)"
+        )
+    return f"; it may preempt gang {gang_id!r} of {tenant} once that gang has run policy.min_runtime"
 
 
 def lender_waiting_reason(request: GangRequest, cohort: str | None) -> str:

@@ -32,8 +32,8 @@ __all__ = ["SNAPSHOT_VERSION", "restore", "take"]
 SNAPSHOT_VERSION = 1
 
 
-def _failed(search: tuple[int, float] | None, waited: tuple[str, str] | None) -> list[Any] | None:
-    # JSON has no infinity: "no victim comes of age" is null; the victim waited for (gang, tenant) only
+def _failed(search: tuple[int, float] | None, waited: tuple[str, str, str] | None) -> list[Any] | None:
+    # JSON has no infinity: "no victim comes of age" is null; the victim waited for (gang, tenant, why) only
     # where there is one
     if search is None:
         return None
@@ -121,7 +121,7 @@ def take(policy: Policy) -> dict[str, Any]:
                 q.lost_wait_since,
                 sorted(q.victims),
                 q.cause,
-                _failed(q.failed_search, q.checkpoint_waited),
+                _failed(q.failed_search, q.waited_for),
                 policy.counters.waited(q.request.gang_id, policy._now),  # its wait so far (the histogram's)
                 # its flavor, then what its victims lose (lost_work): as the running rows
                 *(
@@ -251,7 +251,7 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
         if failed is not None:  # a restored policy searches exactly when the original would have
             queued.failed_search = (failed[0], float("inf") if failed[1] is None else failed[1])
             if len(failed) > 2:
-                queued.checkpoint_waited = (failed[2], failed[3])
+                queued.waited_for = (failed[2], failed[3], failed[4])
         if len(later) > 2:
             queued.victims_cost = later[2]
         policy._enqueue(queued)

@@ -400,7 +400,8 @@ def test_min_runtime_protects_young_gangs_and_the_deadline_says_when_they_come_o
     assert preempted(decisions) == []
     assert only(decisions, Pending, "b1") == (
         "pending: team-b is within its quota of 2 GPUs, but cohort research lent it out: reclaiming it; "
-        "needs 1 GPU on 1 node (1 GPU, 1 CPU per node)"
+        "needs 1 GPU on 1 node (1 GPU, 1 CPU per node); it may preempt gang 'a1' of team-a once that gang has "
+        "run policy.min_runtime"
     )
     assert policy.next_deadline() == 60.0  # when team-a's gangs have run for min_runtime
     assert policy.step(Tick(), now=59.0) == []
@@ -408,6 +409,14 @@ def test_min_runtime_protects_young_gangs_and_the_deadline_says_when_they_come_o
     assert preempted(decisions) == [("a4", "b1", "team-b", "reclaim")]
     assert next(d for d in decisions if isinstance(d, Preempted)).grace_s == 30.0
     assert policy.next_deadline() == 10_000.0  # only the nodes' registrations are left
+
+
+def test_schedulers_recorded_before_name_no_victim_too_young_to_go() -> None:
+    policy = Policy(config(TWO_TEAMS + "policy: {min_runtime: 60s}\n"), node_ttl_s=10_000)
+    policy.name_young_victims = False  # what a Scheduler recorded before the patch decides on replay
+    run([*CLUSTER, *(gang(f"a{i}", "team-a") for i in range(1, 5))], policy, now=0.0)
+    reason = only(policy.step(gang("b1", "team-b"), now=10.0), Pending, "b1")
+    assert reason.endswith("reclaiming it; needs 1 GPU on 1 node (1 GPU, 1 CPU per node)")
 
 
 def test_min_runtime_passes_over_young_gangs_for_older_ones() -> None:
