@@ -47,7 +47,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.client import Client, WorkflowQueryFailedError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, TemporalError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 import engine
@@ -540,10 +540,16 @@ async def run_node(
 
 
 async def _register_again(client: Client, config: NodeConfig, sandboxed: bool, lease: LeaseHolder) -> None:
-    """Start a new lease; a Temporal that does not answer now is asked again at the next check."""
+    """Start a new lease; a Temporal that does not answer now is asked again at the next check. Credentials
+    Temporal refuses (a tenant's token in the platform's namespace) are raised: asking again cannot help, and
+    the agent exits naming the refusal (else it depended on whether its worker's polls failed first)."""
     try:
         await register(client, config, sandboxed=sandboxed, lease=lease)
-    except (RPCError, TemporalError) as exc:
+    except RPCError as exc:
+        if exc.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+            raise
+        log.warning("node %s: could not start its lease (%s); trying again", config.node_id, exc)
+    except TemporalError as exc:
         log.warning("node %s: could not start its lease (%s); trying again", config.node_id, exc)
 
 
