@@ -106,7 +106,7 @@ def preempt_for(
         return False
     policy._searches_left -= 1
     costed = policy.lost_work.active
-    rank, more, routes, young, waited = _ranking(policy, queued, timed=timed, defrag=defrag)
+    rank, more, routes, waited = _ranking(policy, queued, timed=timed, defrag=defrag)
     admits, ledger = flavors.admits(queued.flavor, queued.request), queued.ledger
     # a gang naming a topology level: the same search per domain (engine.scheduling.topology)
     one = topology.waiting_for_one(policy._topology_waits, queued.request, policy._now)
@@ -127,15 +127,15 @@ def preempt_for(
         ledger=ledger,
     )
     victims, nodes = chosen if chosen is not None else ([], frozenset[str]())
-    comes_of_age = min(young, default=float("inf"))
+    comes_of_age = min((w[0] for w in waited), default=float("inf"))  # the first gang waited for is ready
     moved = [policy.running[v.request.gang_id] for v in victims if routes[v.request.gang_id] == "defrag"]
     if moved and not _can_move(policy, queued, victims, moved):
         victims = []
-    if not victims and young and defrag:
+    if not victims and waited and defrag:
         # The gangs in its way are too young to preempt yet. Keep new backfill off the nodes it would take
         # meanwhile: else short gangs could keep replacing each other there, never old enough, and
         # starve it (the bound in ``engine.scheduling.policy``'s docstring needs this).
-        rank, more, _, _, _ = _ranking(policy, queued, timed=False, defrag=defrag)
+        rank, more, _, _ = _ranking(policy, queued, timed=False, defrag=defrag)
         later = choose(
             policy.inventory,
             policy.tenancy,
@@ -259,14 +259,13 @@ def _ranking(
     Callable[[str], tuple[Any, ...] | None],
     Callable[[], list[str]],
     dict[str, Cause],
-    list[float],
     list[tuple[float, str, str, str]],
 ]:
     """How ``queued`` ranks the running gangs as victims (None: not one), the candidates that free quota
     in preference order (computed only if asked), why each victim may go (reclaim over priority over
-    backfill over defrag when several apply), when the next one too young to go comes of age, and the
-    victims not preempted yet, (when, gang, tenant, why): too young ("min_runtime") or kept until just after
-    their next checkpoint ("checkpoint", ``policy.checkpoint_wait``).
+    backfill over defrag when several apply), and the victims not preempted yet, (when they may go, gang,
+    tenant, why): too young ("min_runtime") or kept until just after their next checkpoint ("checkpoint",
+    ``policy.checkpoint_wait``).
 
     ``defrag`` (the first gang in order, blocked by the nodes, not by its quota): smaller gangs of no
     higher priority may move to make room, when the cluster has enough idle GPUs for it elsewhere
@@ -293,7 +292,6 @@ def _ranking(
     defrag = defrag and policy.inventory.free_gpus >= queued.vec[0] > 0
     forbidden = policy._evicted_for.get(request.gang_id, set())
     routes: dict[str, Cause] = {}
-    comes_of_age: list[float] = []
     waited: list[tuple[float, str, str, str]] = []
 
     # read once: a search ranks every gang on the nodes it looks at
@@ -322,11 +320,9 @@ def _ranking(
             return None
         of_age = r.admitted_at + min_runtime  # the same sum as the deadline it gives
         if timed and of_age > now:
-            comes_of_age.append(of_age)
             waited.append((of_age, gang_id, r.request.tenant, "min_runtime"))
             return None
         if timed and wait > 0 and costed and (after := _after_checkpoint(r, now, wait)) is not None:
-            comes_of_age.append(after)
             waited.append((after, gang_id, r.request.tenant, "checkpoint"))
             return None
         routes[gang_id] = cause
@@ -344,8 +340,8 @@ def _ranking(
         return sorted((g for g in ids if rank(g) is not None), key=lambda g: rank(g) or ())
 
     if not (lower or backfilled or reclaim or defrag):
-        return (lambda _: None), list, routes, comes_of_age, waited  # nobody could be a victim: no walk at all
-    return rank, more, routes, comes_of_age, waited
+        return (lambda _: None), list, routes, waited  # nobody could be a victim: no walk at all
+    return rank, more, routes, waited
 
 
 def _after_checkpoint(r: Running, now: float, wait: float) -> float | None:

@@ -46,7 +46,7 @@ class Queued:
     #: the last victim search found nothing: (policy version then, when a too-young victim comes of age)
     failed_search: tuple[int, float] | None = None
     #: a victim that search waits for (gang, tenant, why): "checkpoint", to save its next checkpoint
-    #: (``policy.checkpoint_wait``), or "min_runtime", to have run that long (``reasons.waiting_note``)
+    #: (``policy.checkpoint_wait``), or "min_runtime", to have run that long (``preemption.waiting_note``)
     waited_for: tuple[str, str, str] | None = None
     #: what preempting its victims costs, expected lost GPU-seconds (``engine.scheduling.lost_work``)
     victims_cost: float | None = None
