@@ -10,12 +10,12 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
 from engine.client import Client
 from engine.errors import GangflowError, InputError
 from engine.runtime import Endpoint, connect
-from engine.runtime.connection import CredentialsRefused, token_problem
+from engine.runtime.connection import CredentialsRefused, call_refused, token_problem
 from engine.scheduling.config import QueueConfig, QueueConfigError, load_queue_config
 
 from .render import console
@@ -90,7 +90,7 @@ def endpoint_for(args: argparse.Namespace) -> Endpoint:
 def refused(exc: RPCError, args: argparse.Namespace) -> CliError:
     """Temporal refused a call for the caller's credentials (a token of another tenant, a read token, none):
     one line naming the namespace. Any other RPC error is not for this: raised again."""
-    if exc.status not in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+    if not call_refused(exc):
         raise exc
     where, endpoint = "this namespace", None
     with contextlib.suppress(CliError):

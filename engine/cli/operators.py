@@ -13,6 +13,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from engine.core.protocol import PLATFORM_NAMESPACE
 from engine.errors import GangflowError, InputError, NodeNotFoundError
+from engine.runtime.connection import call_refused
 from engine.scheduling.config import QueueConfigError
 from engine.scheduling.events import drain_request
 
@@ -47,7 +48,7 @@ async def cmd_cluster(args: argparse.Namespace) -> int:
     try:
         data = await client.queue()
     except RPCError as exc:
-        if exc.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+        if call_refused(exc):
             raise refused(exc, args) from None
         if exc.status == RPCStatusCode.NOT_FOUND:  # not a tenant's namespace: the Scheduler would be here
             raise CliError(

@@ -9,11 +9,12 @@ import contextlib
 
 from rich.markup import escape
 from temporalio.client import WorkflowFailureError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
 from engine.client import RunInfo, TenancyError, load_workflow_file, prepare_run, to_jsonable
 from engine.core.plugins import available_plugins, load_plugin
 from engine.errors import DefinitionError, GangflowError
+from engine.runtime.connection import call_refused
 
 from .cache import cache_mode
 from .common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError, client_for, follow, refused
@@ -78,7 +79,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
     try:
         info = await client.status(args.run_id)
     except RPCError as exc:
-        if exc.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+        if call_refused(exc):
             raise refused(exc, args) from None
         raise CliError(f"run {args.run_id!r}: {exc.message}") from None
     views = await rank_views(client, info)

@@ -45,7 +45,7 @@ from engine.core.protocol import (
     tenant_of_namespace,
 )
 from engine.errors import GangflowError, InputError, NodeNotFoundError
-from engine.runtime.connection import kind_attributes
+from engine.runtime.connection import call_refused, kind_attributes
 from engine.runtime.keeper import start_scheduler
 from engine.scheduling.config import QueueConfig, QueueConfigError, dump_queue_config, load_queue_config
 from engine.scheduling.events import drain_request
@@ -165,7 +165,7 @@ class ClusterClient:
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 raise NoScheduler(_NO_SCHEDULER) from None
-            if exc.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+            if call_refused(exc):
                 raise  # the credentials' fault, not the Scheduler's: the caller says so
             raise GangflowError(f"the Scheduler did not answer ({exc.message}); is a worker running?") from None
         except WorkflowQueryFailedError as exc:

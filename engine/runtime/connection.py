@@ -22,7 +22,7 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSe
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.converter import DataConverter
-from temporalio.service import TLSConfig
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from engine.core.protocol import (
     KIND_ATTRIBUTE,
@@ -49,6 +49,7 @@ __all__ = [
     "TENANT",
     "CredentialsRefused",
     "Endpoint",
+    "call_refused",
     "connect",
     "credentials_refused",
     "ensure_search_attributes",
@@ -187,6 +188,13 @@ class CredentialsRefused(GangflowError, RuntimeError):
 
 #: the status codes a refusal of the credentials comes with (gRPC's names, as the SDK's core spells them)
 _REFUSED = ("PermissionDenied", "Unauthenticated", "PERMISSION_DENIED", "UNAUTHENTICATED")
+
+
+def call_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is Temporal refusing the caller's credentials on a call (an RPCError PERMISSION_DENIED
+    or UNAUTHENTICATED; on connecting, ``credentials_refused`` reads the error's text): asking again with the
+    same credentials cannot help, and the caller should say so."""
+    return isinstance(exc, RPCError) and exc.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED)
 
 
 def _utc(epoch: float) -> str:

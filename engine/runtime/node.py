@@ -47,7 +47,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.client import Client, WorkflowQueryFailedError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, TemporalError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 import engine
@@ -84,7 +84,7 @@ from engine.executor.rankfiles import read_rank_file
 from engine.executor.sandbox import CGROUPS_ONLY, SANDBOX_ENV, GangSandbox, detect, gang_user, unreachable
 from engine.executor.standby import StandbyPool
 from engine.runtime.activities import store_for
-from engine.runtime.connection import CREDENTIAL_ENV
+from engine.runtime.connection import CREDENTIAL_ENV, call_refused
 from engine.runtime.gang_progress import ProgressTeller
 from engine.runtime.leases import LeaseHolder, start_lease
 from engine.runtime.rank_logs import RankLogs
@@ -545,11 +545,9 @@ async def _register_again(client: Client, config: NodeConfig, sandboxed: bool, l
     the agent exits naming the refusal (else it depended on whether its worker's polls failed first)."""
     try:
         await register(client, config, sandboxed=sandboxed, lease=lease)
-    except RPCError as exc:
-        if exc.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
-            raise
-        log.warning("node %s: could not start its lease (%s); trying again", config.node_id, exc)
     except TemporalError as exc:
+        if call_refused(exc):
+            raise
         log.warning("node %s: could not start its lease (%s); trying again", config.node_id, exc)
 
 
