@@ -419,24 +419,33 @@ def show_queues(data: Mapping[str, Any]) -> None:
             who.append(f"weight {conf['weight']:g}")
         flavors = entry.get("flavors")
         flavors = flavors if isinstance(flavors, Mapping) else {}
+        users = entry.get("users")
+        users = users if isinstance(users, Mapping) else {}
         table.add_row(
             "\n".join(who),
             *(_amounts(entry.get(k)) for k in ("nominal", "used", "borrowed", "lent")),
             *([_decayed(entry.get("decayed_usage"))] if decayed else []),
             str(entry.get("pending", 0)),
             _share(entry.get("share")),
-            end_section=not flavors,
+            end_section=not flavors and not users,
         )
-        # with flavors, one row per flavor under its tenant (its share is the largest of theirs)
-        for at, (flavor, row) in enumerate(sorted(flavors.items())):
+        # with flavors, one row per flavor under its tenant (its share is the largest of theirs); where its gangs
+        # name their runs' users, one row per user (the order inside the tenant: engine.scheduling.users)
+        below = [(f"  on {escape(str(f))}", r, False) for f, r in sorted(flavors.items())]
+        below += [(f"  user {escape(str(u))}", r, True) for u, r in sorted(users.items())]
+        for at, (label, row, user) in enumerate(below):
             row = row if isinstance(row, Mapping) else {}
+            # a user has no quota of its own: what it holds, its decayed usage, its gangs waiting, its share
+            amounts = [
+                _amounts(row.get(k)) if k == "used" or not user else "" for k in ("nominal", "used", "borrowed", "lent")
+            ]
             table.add_row(
-                f"  on {escape(str(flavor))}",
-                *(_amounts(row.get(k)) for k in ("nominal", "used", "borrowed", "lent")),
-                *([""] if decayed else []),
-                "",
+                label,
+                *amounts,
+                *([_decayed(row.get("decayed_usage")) if user else ""] if decayed else []),
+                str(row.get("pending", 0)) if user else "",
                 _share(row.get("share")),
-                end_section=at == len(flavors) - 1,
+                end_section=at == len(below) - 1,
             )
     console.print(table)
 

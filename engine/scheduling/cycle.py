@@ -31,7 +31,7 @@ from engine.scheduling.topology import holds_out
 if TYPE_CHECKING:
     from engine.scheduling.policy import Policy
 
-__all__ = ["QuotaText", "run"]
+__all__ = ["QuotaText", "run", "user_places"]
 
 #: a head its quota stopped: (its pool's counter, a list whose first item moves with the pool's usage; that
 #: item then; the inventory's ``topology`` then; its reason; whether it was stopped as a protected gang; the stop;
@@ -67,10 +67,12 @@ def run(policy: Policy, decisions: list[Decision], *, timed: bool, searches: int
             else:
                 heads.append((key, head))
         tiers = policy.tiers(tenant, [h for _, h in heads])
+        places = user_places(policy, tenant, [h for _, h in heads])
         entries = []
         for key, head in heads:
             borrows, share = tiers[key[0]]
-            entries.append((borrows, key[0], share, head.seq, 0, head.request.gang_id, tenant, key))
+            place = head.seq if places is None else places[head.request.gang_id]
+            entries.append((borrows, key[0], share, place, 0, head.request.gang_id, tenant, key))
         policy._entries[tenant] = entries
     order: list[Any] = list(itertools.chain.from_iterable(policy._entries.values()))
     heapq.heapify(order)
@@ -110,7 +112,9 @@ def _walk(
         if version != changed.get(tenant, 0):  # the tenant started a gang in this cycle: rank it again
             current = [h for h in map(policy._head, policy._queues[tenant].values()) if h is not None]
             borrows, share = policy.tiers(tenant, current)[key[0]]
-            heapq.heappush(order, (borrows, key[0], share, seq, changed[tenant], gang_id, tenant, key))
+            places = user_places(policy, tenant, current)
+            place = pending[gang_id].seq if places is None else places.get(gang_id, seq)
+            heapq.heappush(order, (borrows, key[0], share, place, changed[tenant], gang_id, tenant, key))
             continue
         queued = pending[gang_id]
         quick = quotas.get(gang_id)
@@ -256,6 +260,26 @@ def _walk(
         nxt = policy._head(heap)
         if nxt is not None:  # ranked again when it comes up, as the tenant's share moved
             heapq.heappush(order, (False, key[0], 0.0, nxt.seq, -1, nxt.request.gang_id, tenant, key))
+
+
+def user_places(policy: Policy, tenant: str, heads: list[Queued]) -> dict[str, int] | None:
+    """Where each of a tenant's queue heads goes in the order when its gangs name users: per priority, the
+    heads' own submission numbers handed out again by their users' shares (``engine.scheduling.users``), the
+    lowest share first, then in submission order. So its users take turns on the places its gangs hold in the
+    order, and the tenant's place among the other tenants is what it was without users. None: none of its
+    gangs waiting names a user (each head keeps its own place, as before users)."""
+    if not policy._user_gangs.get(tenant):
+        return None
+    users, capacity = policy.tenancy.users, policy.inventory.capacity
+    by_prio: dict[int, list[Queued]] = {}
+    for head in heads:
+        by_prio.setdefault(head.prio, []).append(head)
+    out: dict[str, int] = {}
+    for group in by_prio.values():
+        seqs = sorted(h.seq for h in group)
+        ranked = sorted(group, key=lambda h: (users.share(tenant, h.request.user, capacity), h.seq))
+        out.update(zip((h.request.gang_id for h in ranked), seqs, strict=True))
+    return out
 
 
 def _stopped_alike(policy: Policy, queued: Queued, quick: QuotaText) -> bool:

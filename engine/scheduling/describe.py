@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from engine.scheduling.cycle import user_places
 from engine.scheduling.flavors import describe_flavors
 from engine.scheduling.tenancy import RESOURCES
 from engine.scheduling.units import cpus_of
@@ -42,11 +43,15 @@ def queues(policy: Policy) -> dict[str, Any]:
     decayed (``engine.scheduling.usage_decay``), in GPU-, CPU- and byte-seconds."""
     tenancy = policy.tenancy
     pending: dict[str, int] = {}
+    waiting: dict[tuple[str, str], int] = {}  # per tenant and user (a gang naming one)
     for queued in policy.pending.values():
-        pending[queued.request.tenant] = pending.get(queued.request.tenant, 0) + 1
+        request = queued.request
+        pending[request.tenant] = pending.get(request.tenant, 0) + 1
+        if request.user:
+            waiting[request.tenant, request.user] = waiting.get((request.tenant, request.user), 0) + 1
     lent = tenancy.lent()
     if policy.config.flavors:
-        return _queues_by_flavor(policy, pending, lent)
+        return _queues_by_flavor(policy, pending, waiting, lent)
     names = [t.name for t in policy.config.tenants]
     # a tenant removed from the configuration still shows while its gangs hold GPUs
     names += sorted(name for name in tenancy.tenants if name not in names and any(tenancy.used(name)))
@@ -64,11 +69,35 @@ def queues(policy: Policy) -> dict[str, Any]:
         decayed = tenancy.decayed(name)
         if decayed is not None:
             entry["decayed_usage"] = _decayed(decayed)
+        _user_rows(policy, name, entry, waiting)
     cohorts = {
         c.name: {"parent": c.parent, "tenants": [t.name for t in policy.config.tenants if t.cohort == c.name]}
         for c in policy.config.cohorts
     }
     return {"tenants": tenants, "cohorts": cohorts, "resources": list(RESOURCES)}
+
+
+def _user_rows(policy: Policy, tenant: str, entry: dict[str, Any], waiting: dict[tuple[str, str], int]) -> None:
+    """``users`` of a tenant's row, only where its gangs name users (``engine.scheduling.users``): per user what
+    it holds, its share inside the tenant and, with a half-life, its decayed usage; its gangs waiting."""
+    users = policy.tenancy.users
+    pending = {user: n for (owner, user), n in waiting.items() if owner == tenant}
+    rows = users.rows(tenant)
+    names = sorted(set(rows) | set(pending))
+    if not names:
+        return
+    capacity = policy.inventory.capacity
+    entry["users"] = {}
+    for user in names:
+        row = rows.get(user, {"used": (0, 0, 0)})
+        out: dict[str, Any] = {
+            "used": _resources(row["used"]),
+            "pending": pending.get(user, 0),
+            "share": _finite(users.share(tenant, user, capacity)),
+        }
+        if "decayed" in row:
+            out["decayed_usage"] = _decayed(row["decayed"])
+        entry["users"][user] = out
 
 
 def _ledger_row(policy: Policy, key: str, lent: dict[str, tuple[int, int, int]]) -> dict[str, Any]:
@@ -89,7 +118,9 @@ def _sum(rows: list[dict[str, Any]], field: str) -> dict[str, Any]:
     }
 
 
-def _queues_by_flavor(policy: Policy, pending: dict[str, int], lent: dict[str, tuple[int, int, int]]) -> dict[str, Any]:
+def _queues_by_flavor(
+    policy: Policy, pending: dict[str, int], waiting: dict[tuple[str, str], int], lent: dict[str, tuple[int, int, int]]
+) -> dict[str, Any]:
     """``queues`` with flavors: per tenant its figures summed over its flavors, and ``flavors``, per flavor
     its quota, usage and share there; its ``share`` is the largest of them (``engine.scheduling.flavors``)."""
     tenancy, config = policy.tenancy, policy.config
@@ -114,6 +145,7 @@ def _queues_by_flavor(policy: Policy, pending: dict[str, int], lent: dict[str, t
             entry["decayed_usage"] = _decayed(
                 (sum(d[0] for d in decayed), sum(d[1] for d in decayed), sum(d[2] for d in decayed))
             )
+        _user_rows(policy, name, entry, waiting)
     cohorts = {
         c.name: {"parent": c.parent, "tenants": [t.name for t in config.tenants if t.cohort == c.name]}
         for c in config.cohorts
@@ -169,6 +201,7 @@ def describe(policy: Policy) -> dict[str, Any]:
             {
                 "gang_id": gang_id,
                 "tenant": request.tenant,
+                **({"user": request.user} if request.user else {}),  # its run's user, where it names one
                 "priority": request.priority or default_class,
                 "preemptible": entry.preemptible,
                 "backfill": entry.backfill,
@@ -207,9 +240,14 @@ def describe(policy: Policy) -> dict[str, Any]:
         by_tenant.setdefault(q.request.tenant, []).append(q)
     tiers = {tenant: policy.tiers(tenant, gangs) for tenant, gangs in by_tenant.items()}
 
+    # a tenant's gangs naming users take turns by their users' shares on the places its gangs hold
+    places = {tenant: user_places(policy, tenant, gangs) for tenant, gangs in by_tenant.items()}
+
     def rank(q: Any) -> tuple[bool, int, float, int]:
         borrows, share = tiers[q.request.tenant][-q.prio]
-        return (borrows, -q.prio, share, q.seq)  # the admission cycle's order (engine.scheduling.policy)
+        mine = places[q.request.tenant]
+        place = q.seq if mine is None else mine[q.request.gang_id]
+        return (borrows, -q.prio, share, place)  # the admission cycle's order (engine.scheduling.cycle)
 
     order = sorted(policy.pending.values(), key=rank)
     pending = [
@@ -217,6 +255,7 @@ def describe(policy: Policy) -> dict[str, Any]:
             "position": position + 1,
             "gang_id": q.request.gang_id,
             "tenant": q.request.tenant,
+            **({"user": q.request.user} if q.request.user else {}),
             "priority": q.request.priority or default_class,
             "nnodes": q.request.nnodes,
             "gpus_per_node": q.request.gpus_per_node,

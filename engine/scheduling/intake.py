@@ -93,12 +93,13 @@ def reconfigure(policy: Policy, config: QueueConfig, decisions: list[Decision]) 
             pass
         if not config.flavors:  # without flavors every gang is on the implicit one (a flavor gone stays)
             running.on(None)
-        policy.tenancy.add(running.ledger, running.vec, protected=not running.preemptible)
+        policy.tenancy.add(running.ledger, running.vec, protected=not running.preemptible, user=running.request.user)
         policy._by_tenant.setdefault(running.ledger, {})[running.request.gang_id] = running
         policy._count_prio(running, 1)
     old = sorted(policy.pending.values(), key=lambda q: q.seq)
     policy.pending, policy._queues = {}, {}
     policy._pending_counts.clear()
+    policy._user_gangs.clear()
     policy.lenders.clear()
     policy._lost_waiters.clear()
     policy._reserved.clear()

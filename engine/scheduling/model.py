@@ -94,6 +94,9 @@ class GangRequest(Frozen):
     #: with ``topology_preferred``: how long (s) it waits for one domain once it could start over several
     #: (``Topology(wait=...)``); None: it never waits for one
     topology_wait_s: float | None = None
+    #: who started the run (the token's ``sub`` where the gateway stamps it, else the client's login name):
+    #: fair share orders a tenant's gangs by their users' usage (``engine.scheduling.users``); "": no user
+    user: str = ""
 
 
 class NodeAssignment(Frozen):

@@ -167,6 +167,7 @@ class Policy:
         self._admitted_latest: float | None = None  # see ``preemption._latest_admission``
         self._searches_left = 1
         self._pending_counts: dict[str, int] = {}  # tenant -> its gangs waiting (``max_pending``)
+        self._user_gangs: dict[str, int] = {}  # tenant -> its gangs waiting that name a user (``cycle.user_places``)
         self.lenders = Lenders()  # nothing borrows from a cohort while a lender waits there (module docstring)
         self.counters = Counters()  # admissions, waits, preemptions, restarts so far (Prometheus)
         self.lost_work = lost_work.LostWork()  # victims by the work they would lose (``.lost_work``)
@@ -229,6 +230,8 @@ class Policy:
         self.pending[queued.request.gang_id] = queued
         tenant = queued.request.tenant
         self._pending_counts[tenant] = self._pending_counts.get(tenant, 0) + 1
+        if queued.request.user:
+            self._user_gangs[tenant] = self._user_gangs.get(tenant, 0) + 1
         self._touched.add(tenant)
         heap = self._queues.setdefault(queued.request.tenant, {}).setdefault(queued.key, [])
         heapq.heappush(heap, (queued.seq, queued.request.gang_id))
@@ -238,7 +241,8 @@ class Policy:
         if running is not None:
             self._by_tenant[running.ledger].pop(gang_id, None)
             self.inventory.release(gang_id, running.placement)
-            self.tenancy.add(running.ledger, running.vec, -1, protected=not running.preemptible)
+            protected, user = not running.preemptible, running.request.user
+            self.tenancy.add(running.ledger, running.vec, -1, protected=protected, user=user)
             self._count_prio(running, -1)
             self._pversion += 1
             preemptor = self.pending.get(running.preempted_for or "")
@@ -325,7 +329,7 @@ class Policy:
         ledger = queued.ledger
         borrowing = self.tenancy.borrowing(ledger)
         self.inventory.take(request, placement)
-        self.tenancy.add(ledger, queued.vec, protected=not queued.preemptible)
+        self.tenancy.add(ledger, queued.vec, protected=not queued.preemptible, user=request.user)
         if self.tenancy.borrowing(ledger) != borrowing:
             self._pversion += 1  # its older gangs may now be reclaimed
         self.running[gang_id] = running
@@ -349,6 +353,8 @@ class Policy:
         if queued is not None:
             tenant = queued.request.tenant
             self._pending_counts[tenant] -= 1
+            if queued.request.user:
+                self._user_gangs[tenant] -= 1
             self._touched.add(tenant)
             self._quota_texts.pop(gang_id, None)
             self.lenders.forget(self.tenancy.root(queued.ledger), gang_id)

@@ -18,6 +18,7 @@ from engine.scheduling.model import GangRequest
 from engine.scheduling.tenancy import Blocked
 
 __all__ = [
+    "MAX_USER",
     "amount",
     "behind_reason",
     "capacity_reason",
@@ -93,6 +94,10 @@ def needs(request: GangRequest) -> str:
     return f"{_count(request.nnodes, 'node')} ({shape})"
 
 
+#: the longest run's user a gang request may name (``GangRequest.user``: a token's subject, a login name)
+MAX_USER = 256
+
+
 def malformed_reason(request: GangRequest) -> str | None:
     """Why the request can never be valid, or None."""
     problems = []
@@ -106,6 +111,8 @@ def malformed_reason(request: GangRequest) -> str | None:
         problems.append(f"cpus_per_node must not be negative, got {_num(request.cpus_per_node)}")
     if request.mem_per_node is not None and request.mem_per_node < 0:
         problems.append(f"mem_per_node must not be negative, got {request.mem_per_node}")
+    if len(request.user) > MAX_USER:  # it names the user in every view and snapshot: a name, not a payload
+        problems.append(f"user is {len(request.user)} characters long, at most {MAX_USER}")
     return f"rejected: malformed request: {'; '.join(problems)}" if problems else None
 
 

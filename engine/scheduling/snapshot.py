@@ -61,10 +61,12 @@ def take(policy: Policy) -> dict[str, Any]:
             r.preemptible,
             r.lost_node_wait_s,
         ]
-        if r.flavors or r.node_selector or r.tolerations or r.topology_required or r.topology_preferred:
+        if r.flavors or r.node_selector or r.tolerations or r.topology_required or r.topology_preferred or r.user:
             # the fleet's fields, only when set: a row without them is as before, byte for byte (the wait too)
             fleet = [list(r.flavors), r.node_selector, list(r.tolerations), r.topology_required, r.topology_preferred]
             row.append(fleet + ([r.topology_wait_s] if r.topology_wait_s is not None else []))
+        if r.user:  # its run's user, after the fleet's fields (then always there), only when set
+            row.append(sid(r.user))
         return row
 
     data = {
@@ -144,6 +146,8 @@ def take(policy: Policy) -> dict[str, Any]:
     }
     if policy.tenancy.decay is not None:  # only then: a snapshot without a half-life is as before, byte for byte
         data["usage"] = policy.tenancy.decay.rows()
+    if policy.tenancy.users.history():  # the users' decayed usage (``engine.scheduling.users``), as ``usage``
+        data["user_usage"] = policy.tenancy.users.history()
     if policy.lost_work.seen:  # only then, as ``usage``
         data["checkpoints"] = True
     if policy._topology_waits:  # only then, as ``usage``
@@ -177,11 +181,12 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
             topology_required=fleet[3],
             topology_preferred=fleet[4],
             topology_wait_s=fleet[5] if len(fleet) > 5 else None,
+            user=strings[v[10]] if len(v) > 10 else "",
         )
 
     policy = cls(load_queue_config(data["config"]), node_ttl_s=data["ttl"])
     policy._now, policy._seq = data["now"], data["seq"]
-    policy.tenancy.now = policy._now
+    policy.tenancy.now = policy.tenancy.users.now = policy._now
     inventory = policy.inventory
     # Rows grew at their end over time (the drain reason, sandboxed, leased, the preemption notice): a snapshot
     # from before a field was added still restores (runs in flight carry one across an upgrade).
@@ -228,7 +233,7 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
             flavor=flavor,
         )
         inventory.take(request, placement)
-        policy.tenancy.add(running.ledger, running.vec, protected=not preemptible)
+        policy.tenancy.add(running.ledger, running.vec, protected=not preemptible, user=request.user)
         policy.running[request.gang_id] = running
         policy._by_tenant.setdefault(running.ledger, {})[request.gang_id] = running
         policy._count_prio(running, 1)
@@ -271,6 +276,7 @@ def restore(cls: type[Policy], snapshot: dict[str, Any]) -> Policy:
     policy.lost_work.seen = bool(data.get("checkpoints", False))
     if policy.tenancy.decay is not None:  # after the running gangs were counted again: their rates are set
         policy.tenancy.decay.restore_rows(data.get("usage", {}))  # none before ``usage_half_life``: no history
+    policy.tenancy.users.restore_history(data.get("user_usage", {}))
     for gang_id, running in policy.running.items():
         notice = notices[gang_id]
         if notice is not None:

@@ -21,9 +21,10 @@ __all__ = ["Cause", "Checkpoint", "Fit", "Notice", "QueueKey", "Queued", "Runnin
 #: gang's candidate flavors and its selector (``engine.scheduling.flavors.shape``): gangs of one shape are placed
 #: alike
 Shape = tuple[Any, ...]
-#: (-priority value, shape, preemptible): one FIFO queue per key, and only its head is looked at, so a gang that
-#: may backfill never waits behind one of its shape that may not (it would never get past it)
-QueueKey = tuple[int, Shape, bool]
+#: (-priority value, shape, preemptible), and its run's user where it names one: one FIFO queue per key, and only its
+#: head is looked at, so a gang that may backfill never waits behind one of its shape that may not (it would never
+#: get past it), and a user's gang never waits behind another user's of its shape (``engine.scheduling.users``)
+QueueKey = tuple[Any, ...]
 Cause = Literal["reclaim", "priority", "backfill", "defrag"]
 #: whether a shape fits the offered nodes when idle ("now"), else what it waits for: lost nodes to come back
 #: ("lost", up to the gang's ``lost_node_wait_s``) or drained nodes to be undrained ("drained": an operator's
@@ -71,7 +72,8 @@ class Queued:
 
     @property
     def key(self) -> QueueKey:
-        return (-self.prio, self.shape, self.preemptible)
+        user = self.request.user
+        return (-self.prio, self.shape, self.preemptible, user) if user else (-self.prio, self.shape, self.preemptible)
 
 
 @dataclass(frozen=True, slots=True)

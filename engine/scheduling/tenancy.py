@@ -35,6 +35,7 @@ policy's clock (``advance``); without the key nothing of it exists and the share
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -42,6 +43,7 @@ from engine.scheduling.config import QueueConfig, ResourceAmounts, for_flavor
 from engine.scheduling.inventory import millicores
 from engine.scheduling.model import GangRequest
 from engine.scheduling.usage_decay import FloatVec, UsageDecay
+from engine.scheduling.users import Users
 
 __all__ = ["RESOURCES", "Blocked", "Ledger", "Tenancy", "Vec", "demand", "key", "ledgers"]
 
@@ -149,6 +151,7 @@ class Tenancy:
         half_life = config.policy.usage_half_life
         #: each tenant's decayed usage above nominal (fair share with memory); None: no ``usage_half_life``
         self.decay = UsageDecay(half_life) if half_life is not None else None
+        self.users = Users(half_life)  # each user's usage inside its tenant (``engine.scheduling.users``)
         #: ``blocked``'s answers, (tenant, demand, protected) -> (its pool's version then, answer): a pure
         #: function of the pool's usage, asked again for every waiting head at every event
         self._blocked: dict[tuple[str, Vec, bool], tuple[int, Blocked | None]] = {}
@@ -205,10 +208,13 @@ class Tenancy:
     def _draw(self, t: _Tenant, r: int, used: int) -> int:
         return max(0, used - t.guaranteed[r]) if t.nominal[r] is not None else 0
 
-    def add(self, tenant: str, vec: Vec, sign: int = 1, *, protected: bool = False) -> None:
-        """Count (``sign=1``) or uncount (``-1``) a gang's demand; ``protected``: a gang not preemptible."""
+    def add(self, tenant: str, vec: Vec, sign: int = 1, *, protected: bool = False, user: str = "") -> None:
+        """Count (``sign=1``) or uncount (``-1``) a gang's demand; ``protected``: a gang not preemptible;
+        ``user``: its run's user (a gang that runs or stops running; the victim search's trials name none)."""
         t = self._get(tenant)
         owner = tenant.partition("/")[0]  # the tenant of a ledger key (``keys``)
+        if user:  # (the many trials of a victim search name none: not even a call for them)
+            self.users.add(owner, user, vec, sign)
         self.changes[owner] = self.changes.get(owner, 0) + 1
         self.touched.add(owner)
         t.pool_version[0] += 1
@@ -243,11 +249,12 @@ class Tenancy:
         if now == self.now:
             return False
         before, self.now = self.now, now
+        self.users.now = now
         decay = self.decay
         if decay is None or decay.ranked_at(now) == decay.ranked_at(before):
             return False
         moved = False
-        for key in decay.moving():
+        for key in itertools.chain(decay.moving(), self.users.moving()):  # users' shares order its gangs
             tenant = key.partition("/")[0]  # the tenant of a ledger key (``keys``)
             self.changes[tenant] = self.changes.get(tenant, 0) + 1
             self.touched.add(tenant)
@@ -258,6 +265,7 @@ class Tenancy:
         """A new configuration's ledger (empty yet) takes over ``old``'s clock and, when it has a half-life
         too, the decayed usage (the running gangs are counted again after this)."""
         self.now = old.now
+        self.users.carry(old.users)
         if self.decay is not None and old.decay is not None:
             self.decay.take_over(old.decay, old.now)
 

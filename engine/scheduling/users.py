@@ -1,0 +1,100 @@
+"""Fair share inside a tenant: each user's usage, so a tenant's gangs go in the order of their users' shares.
+
+Slurm's fair-share tree ranks an account's users below the account (``fairshare=parent`` apart), Volcano
+ranks users by their decayed share (v1.16): a user who has held half of the team's GPUs all morning waits
+behind a colleague who has held none, whatever the order they submitted in. Here a gang request names its
+run's user (``GangRequest.user``: the token's subject where the gateway stamps it, engine.runtime.gateway);
+the admission cycle orders a tenant's queue heads of one priority by their user's share, then by submission
+(``engine.scheduling.cycle``). Tenants keep ranking among themselves exactly as before: a user's share only
+breaks ties inside its tenant, and a tenant whose gangs name no user keeps its FIFO order.
+
+A user's share is its dominant share of the cluster's capacity: per resource what its gangs hold now, plus
+with ``policy.usage_half_life`` its decayed average usage (``engine.scheduling.usage_decay``: here all of its
+usage decays, a user has no nominal quota of its own), the largest of the three over the capacity. All users
+weigh the same. Kept per (tenant, user): one change costs O(1), as the tenants' ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from engine.scheduling.usage_decay import UsageDecay
+
+__all__ = ["Users"]
+
+Vec = tuple[int, int, int]
+
+
+def _key(tenant: str, user: str) -> str:
+    return f"{tenant}/{user}"  # a tenant's name has no "/" (config's name rule): the first one splits them
+
+
+class Users:
+    """Per (tenant, user): what its running gangs hold, and with a half-life its decayed usage."""
+
+    def __init__(self, half_life: float | None) -> None:
+        self.used: dict[str, list[int]] = {}  # _key(tenant, user) -> GPUs, millicores, bytes held now
+        self.decay = UsageDecay(half_life) if half_life is not None else None
+        self.now = 0.0  # the policy's clock (``Tenancy.advance`` moves it)
+
+    def add(self, tenant: str, user: str, vec: Vec, sign: int = 1) -> None:
+        """Count (``sign=1``) or uncount (``-1``) a running gang of ``user``'s; a gang without a user: nothing."""
+        if not user:
+            return
+        key = _key(tenant, user)
+        used = self.used.setdefault(key, [0, 0, 0])
+        for r in range(3):
+            used[r] += sign * vec[r]
+        if self.decay is not None:
+            self.decay.change(key, (used[0], used[1], used[2]), self.now)
+        if not any(used) and (self.decay is None or not any(self.decay.value_at(key, self.now))):
+            del self.used[key]  # nothing held and nothing remembered: the user leaves the ledger
+
+    def share(self, tenant: str, user: str, capacity: Sequence[int]) -> float:
+        """``user``'s dominant share in ``tenant`` (the module docstring); 0 for no user or one never seen."""
+        if not user:
+            return 0.0
+        key = _key(tenant, user)
+        used = self.used.get(key, (0, 0, 0))
+        decay = self.decay
+        past = decay.average(key, decay.ranked_at(self.now)) if decay is not None else (0.0, 0.0, 0.0)
+        return max(((used[r] + past[r]) / capacity[r] for r in range(3) if capacity[r] > 0), default=0.0)
+
+    def moving(self) -> Iterator[str]:
+        """The tenants whose users' shares move with the clock alone (a decayed history or a usage)."""
+        if self.decay is not None:
+            for key in self.decay.moving():
+                yield key.partition("/")[0]
+
+    def carry(self, old: Users) -> None:
+        """A new configuration's ledger takes over ``old``'s histories when both have a half-life (the running
+        gangs are counted again after this, as ``Tenancy.carry``)."""
+        self.now = old.now
+        if self.decay is not None and old.decay is not None:
+            self.decay.take_over(old.decay, old.now)
+
+    def rows(self, tenant: str) -> dict[str, dict[str, Any]]:
+        """Per user of ``tenant``: what it holds, and its decayed usage in resource-seconds where one is kept."""
+        out: dict[str, dict[str, Any]] = {}
+        keys = set(self.used) | set(self.decay.rows() if self.decay is not None else ())
+        for key in sorted(keys):
+            owner, _, user = key.partition("/")
+            if owner != tenant:
+                continue
+            used = self.used.get(key, [0, 0, 0])
+            row: dict[str, Any] = {"used": (used[0], used[1], used[2])}
+            if self.decay is not None:
+                row["decayed"] = self.decay.value_at(key, self.now)
+            out[user] = row
+        return out
+
+    # -- continue-as-new ---------------------------------------------------------------------------
+    def history(self) -> dict[str, list[float]]:
+        """What the snapshot carries: per ``tenant/user`` its decayed usage (``UsageDecay.rows``); {} without."""
+        return self.decay.rows() if self.decay is not None else {}
+
+    def restore_history(self, rows: Mapping[str, Any]) -> None:
+        """Put back what ``history`` saved, after the running gangs were counted again."""
+        if self.decay is not None:
+            self.decay.restore_rows(rows)
