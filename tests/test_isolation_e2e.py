@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pytest
 from conftest import ROOT, AuthStack, run, until
 from temporalio.api.command.v1 import Command, ScheduleNexusOperationCommandAttributes
@@ -27,7 +28,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
 from engine.client import Client, prepare_run
-from engine.core.protocol import SCHEDULER_ID
+from engine.core.protocol import SCHEDULER_ID, SUBMIT_SIGNAL, USER_MEMO
 from engine.runtime.gateway import authorized
 from engine.runtime.tokens import Claims
 
@@ -87,6 +88,22 @@ def _cli(stack: AuthStack, tenant: str, *args: str, timeout: float = 240) -> sub
     )
 
 
+def _subject(token: str) -> str:
+    """Who a token names (its ``sub``): what the gateway stamps as the user of each run it starts."""
+    return str(jwt.decode(token, options={"verify_signature": False})["sub"])
+
+
+async def _gang_user(stack: AuthStack, gang_id: str) -> tuple[str | None, set[str | None]]:
+    """The user in a platform GangTask's input (the GangSpec its run sent through Nexus), and in each gang request
+    it submitted to the Scheduler (its ``submit`` signals), both read from its history."""
+    platform = await TemporalClient.connect(stack.upstream, namespace="gangflow-system")
+    events = (await platform.get_workflow_handle(gang_id).fetch_history()).events
+    spec = json.loads(events[0].workflow_execution_started_event_attributes.input.payloads[0].data)
+    signals = [e.signal_external_workflow_execution_initiated_event_attributes for e in events]
+    requests = [json.loads(a.input.payloads[0].data) for a in signals if a.signal_name == SUBMIT_SIGNAL]
+    return spec.get("user"), {request.get("user") for request in requests}
+
+
 async def _gangs(stack: AuthStack) -> list[Any]:
     platform = await TemporalClient.connect(stack.upstream, namespace="gangflow-system")
     return [w async for w in platform.list_workflows("WorkflowType = 'GangTask'")]
@@ -100,6 +117,10 @@ def test_a_team_runs_a_gang_through_its_endpoint_and_the_platform_pins_who_and_w
     async def check() -> None:
         gangs = [g.id for g in await _gangs(stack)]
         assert "team-a:a-first.train-1" in gangs, gangs
+        # who started the run is the token's subject, stamped by the gateway over the CLI's login name, and it
+        # reached the gang request the Scheduler got (through the run, its endpoint and the platform's GangTask)
+        subject = _subject(stack.token("team-a"))
+        assert await _gang_user(stack, "team-a:a-first.train-1") == (subject, {subject})
         # the run's own namespace holds no GangTask: the gang ran in the platform's
         a = await stack.client("gf-team-a", stack.token("team-a"))
         assert [w.id async for w in a.list_workflows("WorkflowType = 'GangTask'")] == []
@@ -131,8 +152,9 @@ def test_a_team_runs_a_gang_through_its_endpoint_and_the_platform_pins_who_and_w
 
 
 def test_a_client_cannot_declare_another_tenant_or_root(stack: AuthStack, tmp_path: Path) -> None:
-    """A hostile client in gf-team-a names team-b as the run's tenant: the gang is still team-a's (what the
-    Scheduler charges, where its artifacts go). One naming a root of its own is refused before any task."""
+    """A hostile client in gf-team-a names team-b as the run's tenant, and someone else as its user: the gang is
+    still team-a's (what the Scheduler charges, where its artifacts go), and its user the token's subject. One
+    naming a root of its own is refused before any task."""
     sys.path.insert(0, str(ROOT / "examples" / "two_teams"))
     import pipeline
 
@@ -140,7 +162,9 @@ def test_a_client_cannot_declare_another_tenant_or_root(stack: AuthStack, tmp_pa
         temporal = await stack.client("gf-team-a", stack.token("team-a"))
         defn, envelope = prepare_run(pipeline.pipeline, {"n": 4}, artifacts=artifacts, tenant=tenant, run_id=run_id)
         # straight to Temporal, past the client's own checks, as a hostile client would
-        return await temporal.start_workflow(defn.name, envelope.encode("inputs"), id=run_id, task_queue="gangflow")
+        return await temporal.start_workflow(
+            defn.name, envelope.encode("inputs"), id=run_id, task_queue="gangflow", memo={USER_MEMO: "someone-else"}
+        )
 
     async def go() -> None:
         forged = await start("a-as-b", "team-b", str(stack.state / "artifacts" / "team-a"))
@@ -149,6 +173,9 @@ def test_a_client_cannot_declare_another_tenant_or_root(stack: AuthStack, tmp_pa
         first = (await platform.get_workflow_handle("team-a:a-as-b.train-1").fetch_history()).events[0]
         spec = json.loads(first.workflow_execution_started_event_attributes.input.payloads[0].data)
         assert spec["tenant"] == "team-a"
+        subject = _subject(stack.token("team-a"))
+        assert subject != "someone-else"
+        assert await _gang_user(stack, "team-a:a-as-b.train-1") == (subject, {subject})
 
         elsewhere = await start("a-elsewhere", "team-a", str(tmp_path / "elsewhere"))
         with pytest.raises(WorkflowFailureError) as caught:

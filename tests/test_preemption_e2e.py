@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import getpass
 import io
 import json
 import signal
@@ -40,7 +41,7 @@ from conftest import NO_WARM_IMPORTS, Stack, gang_task, gangflow_cli, run, stack
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from engine.client import Client, load_workflow_file
-from engine.core.protocol import DESCRIBE_QUERY, SCHEDULER_ID
+from engine.core.protocol import DESCRIBE_QUERY, SCHEDULER_ID, SUBMIT_SIGNAL
 from engine.runtime.node import SELF_DRAIN_REASON
 
 pytestmark = pytest.mark.slow
@@ -576,7 +577,8 @@ def test_a_sub_workflows_call_keeps_its_rank_files_apart_from_the_runs_call_of_t
 ) -> None:
     """A run calls ``train`` (``train-1``) and a sub-workflow that calls it too (its own ``train-1``): each call's
     rank logs and saved rank reports have names of their own in the run's store (the sub-workflow's after its
-    id), so each one's status reads its own steps and ``gangflow logs --task train`` finds both."""
+    id), so each one's status reads its own steps and ``gangflow logs --task train`` finds both. Both gangs'
+    requests name who started the run (the client's login name here, no gateway): the sub-workflow's by its memo."""
 
     async def main() -> Any:
         client = await stack.client()
@@ -584,6 +586,13 @@ def test_a_sub_workflows_call_keeps_its_rank_files_apart_from_the_runs_call_of_t
         run_id = await start(client, flows, "both", {"steps": 5}, tenant="team-a")
         done = await result(client, flows, run_id, "both")
         assert (done["direct"]["applied"], done["inner"]["applied"]) == (5, 9), done
+        for gang_id in (f"{run_id}.train-1", f"{run_id}.trained-1.train-1"):
+            events = (await client.temporal.get_workflow_handle(gang_id).fetch_history()).events
+            signals = [e.signal_external_workflow_execution_initiated_event_attributes for e in events]
+            users = {
+                json.loads(a.input.payloads[0].data).get("user") for a in signals if a.signal_name == SUBMIT_SIGNAL
+            }
+            assert users == {getpass.getuser()}, (gang_id, users)
         info = await client.status(run_id)
         child = await client.status(f"{run_id}.trained-1", parent=info)
         logs = await client.logs(run_id, task="train")

@@ -59,6 +59,8 @@ class GangSpec:
     # the sub-workflow that calls it, as its id below the run's ("prep-1"; "" in the run's own workflow): a
     # call id counts per workflow, so a sub-workflow's train-1 and its run's train-1 need their own checkpoints
     scope: str = ""
+    # who started the run (its ``gangflow_user`` memo): fair share's ordering key within its tenant; "": none
+    user: str = ""
 
     @property
     def checkpoint_key(self) -> str:
@@ -99,6 +101,7 @@ def gang_request(spec: GangSpec, gang_id: str) -> dict[str, Any]:
             topology_required=spec.topology_required,
             topology_preferred=spec.topology_preferred,
             topology_wait_s=spec.topology_wait_s,
+            user=spec.user,
         )
     except ValidationError as exc:
         raise ApplicationError(f"a malformed gang request: {exc}", type="Unschedulable", non_retryable=True) from None
@@ -108,6 +111,8 @@ def gang_request(spec: GangSpec, gang_id: str) -> dict[str, Any]:
         unset.add("preemptible")
     # fleet fields (flavors, selectors, topology) likewise: a request that names none keeps its old payload
     unset.update(name for name in _FLEET_FIELDS if not getattr(request, name))
+    if not spec.user:  # and a run with no user (started before users, or by a client with no login name)
+        unset.add("user")
     return request.model_dump(mode="json", exclude=unset)
 
 

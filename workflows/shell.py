@@ -53,6 +53,7 @@ from engine.core.protocol import (
     KIND_GANG,
     LEGACY_GANG_TYPE,
     PROGRESS_QUERY,
+    USER_MEMO,
 )
 from engine.core.waits import WaitRequest
 from engine.core.wire import Envelope
@@ -84,9 +85,10 @@ GANG_TYPE_PATCH = "gang-task-type"
 class _TemporalDispatcher:
     """Schedules the task calls of one workflow run."""
 
-    def __init__(self, shell: UserWorkflow, envelope: Envelope) -> None:
+    def __init__(self, shell: UserWorkflow, envelope: Envelope, user: str = "") -> None:
         self.shell = shell
         self.envelope = envelope
+        self.user = user  # who started the run: named in its gang requests, handed to its sub-workflows
         self.child_seq = 0
         self.calls: dict[str, int] = {}
 
@@ -160,6 +162,7 @@ class _TemporalDispatcher:
             topology_preferred=task.placement.preferred if task.placement else None,
             topology_wait_s=task.placement.wait_s if task.placement else None,
             scope=scope_of(workflow.info().workflow_id, self.envelope.run.run_id),
+            user=self.user,
         )
         summary = f"{task.name}: {gang.nnodes} node(s) × {gang.nproc_per_node} rank(s)"
         # its state comes by signal (workflows.glance), but from a gang in the platform's namespace (a tenant's,
@@ -268,6 +271,8 @@ class _TemporalDispatcher:
                 task_queue=info.task_queue,
                 result_type=bytes,
                 search_attributes=call_attributes(KIND_CALL, self.envelope.run.tenant, info.typed_search_attributes),
+                # its gangs name the run's user too (none without one: the command a run without users recorded)
+                memo={USER_MEMO: self.user} if self.user else None,
                 execution_timeout=wf.timeout,
                 parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
             )
@@ -280,6 +285,17 @@ class _TemporalDispatcher:
             ) from err
         self.shell.task_finished(wf.name, failed=False)
         return wf.interface.output_from_wire(unpack(result))
+
+
+def _run_user() -> str:
+    """Who started the run: its ``gangflow_user`` memo (engine.core.protocol.USER_MEMO), read once. "" where it
+    has none (started before users, or by hand) or one that is not a string: a memo is the starter's to fill,
+    and a bad one must not fail the run. Reading a memo adds nothing to the history (replays as before)."""
+    try:
+        user = workflow.memo_value(USER_MEMO, default="", type_hint=str)
+    except (TypeError, ValueError, KeyError, RuntimeError):  # not a JSON string (the converter's errors)
+        return ""
+    return user if isinstance(user, str) else ""
 
 
 @workflow.defn(dynamic=True, sandboxed=False)
@@ -358,7 +374,8 @@ class UserWorkflow:
         defn, envelope = load_code(envelope, WorkflowDefinition)
         try:
             inputs = defn.interface.inputs_from_wire(envelope.inputs)
-            with using_dispatcher(_TemporalDispatcher(self, envelope)), guarding(defn.name, defn.module) as scope:
+            dispatcher = _TemporalDispatcher(self, envelope, _run_user())
+            with using_dispatcher(dispatcher), guarding(defn.name, defn.module) as scope:
                 result = await defn.fn(**inputs)
             scope.check()  # a forbidden call the body caught and swallowed still fails the run
             return check_payload_size(pack(defn.interface.output_to_wire(result)), f"the result of {defn.name!r}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import getpass
 import importlib
 import inspect
 import os
@@ -24,7 +25,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from engine.artifacts import ArtifactStore, default_artifact_root, pack_code
 from engine.core.cache_key import check_cache_mode
 from engine.core.definitions import TaskDefinition, WorkflowDefinition, definition_of, source_file
-from engine.core.protocol import DEFAULT_TENANT, KIND_RUN
+from engine.core.protocol import DEFAULT_TENANT, KIND_RUN, USER_MEMO
 from engine.core.wire import CodeRef, Envelope, RunContext
 from engine.errors import GangflowError, InputError
 from engine.runtime.connection import KIND, PIPELINE, TENANT
@@ -183,7 +184,9 @@ def start_options(defn: WorkflowDefinition, envelope: Envelope) -> dict[str, Any
         "arg": envelope.encode(f"the inputs of workflow {defn.name!r}"),
         "id": envelope.run.run_id,
         "execution_timeout": defn.timeout,
-        "memo": {"gangflow": memo},
+        # who starts it: nothing authenticates the login name; behind the dev gateway the token's subject replaces
+        # it (engine.runtime.gateway)
+        "memo": {"gangflow": memo, USER_MEMO: _login()},
         "search_attributes": TypedSearchAttributes(
             [
                 SearchAttributePair(PIPELINE, defn.name),
@@ -195,6 +198,14 @@ def start_options(defn: WorkflowDefinition, envelope: Envelope) -> dict[str, Any
         "static_details": f"code: {envelope.code.module}.{envelope.code.qualname}"
         + (f" (bundle {envelope.code.bundle_sha[:12]})" if envelope.code.bundle_sha else ""),
     }
+
+
+def _login() -> str:
+    """The local login name, "" where there is none to be had (no passwd entry for the uid, no $USER)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError, ImportError):  # KeyError up to 3.12, OSError from 3.13; no pwd module
+        return ""
 
 
 def task_priorities(defn: WorkflowDefinition) -> dict[str, str]:

@@ -86,6 +86,7 @@ __all__ = [
     "TENANT_UID_SPAN",
     "TENANT_VIEW_PREFIX",
     "TENANT_VIEW_TYPE",
+    "USER_MEMO",
     "TenantRoute",
     "TenantUser",
     "check_tenant",
@@ -312,6 +313,10 @@ MAP_CHUNK_TYPE = "MapChunk"
 PROGRESS_QUERY = "gangflow_progress"  # query: task calls and their state
 INPUT_UPDATE = "gangflow_input"  # update: a value for wait_for_input
 APPROVE_UPDATE = "gangflow_approve"  # update: an answer for approve
+#: a run's memo key: who started it, a plain string (the client's login name; behind the dev gateway the verified
+#: token's subject, whatever the client wrote). The run puts it in its gangs' requests and its sub-workflows'
+#: memos: fair share's ordering key within a tenant, never a permission (docs/security.md)
+USER_MEMO = "gangflow_user"
 
 # -- activity types -------------------------------------------------------------------------------
 RUN_RANKS = "gangflow.run_ranks"  # a node launch, on the node's queue

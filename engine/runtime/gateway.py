@@ -11,7 +11,8 @@ is this gateway's Unix socket (engine.runtime.relay); run as a normal user, the 
 127.0.0.1 to every local process.
 
 Every unary RPC of the WorkflowService and the OperatorService (and the gRPC health check) is forwarded as
-raw bytes after the check Temporal's authorization interceptor makes (common/authorization in the server):
+raw bytes after the check Temporal's authorization interceptor makes (common/authorization in the server),
+and a request that starts a workflow has its user stamped (below):
 
 - the bearer token is verified (RS256, a ``kid`` of the JWKS, expiry); a bad one gets PERMISSION_DENIED
   "Request unauthorized." for every call, as the server answers when its claim mapper fails;
@@ -23,12 +24,22 @@ raw bytes after the check Temporal's authorization interceptor makes (common/aut
   the rest (polling for tasks and answering them included: Temporal's worker role alone grants nothing);
 - a workflow task completion that signals, cancels or starts a child in another namespace needs write there.
 
+Who started a run: a request that starts a workflow (StartWorkflowExecution, SignalWithStartWorkflowExecution, the
+starts of an ExecuteMultiOperation, the start_workflow action of CreateSchedule / UpdateSchedule) gets its memo
+``gangflow_user`` set to the verified token's subject, replacing what the client wrote, and is forwarded
+re-serialized (``stamp_user``). So a tenant's user who only starts runs (``gangflow run``, schedules) cannot pose
+as another user. Whoever answers the tenant's workflow tasks (any writer may poll its queue) still builds its
+gang requests, so it can name another user of the same tenant, never another tenant (the platform pins that from
+the Nexus endpoint): the user orders fair share within a tenant, it authorizes nothing. A production server's
+principal attribution (temporalio/temporal PR #9582) records the ``sub`` on history events, not in this memo.
+
 Caller metadata is forwarded except ``authorization``; upstream errors come back with their details.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from types import ModuleType
@@ -39,12 +50,13 @@ import grpc.aio
 import temporalio.api.operatorservice.v1 as operator_api
 import temporalio.api.workflowservice.v1 as workflow_api
 from google.protobuf.message import DecodeError, Message
+from temporalio.api.common.v1 import Memo, Payload
 from temporalio.api.enums.v1 import CommandType
 
-from engine.core.protocol import gang_endpoint
+from engine.core.protocol import USER_MEMO, gang_endpoint
 from engine.runtime.tokens import ROLES, Claims, TokenError, TokenVerifier
 
-__all__ = ["UNAUTHORIZED", "Gateway", "authorized", "required_role"]
+__all__ = ["UNAUTHORIZED", "Gateway", "authorized", "required_role", "stamp_user"]
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +143,31 @@ def authorized(claims: Claims, full_method: str, request: Message | None) -> boo
     return True
 
 
+def stamp_user(request: Message, subject: str) -> bool:
+    """Set ``gangflow_user`` in the memo of each workflow start ``request`` carries to ``subject`` (the verified
+    token's), replacing what the client sent; whether that changed the request (False: it starts no workflow,
+    or already named ``subject``)."""
+    memos: list[Memo] = []
+    if isinstance(
+        request, workflow_api.StartWorkflowExecutionRequest | workflow_api.SignalWithStartWorkflowExecutionRequest
+    ):
+        memos.append(request.memo)
+    elif isinstance(request, workflow_api.ExecuteMultiOperationRequest):
+        memos.extend(op.start_workflow.memo for op in request.operations if op.HasField("start_workflow"))
+    elif isinstance(request, workflow_api.CreateScheduleRequest | workflow_api.UpdateScheduleRequest):
+        action = request.schedule.action  # only a schedule that starts a workflow (reading sets nothing)
+        memos.extend([action.start_workflow.memo] if action.HasField("start_workflow") else [])
+    # a JSON string as the default data converter writes it: every worker reads it, an encrypting one too (its
+    # codec passes unencrypted payloads through)
+    user = Payload(metadata={"encoding": b"json/plain"}, data=json.dumps(subject).encode())
+    changed = False
+    for memo in memos:
+        if USER_MEMO not in memo.fields or memo.fields[USER_MEMO] != user:
+            memo.fields[USER_MEMO].CopyFrom(user)
+            changed = True
+    return changed
+
+
 def _request_type(full_method: str) -> type[Message] | None:
     service, _, method = full_method.strip("/").partition("/")
     module = _SERVICES.get(service)
@@ -211,6 +248,8 @@ class Gateway:
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{full_method}: a malformed request")
         if not authorized(claims, full_method, request):
             await _abort(context, grpc.StatusCode.PERMISSION_DENIED, UNAUTHORIZED)
+        if request is not None and stamp_user(request, claims.subject):
+            raw = request.SerializeToString()  # unknown fields kept: what the client sent, with its user
         forwarded = tuple(
             (key, value) for key, value in metadata if key not in _NOT_FORWARDED and not key.startswith(":")
         )

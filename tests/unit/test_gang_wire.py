@@ -40,3 +40,6 @@ def test_the_submit_is_the_gang_request_dict_of_before() -> None:
     assert gang_request(spec, "g") == before
     spec = GangSpec(**{**spec.__dict__, "priority": "high", "preemptible": False})
     assert gang_request(spec, "g") == {**before, "priority": "high", "preemptible": False}
+    # the run's user only when it has one: a request without is byte for byte what older Schedulers accept
+    spec = GangSpec(**{**spec.__dict__, "user": "alice"})
+    assert gang_request(spec, "g") == {**before, "priority": "high", "preemptible": False, "user": "alice"}
