@@ -576,9 +576,7 @@ def show_queue(data: dict[str, Any], now: float | None = None) -> None:
         for g in data["running"]:
             where = "; ".join(f"{a['node_id']} gpus {a['gpu_ids']}" for a in g.get("nodes", []))
             state = _preempting(g, now) if g.get("preempting") else "running"
-            running.add_row(
-                escape(g["gang_id"]), escape(g.get("tenant") or ""), escape(g.get("priority") or ""), state, where
-            )
+            running.add_row(escape(g["gang_id"]), _who(g), escape(g.get("priority") or ""), state, where)
         console.print(running)
     if data.get("pending"):
         pending = Table(title="pending", show_edge=False, header_style="bold")
@@ -590,11 +588,17 @@ def show_queue(data: dict[str, Any], now: float | None = None) -> None:
             pending.add_row(
                 str(q.get("position", "")),
                 escape(q["gang_id"]),
-                escape(q.get("tenant") or ""),
+                _who(q),
                 escape(q.get("priority") or ""),
                 escape(q.get("reason") or ""),
             )
         console.print(pending)
+
+
+def _who(gang: Mapping[str, Any]) -> str:
+    """A gang's tenant, and under it its run's user where it names one (fair share orders a tenant's gangs by it)."""
+    user = gang.get("user")
+    return escape(gang.get("tenant") or "") + (f"\nuser {escape(str(user))}" if user else "")
 
 
 def _nodes_table(data: Mapping[str, Any]) -> None:

@@ -184,3 +184,15 @@ def test_queues_show_has_a_row_per_user_under_its_tenant() -> None:
     lines = {line.split("│")[0].strip(): line for line in text.splitlines() if "user " in line}
     assert set(lines) == {"user alice", "user bob", "user dave"}, text
     assert "gpu 8" in lines["user alice"] and "1" in lines["user alice"].split("│")[-2], text  # one waiting
+
+
+def test_gangflow_cluster_names_each_gangs_user_under_its_tenant() -> None:
+    policy = team()
+    busy_alice(policy)
+    with render.console.capture() as captured:
+        render.show_queue(policy.describe(), now=200.0)
+    text = captured.get()
+    tables = text[text.index("running gangs") :]
+    running, pending = tables.split(" # ┃")  # the pending table's header
+    assert "user alice" in running and "user bob" in running, text
+    assert "user alice" in pending and "user bob" not in pending, text
