@@ -24,14 +24,14 @@ from engine.scheduling.reasons import (
     quota_reason,
     topology_wait_reason,
 )
-from engine.scheduling.state import Queued, Shape
+from engine.scheduling.state import Queued, QueueKey, Shape
 from engine.scheduling.tenancy import Blocked, Vec
 from engine.scheduling.topology import holds_out
 
 if TYPE_CHECKING:
     from engine.scheduling.policy import Policy
 
-__all__ = ["QuotaText", "run", "user_places"]
+__all__ = ["QuotaText", "run", "user_heads"]
 
 #: a head its quota stopped: (its pool's counter, a list whose first item moves with the pool's usage; that
 #: item then; the inventory's ``topology`` then; its reason; whether it was stopped as a protected gang; the stop;
@@ -67,11 +67,13 @@ def run(policy: Policy, decisions: list[Decision], *, timed: bool, searches: int
             else:
                 heads.append((key, head))
         tiers = policy.tiers(tenant, [h for _, h in heads])
-        places = user_places(policy, tenant, [h for _, h in heads])
+        if policy._user_gangs.get(tenant):
+            looked = user_heads(policy, tenant, heads)
+        else:
+            looked = [(key, head, head.seq) for key, head in heads]
         entries = []
-        for key, head in heads:
+        for key, head, place in looked:
             borrows, share = tiers[key[0]]
-            place = head.seq if places is None else places[head.request.gang_id]
             entries.append((borrows, key[0], share, place, 0, head.request.gang_id, tenant, key))
         policy._entries[tenant] = entries
     order: list[Any] = list(itertools.chain.from_iterable(policy._entries.values()))
@@ -105,16 +107,28 @@ def _walk(
     failed_shapes: set[Shape] = set()
     reserved = frozenset().union(*policy._reserved.values()) if policy._reserved else frozenset()
     held: frozenset[str] = frozenset()  # the nodes of the gangs that hold what their victims free
+    # per tenant whose gangs name users, its heads in the order as of its latest admission in this cycle
+    by_user: dict[str, tuple[int, dict[QueueKey, tuple[QueueKey, Queued, int]], list[Queued]]] = {}
     pending, quotas, topology, now = policy.pending, policy._quota_texts, policy.inventory.topology, policy._now
     while order:
         entry = heapq.heappop(order)
         _, _, _, seq, version, gang_id, tenant, key = entry
         if version != changed.get(tenant, 0):  # the tenant started a gang in this cycle: rank it again
-            current = [h for h in map(policy._head, policy._queues[tenant].values()) if h is not None]
+            if len(key) > 3 or policy._user_gangs.get(tenant):  # its users' shares moved too: whose head now
+                made = by_user.get(tenant)
+                if made is None or made[0] != changed[tenant]:  # once per admission of the tenant
+                    current_heads = _heads(policy, tenant)
+                    groups = {u[0][:3]: u for u in user_heads(policy, tenant, current_heads)}
+                    made = by_user[tenant] = (changed[tenant], groups, [h for _, h in current_heads])
+                now_head = made[1].get(key[:3])
+                if now_head is None:  # the gangs of its priority, shape and preemptibility are gone
+                    continue
+                key, head, seq = now_head
+                gang_id, current = head.request.gang_id, made[2]
+            else:
+                current = [h for h in map(policy._head, policy._queues[tenant].values()) if h is not None]
             borrows, share = policy.tiers(tenant, current)[key[0]]
-            places = user_places(policy, tenant, current)
-            place = pending[gang_id].seq if places is None else places.get(gang_id, seq)
-            heapq.heappush(order, (borrows, key[0], share, place, changed[tenant], gang_id, tenant, key))
+            heapq.heappush(order, (borrows, key[0], share, seq, changed[tenant], gang_id, tenant, key))
             continue
         queued = pending[gang_id]
         quick = quotas.get(gang_id)
@@ -260,25 +274,45 @@ def _walk(
         nxt = policy._head(heap)
         if nxt is not None:  # ranked again when it comes up, as the tenant's share moved
             heapq.heappush(order, (False, key[0], 0.0, nxt.seq, -1, nxt.request.gang_id, tenant, key))
+        elif len(key) > 3 or policy._user_gangs.get(tenant):  # another user's gang of its shape may come next
+            heapq.heappush(order, (False, key[0], 0.0, queued.seq, -1, gang_id, tenant, key))
 
 
-def user_places(policy: Policy, tenant: str, heads: list[Queued]) -> dict[str, int] | None:
-    """Where each of a tenant's queue heads goes in the order when its gangs name users: per priority, the
-    heads' own submission numbers handed out again by their users' shares (``engine.scheduling.users``), the
-    lowest share first, then in submission order. So its users take turns on the places its gangs hold in the
-    order, and the tenant's place among the other tenants is what it was without users. None: none of its
-    gangs waiting names a user (each head keeps its own place, as before users)."""
-    if not policy._user_gangs.get(tenant):
-        return None
+def _heads(policy: Policy, tenant: str) -> list[tuple[QueueKey, Queued]]:
+    """The tenant's queue heads now, with their queues' keys."""
+    heads = ((key, policy._head(heap)) for key, heap in policy._queues[tenant].items())
+    return [(key, head) for key, head in heads if head is not None]
+
+
+def user_heads(policy: Policy, tenant: str, heads: list[tuple[QueueKey, Queued]]) -> list[tuple[QueueKey, Queued, int]]:
+    """The heads of a tenant whose gangs name users that go into the order (``engine.scheduling.users``).
+
+    Its users' queues of one priority, shape and preemptibility (one queue without users) stand for each other
+    as a queue's gangs do: only the head of the user with the lowest share (then the oldest) is looked at, so
+    users add no looks to a cycle. Per priority, those heads go by their users' shares onto the places the
+    oldest gangs of their queues hold: the tenant's places among the other tenants are what they were without
+    users. Each comes back with its key and its place (its ``seq`` in the order)."""
     users, capacity = policy.tenancy.users, policy.inventory.capacity
-    by_prio: dict[int, list[Queued]] = {}
-    for head in heads:
-        by_prio.setdefault(head.prio, []).append(head)
-    out: dict[str, int] = {}
-    for group in by_prio.values():
-        seqs = sorted(h.seq for h in group)
-        ranked = sorted(group, key=lambda h: (users.share(tenant, h.request.user, capacity), h.seq))
-        out.update(zip((h.request.gang_id for h in ranked), seqs, strict=True))
+    shares: dict[str, float] = {}  # per user (a tenant has many heads and few users)
+    # queue without users -> (rank, key, head, the oldest gang's number among its users' heads)
+    groups: dict[QueueKey, tuple[tuple[float, int], QueueKey, Queued, int]] = {}
+    for key, head in heads:
+        user = head.request.user
+        share = shares.get(user)
+        if share is None:
+            share = shares[user] = users.share(tenant, user, capacity)
+        rank = (share, head.seq)
+        best = groups.get(key[:3])
+        oldest = head.seq if best is None else min(best[3], head.seq)
+        groups[key[:3]] = (rank, key, head, oldest) if best is None or rank < best[0] else (*best[:3], oldest)
+    by_prio: dict[int, list[tuple[tuple[float, int], QueueKey, Queued, int]]] = {}
+    for item in groups.values():
+        by_prio.setdefault(item[2].prio, []).append(item)
+    out: list[tuple[QueueKey, Queued, int]] = []
+    for items in by_prio.values():
+        places = sorted(item[3] for item in items)
+        items.sort(key=lambda item: item[0])
+        out.extend((key, head, place) for (_, key, head, _), place in zip(items, places, strict=True))
     return out
 
 

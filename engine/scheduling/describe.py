@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.scheduling.cycle import user_places
 from engine.scheduling.flavors import describe_flavors
 from engine.scheduling.tenancy import RESOURCES
 from engine.scheduling.units import cpus_of
@@ -16,6 +15,7 @@ from engine.scheduling.units import cpus_of
 if TYPE_CHECKING:
     from engine.scheduling.inventory import Node
     from engine.scheduling.policy import Policy
+    from engine.scheduling.state import Queued
 
 __all__ = ["describe", "describe_node", "queues"]
 
@@ -188,6 +188,24 @@ def describe_node(policy: Policy, node_id: str) -> dict[str, Any] | None:
     return None if node is None else _node_row(node_id, node)
 
 
+def _user_places(policy: Policy, tenant: str, gangs: list[Queued]) -> dict[str, int] | None:
+    """Where a tenant's waiting gangs stand in the order when they name users, as the admission cycle takes
+    their heads (``engine.scheduling.cycle.user_heads``): per priority, the gangs' own numbers handed out again
+    by their users' shares, the lowest first, then in submission order. None: none names a user."""
+    if not policy._user_gangs.get(tenant):
+        return None
+    users, capacity = policy.tenancy.users, policy.inventory.capacity
+    by_prio: dict[int, list[Queued]] = {}
+    for queued in gangs:
+        by_prio.setdefault(queued.prio, []).append(queued)
+    out: dict[str, int] = {}
+    for group in by_prio.values():
+        seqs = sorted(q.seq for q in group)
+        ranked = sorted(group, key=lambda q: (users.share(tenant, q.request.user, capacity), q.seq))
+        out.update(zip((q.request.gang_id for q in ranked), seqs, strict=True))
+    return out
+
+
 def describe(policy: Policy) -> dict[str, Any]:
     """Nodes (sorted by id) with capacity, whether they are drained and the gangs on them, running gangs
     (with the preemption in progress, if any), and the queue in order."""
@@ -241,7 +259,7 @@ def describe(policy: Policy) -> dict[str, Any]:
     tiers = {tenant: policy.tiers(tenant, gangs) for tenant, gangs in by_tenant.items()}
 
     # a tenant's gangs naming users take turns by their users' shares on the places its gangs hold
-    places = {tenant: user_places(policy, tenant, gangs) for tenant, gangs in by_tenant.items()}
+    places = {tenant: _user_places(policy, tenant, gangs) for tenant, gangs in by_tenant.items()}
 
     def rank(q: Any) -> tuple[bool, int, float, int]:
         borrows, share = tiers[q.request.tenant][-q.prio]

@@ -167,7 +167,7 @@ class Policy:
         self._admitted_latest: float | None = None  # see ``preemption._latest_admission``
         self._searches_left = 1
         self._pending_counts: dict[str, int] = {}  # tenant -> its gangs waiting (``max_pending``)
-        self._user_gangs: dict[str, int] = {}  # tenant -> its gangs waiting that name a user (``cycle.user_places``)
+        self._user_gangs: dict[str, int] = {}  # tenant -> its gangs waiting that name a user (``cycle.user_heads``)
         self.lenders = Lenders()  # nothing borrows from a cohort while a lender waits there (module docstring)
         self.counters = Counters()  # admissions, waits, preemptions, restarts so far (Prometheus)
         self.lost_work = lost_work.LostWork()  # victims by the work they would lose (``.lost_work``)

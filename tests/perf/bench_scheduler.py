@@ -72,6 +72,7 @@ import heapq
 import math
 import random
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from types import ModuleType, SimpleNamespace
@@ -467,6 +468,11 @@ class PolicyAdapter(Adapter):
         )
         self.policy = Policy(load_queue_config(config), node_ttl_s=NODE_TTL_S)
         self.policy.counters = TimedCounters()  # the same counting, timed apart (counters_us_per_event)
+        self.users = 0  # ``--users``: each gang names one of this many users of its tenant
+
+    def user_of(self, gang_id: str) -> dict[str, str]:
+        """The request's ``user`` field under ``--users`` (drawn by the gang's id, so every side agrees)."""
+        return {"user": f"user{zlib.crc32(gang_id.encode()) % self.users}"} if self.users else {}
 
     def _step(self, event: Any, now: float) -> list[Outcome]:
         return self._timed(lambda: self.policy.step(event, now), now)
@@ -485,6 +491,7 @@ class PolicyAdapter(Adapter):
             tenant=gang.tenant,
             priority=gang.priority,
             flavors=self.fleet.gang_flavors[gang.gang_id] if self.fleet is not None else (),
+            **self.user_of(gang.gang_id),
         )
         return self._step(self.s.GangSubmitted(request=request), now)
 
@@ -1143,6 +1150,8 @@ def command_line(result: dict[str, Any]) -> str:
         line += f" --checkpoint-interval {c['checkpoint_interval_s']:g}"
     if c.get("checkpoint_wait_s") is not None:
         line += f" --checkpoint-wait {c['checkpoint_wait_s']:g}"
+    if c.get("users_per_tenant"):
+        line += f" --users {c['users_per_tenant']}"
     return line
 
 
@@ -1316,6 +1325,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="wall-clock cap for the FIFO baseline, 0 to skip it (default %(default)s)",
     )
     parser.add_argument(
+        "--users",
+        type=int,
+        default=0,
+        help="each gang names one of this many users of its tenant (drawn by its id): per-user fair share inside "
+        "each tenant (default 0: no users)",
+    )
+    parser.add_argument(
         "--flavors",
         default=None,
         help="GPU flavors, NAME:NODES,... (e.g. h100:400,a100:600; replaces --nodes): bench_fleet.py",
@@ -1336,6 +1352,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, flag) is None:
             setattr(args, flag, defaults(args.workload)[flag])
     at_least_one(parser, args, "nodes", "gpus_per_node", "gangs", "tenants")
+    if args.users < 0:
+        parser.error(f"--users must be 0 or more, got {args.users}")
     for flag in ("save_s", "grace_s", "min_runtime_s", "fifo_budget_s"):
         value = getattr(args, flag)
         if not math.isfinite(value) or value < 0:
@@ -1431,6 +1449,7 @@ def main(args: argparse.Namespace) -> None:
         "policy_source": source_digest(),
         **({"racks": args.racks} if args.racks else {}),
         **({"preferred_wait_s": args.preferred_wait} if args.preferred_wait is not None else {}),
+        **({"users_per_tenant": args.users} if args.users else {}),
     }
     log(
         f"{workload.name}: {len(workload.gangs):,} gangs, {len(workload.tenants)} tenants, "
@@ -1441,7 +1460,7 @@ def main(args: argparse.Namespace) -> None:
     with LoadSampler() as load:
         try:
             adapter = PolicyAdapter(queue)
-            adapter.fleet = fleet
+            adapter.fleet, adapter.users = fleet, args.users
         except ImportError as exc:
             result["policy"] = {"skipped": f"engine.scheduling.Policy is not available: {exc}"}
         else:
@@ -1456,6 +1475,7 @@ def main(args: argparse.Namespace) -> None:
                     lambda: told(args, workload),
                     fleet,
                     args.preferred_wait,
+                    args.users,
                 )
                 result.update(sides)
             else:
@@ -1472,7 +1492,7 @@ def main(args: argparse.Namespace) -> None:
                     if args.racks
                     else PolicyAdapter(queue)
                 )
-                today.name, today.fleet = "policy_today", fleet
+                today.name, today.fleet, today.users = "policy_today", fleet, args.users
                 today.policy.lost_work.counting = False
                 result["policy_today"] = simulate(
                     workload, today, args.save_s, progress=log, checkpoints=told(args, workload)

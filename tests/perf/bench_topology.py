@@ -115,6 +115,7 @@ class RackedAdapter(PolicyAdapter):
             priority=gang.priority,
             flavors=self.fleet.gang_flavors[gang.gang_id] if self.fleet is not None else (),
             **fields,
+            **self.user_of(gang.gang_id),
         )
         return self._step(self.s.GangSubmitted(request=request), now)
 
@@ -151,15 +152,16 @@ def run_sides(
     told: Any = None,
     fleet: Any = None,
     wait: float | None = None,
+    users: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Both sides on the same trace: the topology-aware policy, then the topology-blind one. ``told``: makes
     each side's checkpoint reports (``--checkpoint-interval``: bench_scheduler.told), or None; ``fleet``: the
     flavors' node labels and gangs' flavors (``--flavors``: bench_fleet.Fleet), or None; ``wait``: the
-    preferring gangs' wait for one rack (``--preferred-wait``)."""
+    preferring gangs' wait for one rack (``--preferred-wait``); ``users``: ``--users``."""
     sides: dict[str, dict[str, Any]] = {}
     for aware in (True, False):
         adapter = RackedAdapter(queue, workload.node_ids(), racks, aware=aware, wait=wait)
-        adapter.fleet = fleet
+        adapter.fleet, adapter.users = fleet, users
         log(f"{adapter.name} ({racks} racks of >= {adapter.rack_size} nodes) ...")
         checkpoints = None if told is None else told()
         run = simulate(workload, adapter, save_s, progress=log, checkpoints=checkpoints)

@@ -265,6 +265,18 @@ def test_checkpoint_wait_sets_the_policy_knob_for_the_costed_side() -> None:
             bs.parse_args(bad)
 
 
+def test_users_name_a_user_per_gang_and_the_policy_orders_by_them() -> None:
+    plain = json_line(bench(*SMALL, "--fifo-budget-s", "0", "--json"))
+    result = json_line(bench(*SMALL, "--fifo-budget-s", "0", "--users", "3", "--json"))
+    assert all(result["policy"]["checks"].values()), result["policy"]["violations"]
+    assert result["policy"]["gangs_finished"] == plain["policy"]["gangs_finished"] == 300
+    assert result["config"]["users_per_tenant"] == 3 and "users_per_tenant" not in plain["config"]
+    assert bs.command_line(result).endswith("--users 3")
+    assert result["policy"]["decision_hash"] != plain["policy"]["decision_hash"]  # the order inside tenants moved
+    with pytest.raises(SystemExit):
+        bs.parse_args(["--users", "-1"])
+
+
 def test_one_cohort_of_the_kueue_baseline_ends_with_min_runtime_zero() -> None:
     # issue 22: with min_runtime 0 the policy preempted gangs in a loop on this workload and never ended
     w = bs.kueue_baseline_workload()

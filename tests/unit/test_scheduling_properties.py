@@ -413,6 +413,7 @@ def next_events(
         preemptible=draw(st.sampled_from([True, True, True, False])),
         lost_node_wait_s=draw(st.sampled_from([30.0, 600.0])),
         **(draw(st.sampled_from(TOPOLOGY)) if configs is TOPOLOGY_CONFIGS else {}),
+        user=draw(st.sampled_from(["", "", "alice", "bob"])),  # per-user fair share inside a tenant, and none
     )
     gangs[gang_id] = request
     return [GangSubmitted(request=request)]

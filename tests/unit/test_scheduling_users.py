@@ -196,3 +196,20 @@ def test_gangflow_cluster_names_each_gangs_user_under_its_tenant() -> None:
     running, pending = tables.split(" # ┃")  # the pending table's header
     assert "user alice" in running and "user bob" in running, text
     assert "user alice" in pending and "user bob" not in pending, text
+
+
+def test_users_add_no_looks_to_a_cycle_and_the_lowest_share_goes_next() -> None:
+    """Its users' gangs of one shape stand for each other as one queue's gangs do: one head of them is looked
+    at per cycle (an event's cost does not grow with the users), the one of the user with the lowest share."""
+    policy = team()
+    policy.step(node("n0", gpus=8, cpus=64), 0.0)
+    policy.step(gang("held", "team-a", gpus=4, user="u0"), 0.0)
+    policy.step(gang("held2", "team-a", gpus=4, user="u1"), 0.0)
+    for i in range(12):  # u0..u3, three gangs each, all of 4 GPUs: one queue without users
+        policy.step(gang(f"g{i}", "team-a", gpus=4, user=f"u{i % 4}"), 1.0 + i)
+    assert len(policy._entries["team-a"]) == 1  # one head in the order, not four
+    # u1's gang ends: u0 holds 4 GPUs, the others none; the oldest of theirs goes (FIFO would take u0's g0)
+    assert admitted(policy.step(GangReleased(gang_id="held2"), 100.0)) == ["g1"]
+    # u0's ends: now u1 holds 4; of the others' gangs the oldest, u0's g0
+    assert admitted(policy.step(GangReleased(gang_id="held"), 101.0)) == ["g0"]
+    assert len(policy._entries["team-a"]) == 1
