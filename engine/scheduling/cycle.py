@@ -114,7 +114,8 @@ def _walk(
         entry = heapq.heappop(order)
         _, _, _, seq, version, gang_id, tenant, key = entry
         if version != changed.get(tenant, 0):  # the tenant started a gang in this cycle: rank it again
-            if len(key) > 3 or policy._user_gangs.get(tenant):  # its users' shares moved too: whose head now
+            # its users' shares moved too, or it stands for a queue whose head started: whose head it is now
+            if len(key) > 3 or policy._user_gangs.get(tenant) or gang_id not in pending:
                 made = by_user.get(tenant)
                 if made is None or made[0] != changed[tenant]:  # once per admission of the tenant
                     current_heads = _heads(policy, tenant)

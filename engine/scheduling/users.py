@@ -5,9 +5,10 @@ ranks users by their decayed share (v1.16): a user who has held half of the team
 behind a colleague who has held none, whatever the order they submitted in. Here a gang request names its
 run's user (``GangRequest.user``: the token's subject where the gateway stamps it, engine.runtime.gateway);
 the admission cycle orders a tenant's queue heads of one priority by their user's share, then by submission,
-and of its users' gangs of one shape looks at the head of the lowest share only, as one queue's head stands for
-its gangs (``engine.scheduling.cycle.user_heads``: users add no looks to a cycle). Tenants keep ranking among themselves exactly as before: a user's share only
-breaks ties inside its tenant, and a tenant whose gangs name no user keeps its FIFO order.
+and of its users' gangs of one shape looks at the head of the lowest share only, as one queue's head stands
+for its gangs (``engine.scheduling.cycle.user_heads``: users add no looks to a cycle). The tenants keep their
+places among themselves: its users take turns on the places the tenant's gangs hold, and a tenant whose gangs
+name no user keeps its FIFO order.
 
 A user's share is its dominant share of the cluster's capacity: per resource what its gangs hold now, plus
 with ``policy.usage_half_life`` its decayed average usage (``engine.scheduling.usage_decay``: here all of its

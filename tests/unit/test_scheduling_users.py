@@ -213,3 +213,14 @@ def test_users_add_no_looks_to_a_cycle_and_the_lowest_share_goes_next() -> None:
     # u0's ends: now u1 holds 4; of the others' gangs the oldest, u0's g0
     assert admitted(policy.step(GangReleased(gang_id="held"), 101.0)) == ["g0"]
     assert len(policy._entries["team-a"]) == 1
+
+
+def test_gangs_with_and_without_users_of_one_tenant_start_in_one_cycle() -> None:
+    """A tenant whose gangs name users and gangs that name none, of two shapes, all queued before any node:
+    one node's registration starts them all, in one cycle (each queue's head, then the next of its shape)."""
+    policy = team()
+    for i, (user, gpus) in enumerate([("", 1), ("alice", 1), ("", 2), ("bob", 2), ("alice", 2), ("", 1)]):
+        policy.step(gang(f"g{i}", "team-a", gpus=gpus, user=user), float(i))
+    started = admitted(policy.step(node("n0", gpus=16, cpus=64), 10.0))
+    assert sorted(started) == [f"g{i}" for i in range(6)]
+    assert not policy.pending and policy._user_gangs["team-a"] == 0
