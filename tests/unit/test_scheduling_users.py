@@ -224,3 +224,19 @@ def test_gangs_with_and_without_users_of_one_tenant_start_in_one_cycle() -> None
     started = admitted(policy.step(node("n0", gpus=16, cpus=64), 10.0))
     assert sorted(started) == [f"g{i}" for i in range(6)]
     assert not policy.pending and policy._user_gangs["team-a"] == 0
+
+
+def test_a_queue_whose_head_started_is_not_looked_at_once_its_tenants_last_user_gang_started() -> None:
+    """Found by a random search: within its quota (share 0) a tenant's users' heads and its gangs without a
+    user interleave; when the queue of a started gang without a user is empty, and the tenant's last gang
+    naming a user starts before that queue's turn comes back, the cycle must not look at the started gang
+    (it failed with KeyError before the fix in 50fa32f)."""
+    policy = Policy(config("tenants: [{name: team-a, quota: {gpu: 32}}]"), node_ttl_s=FOREVER)
+    policy.step(node("n0", gpus=8, cpus=64), 0.0)
+    policy.step(gang("h0", "team-a", gpus=1, user="b"), 0.0)
+    waiting = [("g0", 1, "c"), ("g1", 1, "b"), ("g2", 4, ""), ("g3", 1, ""), ("g4", 1, "b"), ("g5", 1, "")]
+    waiting += [("g6", 2, "b"), ("g7", 4, "a"), ("g8", 4, "")]
+    for gang_id, gpus, user in waiting:
+        policy.step(gang(gang_id, "team-a", gpus=gpus, user=user), 1.0)
+    started = admitted(policy.step(node("n1", gpus=16, cpus=64), 2.0))
+    assert sorted(started) == ["g4", "g5", "g6", "g7", "g8"] and not policy.pending
