@@ -146,8 +146,9 @@ def take(policy: Policy) -> dict[str, Any]:
     }
     if policy.tenancy.decay is not None:  # only then: a snapshot without a half-life is as before, byte for byte
         data["usage"] = policy.tenancy.decay.rows()
-    if policy.tenancy.users.history():  # the users' decayed usage (``engine.scheduling.users``), as ``usage``
-        data["user_usage"] = policy.tenancy.users.history()
+    user_usage = policy.tenancy.users.history()  # the users' decayed usage (``engine.scheduling.users``)
+    if user_usage:  # only then, as ``usage``
+        data["user_usage"] = user_usage
     if policy.lost_work.seen:  # only then, as ``usage``
         data["checkpoints"] = True
     if policy._topology_waits:  # only then, as ``usage``
