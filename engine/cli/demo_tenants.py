@@ -30,7 +30,8 @@ from engine.errors import GangflowError
 from engine.scheduling.config import QueueConfig, QueueConfigError
 
 from .common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError, read_queue_file
-from .render import console, err_console, show_queues
+from .render import console, err_console
+from .render_queues import show_queues
 
 __all__ = ["TENANTS_DEMO_TIMEOUT_S", "TenantsDemo"]
 

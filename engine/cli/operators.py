@@ -18,7 +18,8 @@ from engine.scheduling.config import QueueConfigError
 from engine.scheduling.events import drain_request
 
 from .common import EXIT_BAD_INPUT, EXIT_OK, CliError, client_for, queue_file_error, read_queue_file, refused
-from .render import console, err_console, print_answer, print_json, show_drain, show_queue, show_queues, show_release
+from .render import console, err_console, print_answer, print_json, show_release
+from .render_queues import show_drain, show_queue, show_queues
 from .serve import cmd_node
 
 __all__ = ["QUEUE_DEPRECATED", "cmd_cluster", "cmd_drain", "cmd_node_command", "cmd_queue", "cmd_queues", "cmd_release"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.cli.render import show_drain, show_queue
+from engine.cli.render_queues import show_drain, show_queue
 from engine.scheduling import (
     GangRequest,
     GangSubmitted,

@@ -285,7 +285,7 @@ def test_a_topology_level_the_queue_file_does_not_declare_is_refused() -> None:
 def test_gangflow_cluster_shows_each_nodes_labels_and_flavor(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from engine.cli.render import show_queue
+    from engine.cli.render_queues import show_queue
     from engine.scheduling import NodeRegistered, NodeSpec, Policy, load_queue_config
 
     monkeypatch.setenv("COLUMNS", "250")

@@ -217,7 +217,7 @@ def test_an_agent_that_is_not_root_keeps_its_ranks_and_says_so(
 def test_gangflow_cluster_shows_which_nodes_sandbox(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from engine.cli.render import show_queue
+    from engine.cli.render_queues import show_queue
     from engine.scheduling import NodeRegistered, NodeSpec, Policy, load_queue_config
 
     monkeypatch.setenv("COLUMNS", "250")

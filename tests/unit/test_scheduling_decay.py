@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scheduling_builders import FOREVER, admitted, config, gang, node
 
-from engine.cli import render
+from engine.cli import render, render_queues
 from engine.scheduling import ConfigApplied, GangReleased, Policy, QueueConfigError, load_queue_config
 from engine.scheduling.usage_decay import UsageDecay
 
@@ -227,14 +227,14 @@ def test_queues_show_has_a_decayed_usage_column_only_with_the_knob() -> None:
     busy_hour(policy)
     data = {**policy.queues(), "config": {"policy": {"usage_half_life": 3600.0}}}
     with render.console.capture() as captured:
-        render.show_queues(data)
+        render_queues.show_queues(data)
     text = captured.get()
     assert "decayed usage (half-life 1h)" in text and "gpu 5.77 GPU·h" in text, text  # 8 * tau / 2 s
     plain = two_tenants(None)
     busy_hour(plain)
     assert all("decayed_usage" not in entry for entry in plain.queues()["tenants"].values())
     with render.console.capture() as captured:
-        render.show_queues(plain.queues())
+        render_queues.show_queues(plain.queues())
     assert "decayed" not in captured.get()
 
 

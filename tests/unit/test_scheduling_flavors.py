@@ -496,18 +496,18 @@ def test_gangs_never_land_outside_their_flavor_under_a_random_stream() -> None:
 
 
 def test_queues_show_prints_a_row_per_flavor_under_each_tenant() -> None:
-    from engine.cli import render
+    from engine.cli import render, render_queues
 
     policy = policy_of(SOLO)
     run([gang("g1", "team-a", gpus=2), gang("g2", "team-a", gpus=1)], policy)
     with render.console.capture() as captured:
-        render.show_queues(policy.queues())
+        render_queues.show_queues(policy.queues())
     text = captured.get()
     assert "on h100" in text and "on a100" in text, text
     assert text.index("team-a") < text.index("on a100") < text.index("team-b"), text
     # gangflow cluster too: a total over flavors would hide a full one
     with render.console.capture() as captured:
-        render.show_queue(policy.describe())
+        render_queues.show_queue(policy.describe())
     rows = [line.split("│")[:2] for line in captured.get().splitlines() if "team-a" in line or " on " in line]
     cells = [(name.strip(), used.strip()) for name, used in rows[:3]]
     assert cells == [("team-a", "3/6"), ("on a100", "1/4"), ("on h100", "2/2")], rows  # its h100 quota is full

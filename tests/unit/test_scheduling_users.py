@@ -14,7 +14,7 @@ import random
 import pytest
 from scheduling_builders import FOREVER, admitted, config, gang, node, order, run
 
-from engine.cli import render
+from engine.cli import render, render_queues
 from engine.scheduling import ConfigApplied, GangReleased, Policy
 from engine.scheduling.events import Event, GangRejected, GangSubmitted
 
@@ -179,7 +179,7 @@ def test_queues_show_has_a_row_per_user_under_its_tenant() -> None:
     busy_alice(policy)
     data = {**policy.queues(), "config": {"policy": {"usage_half_life": 3600.0}}}
     with render.console.capture() as captured:
-        render.show_queues(data)
+        render_queues.show_queues(data)
     text = captured.get()
     lines = {line.split("│")[0].strip(): line for line in text.splitlines() if "user " in line}
     assert set(lines) == {"user alice", "user bob", "user dave"}, text
@@ -190,7 +190,7 @@ def test_gangflow_cluster_names_each_gangs_user_under_its_tenant() -> None:
     policy = team()
     busy_alice(policy)
     with render.console.capture() as captured:
-        render.show_queue(policy.describe(), now=200.0)
+        render_queues.show_queue(policy.describe(), now=200.0)
     text = captured.get()
     tables = text[text.index("running gangs") :]
     running, pending = tables.split(" # ┃")  # the pending table's header

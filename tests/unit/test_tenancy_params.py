@@ -15,7 +15,7 @@ import pytest
 from conftest import gangflow_cli, gangflow_main
 
 from engine import DefinitionError, Gang, InputError, Resources, task, workflow
-from engine.cli import render
+from engine.cli import render, render_queues
 from engine.cli.app import build_parser, run_options
 from engine.client import (
     NO_QUEUE_CONFIG,
@@ -422,10 +422,10 @@ def printed(show: Any, data: Any) -> str:
 
 
 def test_queues_show_prints_quota_use_borrowing_lending_pending_and_share():
-    text = printed(render.show_queues, SHOWN)
+    text = printed(render_queues.show_queues, SHOWN)
     for expected in ("team-a", "cohort research", "weight 2", "mem 64Gi", "cpu 16", "cpu ∞", "0.25", "4"):
         assert expected in text, text
-    assert printed(render.show_queues, {"tenants": {}}).strip() == "no tenants"
+    assert printed(render_queues.show_queues, {"tenants": {}}).strip() == "no tenants"
 
 
 def test_queue_shows_tenants_priorities_and_preemption_and_copes_with_older_schedulers():
@@ -435,7 +435,7 @@ def test_queue_shows_tenants_priorities_and_preemption_and_copes_with_older_sche
         "running": [{"gang_id": "r1.train-1", "nodes": [{"node_id": "n0", "gpu_ids": [0]}]}],
         "pending": [{"gang_id": "r2.train-1", "position": 1, "reason": "waiting"}],
     }
-    text = printed(render.show_queue, old)  # no tenant, priority or preempting keys: still a table
+    text = printed(render_queues.show_queue, old)  # no tenant, priority or preempting keys: still a table
     assert "r1.train-1" in text and "r2.train-1" in text and "waiting" in text
     new = {
         **base,
@@ -459,6 +459,6 @@ def test_queue_shows_tenants_priorities_and_preemption_and_copes_with_older_sche
         ],
         "tenants": SHOWN["tenants"],
     }
-    text = printed(render.show_queue, new)
+    text = printed(render_queues.show_queue, new)
     assert "preempting" in text and "team-b" in text and "low" in text and "high" in text
     assert "tenants" in text and "3/2" in text  # the per-tenant summary: GPUs used / quota

@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from engine.cli import render
+from engine.cli import render, render_queues
 from engine.core.protocol import tenant_of_namespace
 from engine.scheduling.tenant_view import own_cluster, own_gang, own_queues, redact
 from workflows.platform import VIEW_CALLS_MAX, ViewRequest
@@ -96,10 +96,10 @@ def _printed(monkeypatch: pytest.MonkeyPatch, show: object, data: dict[str, obje
 
 
 def test_cluster_and_queues_print_a_tenants_view_as_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    text = _printed(monkeypatch, render.show_queue, own_cluster(DESCRIBED, "team-a"))
+    text = _printed(monkeypatch, render_queues.show_queue, own_cluster(DESCRIBED, "team-a"))
     assert "team-a's view, through its Nexus endpoint" in text and "2 alive node(s), 4 GPU(s)" in text
     assert "no nodes registered" not in text and "team-a:r2.train-1" in text and "behind a gang of team-b" in text
-    empty = _printed(monkeypatch, render.show_queue, own_cluster({"tenants": {}, "totals": {}}, "team-c"))
+    empty = _printed(monkeypatch, render_queues.show_queue, own_cluster({"tenants": {}, "totals": {}}, "team-c"))
     assert "no gang of team-c is running or pending" in empty
-    queues = _printed(monkeypatch, render.show_queues, own_queues({"tenants": {"team-a": ROW_A}}, "team-a"))
+    queues = _printed(monkeypatch, render_queues.show_queues, own_queues({"tenants": {"team-a": ROW_A}}, "team-a"))
     assert "team-a's queue, through its Nexus endpoint" in queues and "team-b" not in queues
