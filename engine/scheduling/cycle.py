@@ -27,6 +27,7 @@ from engine.scheduling.reasons import (
 from engine.scheduling.state import Queued, QueueKey, Shape
 from engine.scheduling.tenancy import Blocked, Vec
 from engine.scheduling.topology import holds_out
+from engine.scheduling.users import take_turns
 
 if TYPE_CHECKING:
     from engine.scheduling.policy import Policy
@@ -306,15 +307,8 @@ def user_heads(policy: Policy, tenant: str, heads: list[tuple[QueueKey, Queued]]
         best = groups.get(key[:3])
         oldest = head.seq if best is None else min(best[3], head.seq)
         groups[key[:3]] = (rank, key, head, oldest) if best is None or rank < best[0] else (*best[:3], oldest)
-    by_prio: dict[int, list[tuple[tuple[float, int], QueueKey, Queued, int]]] = {}
-    for item in groups.values():
-        by_prio.setdefault(item[2].prio, []).append(item)
-    out: list[tuple[QueueKey, Queued, int]] = []
-    for items in by_prio.values():
-        places = sorted(item[3] for item in items)
-        items.sort(key=lambda item: item[0])
-        out.extend((key, head, place) for (_, key, head, _), place in zip(items, places, strict=True))
-    return out
+    turns = take_turns((head.prio, rank, oldest, (key, head)) for rank, key, head, oldest in groups.values())
+    return [(key, head, place) for (key, head), place in turns]
 
 
 def _stopped_alike(policy: Policy, queued: Queued, quick: QuotaText) -> bool:

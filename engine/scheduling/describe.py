@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from engine.scheduling.flavors import describe_flavors
 from engine.scheduling.tenancy import RESOURCES
 from engine.scheduling.units import cpus_of
+from engine.scheduling.users import take_turns
 
 if TYPE_CHECKING:
     from engine.scheduling.inventory import Node
@@ -195,15 +196,9 @@ def _user_places(policy: Policy, tenant: str, gangs: list[Queued]) -> dict[str, 
     if not policy._user_gangs.get(tenant):
         return None
     users, capacity = policy.tenancy.users, policy.inventory.capacity
-    by_prio: dict[int, list[Queued]] = {}
-    for queued in gangs:
-        by_prio.setdefault(queued.prio, []).append(queued)
-    out: dict[str, int] = {}
-    for group in by_prio.values():
-        seqs = sorted(q.seq for q in group)
-        ranked = sorted(group, key=lambda q: (users.share(tenant, q.request.user, capacity), q.seq))
-        out.update(zip((q.request.gang_id for q in ranked), seqs, strict=True))
-    return out
+    shares = {user: users.share(tenant, user, capacity) for user in {q.request.user for q in gangs}}
+    turns = ((q.prio, (shares[q.request.user], q.seq), q.seq, q.request.gang_id) for q in gangs)
+    return dict(take_turns(turns))
 
 
 def describe(policy: Policy) -> dict[str, Any]:

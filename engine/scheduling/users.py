@@ -18,18 +18,35 @@ weigh the same. Kept per (tenant, user): one change costs O(1), as the tenants' 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 from engine.scheduling.usage_decay import UsageDecay
 
-__all__ = ["Users"]
+__all__ = ["Users", "take_turns"]
 
 Vec = tuple[int, int, int]
+T = TypeVar("T")
 
 
 def _key(tenant: str, user: str) -> str:
     return f"{tenant}/{user}"  # a tenant's name has no "/" (config's name rule): the first one splits them
+
+
+def take_turns(items: Iterable[tuple[int, tuple[float, int], int, T]]) -> Iterator[tuple[T, int]]:
+    """A tenant's users take turns on the places its gangs hold (the module docstring): of ``(priority, rank,
+    place, what)`` items, per priority, the places (numbers in the order) handed out again by rank (its user's
+    share, then a gang's number), the lowest first; each ``what`` with its place. The one rule the cycle (for
+    queue heads, ``engine.scheduling.cycle.user_heads``) and the queue's view (for every waiting gang,
+    ``engine.scheduling.describe``) apply."""
+    by_prio: dict[int, list[tuple[int, tuple[float, int], int, T]]] = {}
+    for item in items:
+        by_prio.setdefault(item[0], []).append(item)
+    for group in by_prio.values():
+        places = sorted(item[2] for item in group)
+        group.sort(key=lambda item: item[1])
+        for item, place in zip(group, places, strict=True):
+            yield item[3], place
 
 
 class Users:
