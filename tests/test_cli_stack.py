@@ -3,6 +3,7 @@ start it again on the same state dir, and the run completes; no process is left 
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import signal
@@ -129,8 +130,10 @@ def test_dev_stack_restart_keeps_detached_run_and_leaves_no_orphans(tmp_path):
     final = json.loads(stack.cli("status", run_id, "--json").stdout)
     assert final["status"] == "COMPLETED" and final["result"] == [0, 1, 2, 3]
     assert len(list(markers.glob("step0.*"))) == 1  # finished before the restart: not run again
+    assert final["user"] == getpass.getuser()  # who started it: the client's login name, without a gateway
     human = stack.cli("status", run_id)
     assert "COMPLETED" in human.stdout and "step" in human.stdout
+    assert f"started by {getpass.getuser()}" in human.stdout
 
     cancelled = stack.cli(
         "run", "tests/fixtures/flows.py:steps", "--marker-dir", str(markers), "--count", "9", "--detach", "--json"

@@ -137,8 +137,10 @@ def test_a_team_runs_a_gang_through_its_endpoint_and_the_platform_pins_who_and_w
         status = _cli(stack, "team-a", "status", "a-first")
         assert status.returncode == 0, status.stdout + status.stderr
         assert "train" in status.stdout and "completed" in status.stdout
+        assert f"started by {_subject(stack.token('team-a'))}" in status.stdout  # the token's, stamped by the gateway
         # the per-rank view, though the GangTask is the platform's: from what the node agents saved in team-a's root
         status = _cli(stack, "team-a", "status", "a-first", "--json")
+        assert json.loads(status.stdout)["user"] == _subject(stack.token("team-a"))
         (train,) = [t for t in json.loads(status.stdout)["tasks"] if t["name"] == "train"]
         ranks = train["ranks"]
         assert ranks["gang_id"] == "a-first.train-1" and not ranks["live"], ranks

@@ -106,6 +106,7 @@ def run_json(info: RunInfo) -> dict[str, Any]:
         "tenant": info.tenant,
         "priority": info.priority,
         "schedule": info.schedule,
+        "user": info.user,
         "start_time": info.start_time.isoformat() if info.start_time else None,
         "close_time": info.close_time.isoformat() if info.close_time else None,
         "result": to_jsonable(info.result),
@@ -159,6 +160,7 @@ def show_status(info: RunInfo, *, result: bool = True, verbose: bool = False) ->
     console.print(
         f"[bold]{escape(info.run_id)}[/]  workflow [bold]{info.workflow}[/]  {_styled(info.status)}  "
         f"tenant {info.tenant}"
+        + (f"  started by {escape(info.user)}" if info.user else "")
         + (f"  priority {escape(info.priority)}" if info.priority else "")
         + (f"  scheduled by {escape(info.schedule)}" if info.schedule else ""),
         soft_wrap=True,  # the run id stays whole, to be copied

@@ -46,6 +46,7 @@ from engine.core.protocol import (
     RUNS_ONLY,
     STATUS_QUERY,
     TASK_QUEUE,
+    USER_MEMO,
     tenant_namespace,
 )
 from engine.core.wire import Envelope, RunContext
@@ -78,6 +79,9 @@ class RunInfo:
     progress: dict[str, Any] | None = None
     artifacts: str | None = None
     schedule: str | None = None  # the schedule that started the run (gangflow schedule), if one did
+    #: who started it (its ``gangflow_user`` memo: the token's subject behind the gateway, else the client's
+    #: login name; the user fair share orders its gangs by, engine.scheduling.users); None before it was kept
+    user: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -236,7 +240,8 @@ class Client(ClusterClient):
         saved their ranks in that run's store, under that run's id)."""
         handle = self.handle(run_id)
         desc = await handle.describe()
-        memo = (await desc.memo()).get("gangflow") or {}
+        memos = await desc.memo()
+        memo, user = memos.get("gangflow") or {}, memos.get(USER_MEMO)
         status = desc.status.name if desc.status else "UNKNOWN"
         info = RunInfo(
             run_id=run_id,
@@ -249,6 +254,7 @@ class Client(ClusterClient):
             priority=memo.get("priority"),
             artifacts=memo.get("artifacts"),
             schedule=desc.typed_search_attributes.get(SCHEDULED_BY),
+            user=user if isinstance(user, str) and user else None,
         )
         if with_tasks:
             info.tasks, info.error = await read_tasks(handle, self.temporal.data_converter.payload_codec)

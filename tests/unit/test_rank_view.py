@@ -277,6 +277,14 @@ def _status_text(info: RunInfo) -> str:
     return out.getvalue()
 
 
+def test_status_says_who_started_the_run_and_a_run_from_before_that_was_kept_says_nothing() -> None:
+    started = RunInfo("r", "wf", "RUNNING", None, None, tenant="team-a", user="alice")
+    assert "tenant team-a  started by alice" in _status_text(started)
+    assert render.run_json(started)["user"] == "alice"
+    older = RunInfo("r", "wf", "RUNNING", None, None, tenant="team-a")  # no gangflow_user memo
+    assert "started by" not in _status_text(older) and render.run_json(older)["user"] is None
+
+
 def test_status_lists_each_gangs_attempts_numbered_from_0() -> None:
     attempts = [
         {"attempt": 0, "kind": "preempted", "ended": "preempted by b-1 of team-b (reclaim)", "duration_s": 42.0,
