@@ -121,6 +121,7 @@ def test_dev_stack_restart_keeps_detached_run_and_leaves_no_orphans(tmp_path):
     # finished it by the time the banner shows, on a quiet machine: either state proves it survived
     listed = stack.cli("list", "--json")
     assert run_id in [r["run_id"] for r in json.loads(listed.stdout)], listed.stdout + listed.stderr
+    assert {r["user"] for r in json.loads(listed.stdout)} == {getpass.getuser()}, listed.stdout  # who started them
     status = stack.cli("status", run_id, "--json")
     assert json.loads(status.stdout)["status"] in ("RUNNING", "COMPLETED")
     deadline = time.monotonic() + 60

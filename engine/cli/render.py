@@ -267,6 +267,7 @@ def show_runs(runs: list[RunInfo]) -> None:
             r.workflow,
             r.status,
             r.tenant or "",
+            r.user or "",
             r.start_time.strftime("%Y-%m-%d %H:%M:%S") if r.start_time else "",
             r.close_time.strftime("%H:%M:%S") if r.close_time else "",
         )
@@ -274,19 +275,20 @@ def show_runs(runs: list[RunInfo]) -> None:
     ]
     table = Table(show_edge=False, header_style="bold")
     table.add_column("run", no_wrap=True)
-    for column in ("workflow", "status", "tenant", "started", "closed"):
+    for column in ("workflow", "status", "tenant", "user", "started", "closed"):
         table.add_column(column)
-    for run_id, workflow, status, tenant, started, closed in rows:
-        table.add_row(escape(run_id), escape(workflow), _styled(status), escape(tenant), started, closed)
+    for run_id, workflow, status, tenant, user, started, closed in rows:
+        table.add_row(escape(run_id), escape(workflow), _styled(status), escape(tenant), escape(user), started, closed)
     # the narrowest the table can be with no word broken (measured as if the terminal were unbounded)
     needed = Measurement.get(console, console.options.update_width(10_000), table).minimum
     if needed <= console.width:
         console.print(table)
         return
-    for run_id, workflow, status, tenant, started, closed in rows:
+    for run_id, workflow, status, tenant, user, started, closed in rows:
         print_unwrapped(run_id)
         when = started + (f" → {closed}" if closed else "")
-        console.print(f"  {escape(workflow)}  {_styled(status)}  tenant {escape(tenant)}  {when}")
+        by = f"  user {escape(user)}" if user else ""
+        console.print(f"  {escape(workflow)}  {_styled(status)}  tenant {escape(tenant)}{by}  {when}")
 
 
 def show_release(freed: dict[str, Any]) -> None:

@@ -88,6 +88,12 @@ class RunInfo:
         return self.status != "RUNNING"
 
 
+def _run_user(memo: Mapping[str, Any]) -> str | None:
+    """Who started the run (its ``USER_MEMO``); None where its memo names no one (a run from before it)."""
+    user = memo.get(USER_MEMO)
+    return user if isinstance(user, str) and user else None
+
+
 class Client(ClusterClient):
     """A connection to Temporal plus the artifact store runs write to."""
 
@@ -241,7 +247,7 @@ class Client(ClusterClient):
         handle = self.handle(run_id)
         desc = await handle.describe()
         memos = await desc.memo()
-        memo, user = memos.get("gangflow") or {}, memos.get(USER_MEMO)
+        memo = memos.get("gangflow") or {}
         status = desc.status.name if desc.status else "UNKNOWN"
         info = RunInfo(
             run_id=run_id,
@@ -254,7 +260,7 @@ class Client(ClusterClient):
             priority=memo.get("priority"),
             artifacts=memo.get("artifacts"),
             schedule=desc.typed_search_attributes.get(SCHEDULED_BY),
-            user=user if isinstance(user, str) and user else None,
+            user=_run_user(memos),
         )
         if with_tasks:
             info.tasks, info.error = await read_tasks(handle, self.temporal.data_converter.payload_codec)
@@ -360,6 +366,7 @@ class Client(ClusterClient):
                     close_time=wf.close_time,
                     pipeline=wf.typed_search_attributes.get(PIPELINE),
                     tenant=wf.typed_search_attributes.get(TENANT),
+                    user=_run_user(await wf.memo()),  # the listing carries the memo: no call per run
                 )
             )
         return found

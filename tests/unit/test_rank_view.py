@@ -285,6 +285,24 @@ def test_status_says_who_started_the_run_and_a_run_from_before_that_was_kept_say
     assert "started by" not in _status_text(older) and render.run_json(older)["user"] is None
 
 
+def test_list_names_each_runs_user_in_the_table_and_in_the_two_line_form() -> None:
+    runs = [
+        RunInfo("pipeline-1a2b", "wf", "RUNNING", None, None, tenant="team-a", user="alice"),
+        RunInfo("pipeline-3c4d", "wf", "COMPLETED", None, None, tenant="team-b"),  # from before the memo
+    ]
+    # a wide terminal: the table (a user column); a narrow one: two lines a run, the id alone on the first
+    for width, expected in ((160, "RUNNING │ team-a │ alice"), (30, "RUNNING tenant team-a user alice")):
+        out = io.StringIO()
+        original = render.console
+        render.console = Console(file=out, width=width, highlight=False)
+        try:
+            render.show_runs(runs)
+        finally:
+            render.console = original
+        text = " ".join(out.getvalue().split())
+        assert expected in text and text.count("alice") == 1 and "None" not in text, out.getvalue()
+
+
 def test_status_lists_each_gangs_attempts_numbered_from_0() -> None:
     attempts = [
         {"attempt": 0, "kind": "preempted", "ended": "preempted by b-1 of team-b (reclaim)", "duration_s": 42.0,
