@@ -294,16 +294,11 @@ def user_heads(policy: Policy, tenant: str, heads: list[tuple[QueueKey, Queued]]
     users add no looks to a cycle. Per priority, those heads go by their users' shares onto the places the
     oldest gangs of their queues hold: the tenant's places among the other tenants are what they were without
     users. Each comes back with its key and its place (its ``seq`` in the order)."""
-    users, capacity = policy.tenancy.users, policy.inventory.capacity
-    shares: dict[str, float] = {}  # per user (a tenant has many heads and few users)
+    shares = policy.tenancy.users.shares(tenant, (h.request.user for _, h in heads), policy.inventory.capacity)
     # queue without users -> (rank, key, head, the oldest gang's number among its users' heads)
     groups: dict[QueueKey, tuple[tuple[float, int], QueueKey, Queued, int]] = {}
     for key, head in heads:
-        user = head.request.user
-        share = shares.get(user)
-        if share is None:
-            share = shares[user] = users.share(tenant, user, capacity)
-        rank = (share, head.seq)
+        rank = (shares[head.request.user], head.seq)
         best = groups.get(key[:3])
         oldest = head.seq if best is None else min(best[3], head.seq)
         groups[key[:3]] = (rank, key, head, oldest) if best is None or rank < best[0] else (*best[:3], oldest)

@@ -195,8 +195,7 @@ def _user_places(policy: Policy, tenant: str, gangs: list[Queued]) -> dict[str, 
     by their users' shares, the lowest first, then in submission order. None: none names a user."""
     if not policy._user_gangs.get(tenant):
         return None
-    users, capacity = policy.tenancy.users, policy.inventory.capacity
-    shares = {user: users.share(tenant, user, capacity) for user in {q.request.user for q in gangs}}
+    shares = policy.tenancy.users.shares(tenant, (q.request.user for q in gangs), policy.inventory.capacity)
     turns = ((q.prio, (shares[q.request.user], q.seq), q.seq, q.request.gang_id) for q in gangs)
     return dict(take_turns(turns))
 

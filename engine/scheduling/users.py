@@ -80,6 +80,10 @@ class Users:
         past = decay.average(key, decay.ranked_at(self.now)) if decay is not None else (0.0, 0.0, 0.0)
         return max(((used[r] + past[r]) / capacity[r] for r in range(3) if capacity[r] > 0), default=0.0)
 
+    def shares(self, tenant: str, users: Iterable[str], capacity: Sequence[int]) -> dict[str, float]:
+        """``share`` of each of ``users`` in ``tenant``, once per user (a tenant has many gangs and few users)."""
+        return {user: self.share(tenant, user, capacity) for user in set(users)}
+
     def moving(self) -> Iterator[str]:
         """The tenants whose users' shares move with the clock alone (a decayed history or a usage)."""
         if self.decay is not None:
