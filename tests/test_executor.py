@@ -13,7 +13,7 @@ from pathlib import Path
 
 import gangs
 import pytest
-from conftest import ROOT, alive, failure_of, make_client, run
+from conftest import ROOT, alive, failure_of, make_client, run, until
 from temporalio.client import WorkflowFailureError
 
 
@@ -127,6 +127,57 @@ def test_gangs_that_each_need_the_whole_cluster_never_overlap(server, worker, cl
         (float((tmp_path / f"{t}.start").read_text()), float((tmp_path / f"{t}.end").read_text())) for t in "ab"
     )
     assert spans[0][1] <= spans[1][0], f"the gangs overlapped: {spans}"
+
+
+def test_a_user_holding_gpus_waits_behind_a_colleague_of_the_same_tenant(
+    server, worker, cluster, artifacts, tmp_path, monkeypatch
+):
+    """Fair share inside a tenant on real agents: alice holds the whole cluster (two one-node gangs) and queues a
+    third, then bob queues one of the same shape. bob's goes first, in the queue and onto the node alice's
+    filler frees, though alice's was submitted first: she still holds the other node, he holds nothing. The
+    user is each run's login name (``LOGNAME``; the token's subject behind the gateway, test_isolation_e2e)."""
+
+    def gang(run_id: str) -> str:
+        return f"{run_id}.one_node-1"
+
+    async def started(tag: str) -> None:
+        async def there() -> bool:
+            return (tmp_path / f"{tag}.start").exists()
+
+        await until(f"{tag} started", there, timeout=120)
+
+    async def main() -> None:
+        client = await make_client(server, artifacts)
+
+        async def start(user: str, tag: str) -> str:
+            monkeypatch.setenv("LOGNAME", user)  # what the client names as the run's user (getpass)
+            return await client.start(gangs.half, {"marker_dir": str(tmp_path), "tag": tag})
+
+        runs: dict[str, str] = {}
+        try:
+            runs["long"] = await start("alice", "long")
+            await started("long")
+            runs["filler"] = await start("alice", "filler")
+            await started("filler")
+            runs["alice"] = await start("alice", "alice")
+            runs["bob"] = await start("bob", "bob")
+
+            async def both_pending() -> list[str] | None:
+                pending = [g["gang_id"] for g in (await client.queue())["pending"]]
+                return pending if len(pending) == 2 else None
+
+            assert await until("both gangs queued", both_pending) == [gang(runs["bob"]), gang(runs["alice"])]
+            (tmp_path / "filler.release").touch()
+            await started("bob")
+            assert not (tmp_path / "alice.start").exists()  # alice's waits: her long gang holds the other node
+            running = {g["gang_id"] for g in (await client.queue())["running"]}
+            assert running == {gang(runs["long"]), gang(runs["bob"])}
+        finally:  # the cluster is shared: nothing is left holding it, whatever failed
+            for tag in ("long", "filler", "bob", "alice"):
+                (tmp_path / f"{tag}.release").touch()
+        assert [await client.result(runs[tag], gangs.half) for tag in runs] == list(runs)
+
+    run(main())
 
 
 def test_gang_larger_than_the_cluster_waits_for_a_node_then_fails_saying_why(server, worker, cluster, artifacts):
