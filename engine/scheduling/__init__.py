@@ -6,6 +6,11 @@ events and sends out its decisions; tests and simulations drive it without Tempo
 the rules, ``tenancy`` for quotas and fair share, ``config`` for the YAML users write.
 """
 
+from engine.scheduling import native
+
+# before any module of the policy is imported: a fresh compiled build (``make native``) goes ahead of the sources
+native.load(__path__)
+
 from engine.scheduling.config import (
     DEFAULT_QUEUE_CONFIG,
     CohortConfig,

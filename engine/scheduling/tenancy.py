@@ -356,7 +356,7 @@ class Tenancy:
         decay = self.decay
         past = decay.average(tenant, decay.ranked_at(self.now)) if decay is not None else None
         for r in t.limited:
-            over: float = t.used[r] + plus[r] - (t.nominal[r] or 0)
+            over = float(t.used[r] + plus[r] - (t.nominal[r] or 0))  # a float: the compiled policy keeps types
             if past is not None:  # fair share with memory: its recent average above nominal counts too
                 over = max(0, over) + past[r]
             if over > 0 and capacity[r] > 0:
