@@ -1152,7 +1152,17 @@ def command_line(result: dict[str, Any]) -> str:
         line += f" --checkpoint-wait {c['checkpoint_wait_s']:g}"
     if c.get("users_per_tenant"):
         line += f" --users {c['users_per_tenant']}"
+    if c.get("flavors"):  # the fleet trace's flags (bench_fleet, bench_topology)
+        line += " --flavors " + ",".join(f"{name}:{nodes}" for name, nodes in c["flavors"].items())
+    if c.get("racks"):
+        line += f" --racks {c['racks']}"
+    if c.get("preferred_wait_s") is not None:
+        line += f" --preferred-wait {c['preferred_wait_s']:g}"
     return line
+
+
+def compiled_note(config: dict[str, Any]) -> str:
+    return " The policy ran compiled (`make native`)." if config.get("policy_compiled") else ""
 
 
 def fifo_note(fifo: dict[str, Any]) -> str:
@@ -1178,7 +1188,7 @@ def markdown(result: dict[str, Any]) -> list[str]:
         note = (
             f"{c['gangs']:,} gangs from {c['tenants']} tenants in {len(c['queue']['cohorts'])} cohorts on "
             f"{c['nodes']:,} nodes x {c['gpus_per_node']} GPUs, arriving over {c['last_arrival_s']:,.1f} s; bound "
-            f"{c['bound']['bound_s']:,.1f} s (work {c['bound']['work_s']:,.1f} s). {fifo_note(fifo)}"
+            f"{c['bound']['bound_s']:,.1f} s (work {c['bound']['work_s']:,.1f} s). {fifo_note(fifo)}{compiled_note(c)}"
         )
         table_rows = markdown_table(["", "FIFO (before)", "Policy", "goal"], "lrrr", rows)
         return [*table_rows, "", note, "", caption(command_line(result), result)]
@@ -1187,7 +1197,7 @@ def markdown(result: dict[str, Any]) -> list[str]:
         f"arriving over {c['last_arrival_s'] / 3600:,.1f} h (see `--load`); "
         f"bound {c['bound']['bound_s'] / 3600:,.1f} h "
         f"(work {c['bound']['work_s'] / 3600:,.1f} h, longest gang from its arrival "
-        f"{c['bound']['longest_s'] / 3600:,.1f} h). {fifo_note(fifo)}"
+        f"{c['bound']['longest_s'] / 3600:,.1f} h). {fifo_note(fifo)}{compiled_note(c)}"
     )
     table_rows = markdown_table(["", "FIFO (before)", "Policy", "goal"], "lrrr", rows)
     return [*table_rows, *goodput_rows(result), "", note, "", caption(command_line(result), result)]
@@ -1387,6 +1397,15 @@ def source_digest() -> str:
     return digest.hexdigest()[:12]
 
 
+def policy_compiled() -> bool:
+    """Whether the policy ran compiled (``engine.scheduling.native``, ``make native``): the same decisions, less CPU."""
+    try:
+        from engine.scheduling import native  # the package's import loads a fresh build before the policy
+    except ImportError:
+        return False
+    return native.loaded()
+
+
 def told(args: argparse.Namespace, workload: Workload) -> Checkpoints | None:
     """``--checkpoint-interval``: each gang's own interval, its checkpoints told to the policy."""
     if args.checkpoint_interval is None:
@@ -1447,6 +1466,7 @@ def main(args: argparse.Namespace) -> None:
         "high_priority": sum(1 for g in workload.gangs if g.priority == "high"),
         "queue": queue,
         "policy_source": source_digest(),
+        "policy_compiled": policy_compiled(),
         **({"racks": args.racks} if args.racks else {}),
         **({"preferred_wait_s": args.preferred_wait} if args.preferred_wait is not None else {}),
         **({"users_per_tenant": args.users} if args.users else {}),
