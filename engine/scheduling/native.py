@@ -2,12 +2,12 @@
 
 The admission cycle walks every pending queue's head after each event; at a thousand nodes that walk is most of
 the Scheduler's CPU, and it is plain Python over dicts, tuples and small classes, which mypyc (mypy's compiler,
-as black and mypy ship themselves) turns into C without a change to the source. ``make native``
-(``python -m engine.scheduling.native build``) compiles ``MODULES`` into ``build/native/`` beside the package,
-with a stamp of the sources it compiled. When ``engine.scheduling`` is imported, ``load`` puts that build ahead of
-the sources on the package's path only if the stamp matches the sources as they are now: a module edited after the
-build runs as Python (a warning says the build is stale), never as the old compiled code. Nothing needs the
-build: without it (the default, and what CI runs) the policy is the Python source, deciding the same.
+as black and mypy ship themselves) turns into C without a change to the source. ``make native`` (``build``)
+compiles ``MODULES`` into ``build/native/`` beside the package, with a stamp of the sources it compiled. When
+``engine.scheduling`` is imported, ``load`` puts that build ahead of the sources on the package's path only if
+the stamp matches the sources as they are now: a module edited after the build runs as Python (a warning says
+the build is stale), never as the old compiled code. Nothing needs the build: without it (the default, and what
+CI runs) the policy is the Python source, deciding the same.
 
 ``GANGFLOW_NATIVE=0`` turns a build off; ``GANGFLOW_NATIVE_DIR`` names one elsewhere (an installed package).
 Compiled classes cannot be subclassed or given new attributes from Python; nothing in gangflow does either.
@@ -116,11 +116,3 @@ def build(into: Path | None = None) -> Path:
             os.chdir(cwd)
     (into / STAMP).write_text(json.dumps(_stamp()))
     return into
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["build"]:
-        print(f"compiled policy built in {build()}")
-    else:
-        why = load([])
-        print("the compiled policy is " + ("built and fresh" if why is None else why))
