@@ -102,6 +102,9 @@ DEFRAG_PREFERRED_PATCH = "defrag-preferred-topology"
 #: Scheduler runs recorded before a gang named the victim too young to go that it waits for
 #: (Policy.name_young_victims): its reason said only what stops it
 YOUNG_VICTIMS_PATCH = "name-young-victims"
+#: Scheduler runs recorded before a gang of several flavors, passed over on every one of them in a cycle, kept
+#: the flavor it was last looked at on (Policy.skip_refused_flavors): it chose one, for nothing
+REFUSED_FLAVORS_PATCH = "skip-refused-flavors"
 #: Scheduler runs recorded before node leases: a run started afresh knew no node until agents re-registered;
 #: from this patch on it re-learns the nodes from their running leases (workflows.node_lease)
 NODE_LEASE_PATCH = "node-leases"
@@ -314,6 +317,7 @@ class Scheduler:
             self.policy.hold_for_victims = workflow.patched(HOLD_PATCH)
             self.policy.defrag_preferred = workflow.patched(DEFRAG_PREFERRED_PATCH)
             self.policy.name_young_victims = workflow.patched(YOUNG_VICTIMS_PATCH)
+            self.policy.skip_refused_flavors = workflow.patched(REFUSED_FLAVORS_PATCH)
         # a leased node reported lost by a gang stays lost for as long as its lease lives on (nothing else
         # registers it again): its lease is asked to check the agent. Never on a replay of older runs: a
         # node only has ``leased`` in runs recorded since node leases.

@@ -4,9 +4,10 @@ its victims, or told why it waits (the rules are ``engine.scheduling.policy``'s 
 It reads and updates the policy's state (``Policy``), as the other rule modules do. Most of an event's cost
 under a long backlog is here, so the walk skips what cannot have changed: a tenant's entries in the order
 are rebuilt only for the tenants an event touched, a shape that failed to be placed is not placed again in
-the cycle, a demand a tenant's quota refused stops the bigger ones of that tenant, and a head its quota
-stopped last time for the same reason (``Policy._quota_texts``, its *quota text*) takes a quick path that
-does only what such a look could still change (a victim search that fails fast or is put off).
+the cycle, a demand a tenant's quota refused stops the bigger ones of that tenant (a gang of several flavors
+refused so on each of them does not choose among them), and a head its quota stopped last time for the same
+reason (``Policy._quota_texts``, its *quota text*) takes a quick path that does only what such a look could
+still change (a victim search that fails fast or is put off).
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ def _walk(
     # per tenant whose gangs name users, its heads in the order as of its latest admission in this cycle
     by_user: dict[str, tuple[int, dict[QueueKey, tuple[QueueKey, Queued, int]], list[Queued]]] = {}
     pending, quotas, topology, now = policy.pending, policy._quota_texts, policy.inventory.topology, policy._now
+    skip_refused = policy.skip_refused_flavors
     while order:
         entry = heapq.heappop(order)
         _, _, _, seq, version, gang_id, tenant, key = entry
@@ -194,6 +196,9 @@ def _walk(
             policy._say(queued, policy._text(tkey, behind_reason, request, blocker.request, why), decisions)
             continue
         if len(queued.candidates) > 1:  # which of its flavors it is looked at on now
+            if skip_refused and queued.reason and not queued.victims and _refused_everywhere(policy, queued, refused):
+                continue  # whichever flavor it chose, the test below would pass it over: half the heads of the
+                # fleet trace, each choosing among its flavors for nothing
             flavors.choose(policy, queued, (reserved if blocker is not None else frozenset()) | held)
         vec, ledger = queued.vec, queued.ledger  # its tenant on its flavor (its name without flavors)
         if (
@@ -304,6 +309,20 @@ def user_heads(policy: Policy, tenant: str, heads: list[tuple[QueueKey, Queued]]
         groups[key[:3]] = (rank, key, head, oldest) if best is None or rank < best[0] else (*best[:3], oldest)
     turns = take_turns((head.prio, rank, oldest, (key, head)) for rank, key, head, oldest in groups.values())
     return [(key, head, place) for (key, head), place in turns]
+
+
+def _refused_everywhere(policy: Policy, queued: Queued, refused: dict[str, list[Vec]]) -> bool:
+    """Whether, on every flavor a gang of several may use, a gang of its tenant no bigger was refused in this
+    cycle: the test after its flavor choice passes it over whichever flavor it chooses, so no choice is made
+    (it keeps the flavor it was last looked at on). Not for a lender waiting: its choice may leave its flavor,
+    which forgets it there (``flavors.choose``)."""
+    vec, tenant = queued.vec, queued.request.tenant
+    for flavor in queued.candidates:
+        refusals = refused.get(tenant if flavor is None else f"{tenant}/{flavor}")
+        if not refusals or not any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refusals):
+            return False
+    lenders = policy.lenders.by_root.get(policy.tenancy.root(queued.ledger) or "")
+    return not (lenders and queued.request.gang_id in lenders)
 
 
 def _stopped_alike(policy: Policy, queued: Queued, quick: QuotaText) -> bool:

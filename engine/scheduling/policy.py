@@ -128,6 +128,10 @@ class Policy:
         #: a gang whose victim search waits for a victim too young to go (``min_runtime``) names it in its
         #: reason, as one waiting for a victim's checkpoint does; False: Schedulers recorded before
         self.name_young_victims = True
+        #: a gang of several flavors whose tenant was refused, in this cycle, a gang no bigger on each of them is
+        #: passed over without choosing its flavor again (``cycle._refused_everywhere``); False: Schedulers
+        #: recorded before chose it, and it kept the flavor chosen
+        self.skip_refused_flavors = True
         self.inventory = Inventory(node_ttl_s)
         if config.flavors:  # a node's flavor from its labels (``engine.scheduling.flavors``)
             self.inventory.reclassify(flavors.classifier(config))

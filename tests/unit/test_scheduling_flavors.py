@@ -593,3 +593,38 @@ def test_random_streams_never_place_a_gang_outside_its_flavor_or_selector(
         assert len(held) == len(set(held))
         for victim in [g for g, r in policy.running.items() if r.preemption is not None]:
             comes_back(policy, victim, float(at))
+
+
+def _two_flavor_stream(seed: int) -> list[Event]:
+    """Two tenants over three h100 and three a100 nodes; gangs ask one flavor or both, in either order."""
+    rng = random.Random(seed)
+    events: list[Event] = [labelled(f"{f[0]}{i}", gpus=4, gpu=f) for f in ("h100", "a100") for i in range(3)]
+    live: list[str] = []
+    for i in range(150):
+        if live and rng.random() < 0.35:
+            events.append(GangReleased(gang_id=live.pop(rng.randrange(len(live)))))
+            continue
+        live.append(f"g{i}")
+        flavors = rng.choice([("h100",), ("a100",), ("a100", "h100"), ("h100", "a100")])
+        tenant, priority = rng.choice(["team-a", "team-b"]), rng.choice(["low", "high"])
+        gpus, nnodes = rng.choice([1, 2, 4]), rng.choice([1, 1, 2])
+        events.append(gang(f"g{i}", tenant, gpus=gpus, nnodes=nnodes, flavors=flavors, priority=priority))
+    return events
+
+
+def test_a_gang_refused_on_every_flavor_in_a_cycle_is_passed_over_without_choosing_and_decides_the_same() -> None:
+    """A gang of several flavors whose tenant was refused a gang no bigger on each of them, in the same cycle, is
+    passed over without choosing its flavor again (``Policy.skip_refused_flavors``; half the heads of the
+    fleet trace). On these streams every decision, reasons included, is the one the choice gave, while the
+    gangs passed over keep another flavor than the choice would have set, so the streams take the path;
+    ``False`` is what Schedulers recorded before decide on replay."""
+    kept_another = 0
+    for seed in range(10):
+        policies = [Policy(config(_RANDOM), node_ttl_s=FOREVER) for _ in range(2)]
+        policies[0].skip_refused_flavors = False
+        for at, event in enumerate(_two_flavor_stream(seed)):
+            before, now = (p.step(event, float(at)) for p in policies)
+            assert now == before, (seed, at)
+            flavors = [{g: q.flavor for g, q in p.pending.items()} for p in policies]
+            kept_another += flavors[0] != flavors[1]
+    assert kept_another > 100
