@@ -102,8 +102,8 @@ DEFRAG_PREFERRED_PATCH = "defrag-preferred-topology"
 #: Scheduler runs recorded before a gang named the victim too young to go that it waits for
 #: (Policy.name_young_victims): its reason said only what stops it
 YOUNG_VICTIMS_PATCH = "name-young-victims"
-#: Scheduler runs recorded before a gang of several flavors, passed over on every one of them in a cycle, kept
-#: the flavor it was last looked at on (Policy.skip_refused_flavors): it chose one, for nothing
+#: Scheduler runs recorded before a gang of several flavors, refused on every one of them in a cycle, was passed
+#: over without choosing among them (Policy.skip_refused_flavors): it chose one again, for nothing
 REFUSED_FLAVORS_PATCH = "skip-refused-flavors"
 #: Scheduler runs recorded before node leases: a run started afresh knew no node until agents re-registered;
 #: from this patch on it re-learns the nodes from their running leases (workflows.node_lease)

@@ -27,6 +27,7 @@ from engine.scheduling.reasons import (
 )
 from engine.scheduling.state import Queued, QueueKey, Shape
 from engine.scheduling.tenancy import Blocked, Vec
+from engine.scheduling.tenancy import key as ledger_key
 from engine.scheduling.topology import holds_out
 from engine.scheduling.users import take_turns
 
@@ -318,7 +319,7 @@ def _refused_everywhere(policy: Policy, queued: Queued, refused: dict[str, list[
     which forgets it there (``flavors.choose``)."""
     vec, tenant = queued.vec, queued.request.tenant
     for flavor in queued.candidates:
-        refusals = refused.get(tenant if flavor is None else f"{tenant}/{flavor}")
+        refusals = refused.get(ledger_key(tenant, flavor))
         if not refusals or not any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refusals):
             return False
     lenders = policy.lenders.by_root.get(policy.tenancy.root(queued.ledger) or "")

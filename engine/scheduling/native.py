@@ -49,7 +49,6 @@ STAMP = "stamp.json"
 GROUP = "engine.scheduling.native_policy"
 
 _log = logging.getLogger("engine.scheduling")
-_loaded: list[Path] = []
 
 
 def build_dir() -> Path:
@@ -82,13 +81,12 @@ def load(path: list[str]) -> str | None:
         _log.warning("the compiled policy is %s; the policy runs as Python", why)
         return why
     path.insert(0, str(package))
-    _loaded.append(package)
     return None
 
 
 def loaded() -> bool:
     """Whether the policy runs compiled in this process (the benchmark says which it measured)."""
-    return bool(_loaded) and "engine.scheduling.native_policy__mypyc" in sys.modules
+    return f"{GROUP}__mypyc" in sys.modules  # only a loaded build has it: the sources have no such module
 
 
 def build(into: Path | None = None) -> Path:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from engine.scheduling.inventory import millicores
 from engine.scheduling.model import GangRequest, Placement
 from engine.scheduling.tenancy import Vec
+from engine.scheduling.tenancy import key as ledger_key
 
 __all__ = ["Cause", "Checkpoint", "Fit", "Notice", "QueueKey", "Queued", "Running", "Shape", "shape_of", "shape_tag"]
 
@@ -67,7 +68,7 @@ class Queued:
         """Look at it on ``flavor`` (``engine.scheduling.flavors``)."""
         tenant = self.request.tenant
         self.flavor = flavor
-        self.ledger = tenant if flavor is None else f"{tenant}/{flavor}"
+        self.ledger = ledger_key(tenant, flavor)
         self.placed_shape = (self.shape, flavor)
 
     @property
@@ -134,7 +135,7 @@ class Running:
     def on(self, flavor: str | None) -> None:
         tenant = self.request.tenant
         self.flavor = flavor
-        self.ledger = tenant if flavor is None else f"{tenant}/{flavor}"
+        self.ledger = ledger_key(tenant, flavor)
 
 
 def shape_of(request: GangRequest) -> Shape:
