@@ -78,6 +78,10 @@ def test_a_schedule_starts_what_gangflow_run_starts(server, worker, artifacts, c
     assert paused["paused"] and paused["note"] == "holidays"
     assert schedule_cli(server.address, "resume", name) == 0
     assert f"resumed schedule {name}" in capsys.readouterr().out
+    # the list reads each schedule's state from the schedule, not from the (eventually consistent) visibility
+    # store: right after resume it says so, as describe does
+    assert schedule_cli(server.address, "list", "--json") == 0
+    assert {s["name"]: s for s in json.loads(capsys.readouterr().out)}[name]["paused"] is False
     assert schedule_cli(server.address, "describe", name, "--json") == 0
     assert json.loads(capsys.readouterr().out)["paused"] is False
 

@@ -27,6 +27,7 @@ from temporalio.client import (
     Schedule,
     ScheduleActionStartWorkflow,
     ScheduleAlreadyRunningError,
+    ScheduleDescription,
     ScheduleHandle,
     ScheduleOverlapPolicy,
     SchedulePolicy,
@@ -266,51 +267,34 @@ class Schedules:
         return _Handle(self.client.temporal.get_schedule_handle(name), name)
 
     async def list(self) -> list[ScheduleInfo]:
-        """gangflow's schedules (those with a pipeline search attribute) in this namespace, by name."""
+        """gangflow's schedules (those with a pipeline search attribute) in this namespace, by name.
+
+        Which schedules exist comes from Temporal's visibility store; each one's state from the schedule itself:
+        visibility is eventually consistent, and a list right after ``pause`` showed the schedule running."""
         found = []
         async for entry in await self.client.temporal.list_schedules():
-            pipeline = entry.typed_search_attributes.get(PIPELINE)
-            if pipeline is None or entry.schedule is None:
+            if entry.typed_search_attributes.get(PIPELINE) is None:
                 continue
-            info, state = entry.info, entry.schedule.state
-            memo = (await entry.memo()).get("gangflow") or {}
-            found.append(
-                ScheduleInfo(
-                    name=entry.id,
-                    workflow=pipeline,
-                    cron=_cron(memo, entry.schedule.spec),
-                    paused=state.paused,
-                    note=state.note or None,
-                    next_runs=list(info.next_action_times) if info else [],
-                    recent_runs=_recent(info.recent_actions) if info else [],
-                    tenant=entry.typed_search_attributes.get(TENANT),
-                    time_zone=entry.schedule.spec.time_zone_name or None,
-                )
-            )
+            try:
+                desc = await self._handle(entry.id).call(lambda h: h.describe())
+            except ScheduleNotFoundError:  # deleted since the visibility store listed it
+                continue
+            found.append(await self._info(entry.id, desc))
         return sorted(found, key=lambda s: s.name)
 
     async def describe(self, name: str) -> ScheduleInfo:
         desc = await self._handle(name).call(lambda h: h.describe())
         schedule, info = desc.schedule, desc.info
-        action = schedule.action
-        workflow = action.workflow if isinstance(action, ScheduleActionStartWorkflow) else "?"
-        envelope = await self._envelope(action)
-        memo = (await desc.memo()).get("gangflow") or {}
-        return ScheduleInfo(
-            name=name,
-            workflow=workflow,
-            cron=_cron(memo, schedule.spec),
-            paused=schedule.state.paused,
-            note=schedule.state.note or None,
-            next_runs=list(info.next_action_times),
-            recent_runs=_recent(info.recent_actions),
-            tenant=desc.typed_search_attributes.get(TENANT) or (envelope.run.tenant if envelope else None),
-            time_zone=schedule.spec.time_zone_name or None,
+        envelope = await self._envelope(schedule.action)
+        listed = await self._info(name, desc)
+        return replace(
+            listed,
+            tenant=listed.tenant or (envelope.run.tenant if envelope else None),
             overlap=overlap_name(schedule.policy.overlap),
             catchup_window=schedule.policy.catchup_window,
             running=[r.workflow_id for r in info.running_actions],
             runs_started=info.num_actions,
-            target=memo.get("target"),
+            target=((await desc.memo()).get("gangflow") or {}).get("target"),
             inputs=envelope.inputs if envelope else None,
             code=(
                 f"{envelope.code.module}.{envelope.code.qualname}"
@@ -318,6 +302,24 @@ class Schedules:
                 if envelope
                 else None
             ),
+        )
+
+    async def _info(self, name: str, desc: ScheduleDescription) -> ScheduleInfo:
+        """What ``list`` shows of a schedule: no inputs decoded (in the isolated layout that needs the
+        tenant's key), so listing works for every schedule the caller may see."""
+        schedule, info = desc.schedule, desc.info
+        action = schedule.action
+        memo = (await desc.memo()).get("gangflow") or {}
+        return ScheduleInfo(
+            name=name,
+            workflow=action.workflow if isinstance(action, ScheduleActionStartWorkflow) else "?",
+            cron=_cron(memo, schedule.spec),
+            paused=schedule.state.paused,
+            note=schedule.state.note or None,
+            next_runs=list(info.next_action_times),
+            recent_runs=_recent(info.recent_actions),
+            tenant=desc.typed_search_attributes.get(TENANT),
+            time_zone=schedule.spec.time_zone_name or None,
         )
 
     async def _envelope(self, action: Any) -> Envelope | None:
