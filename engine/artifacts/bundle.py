@@ -6,8 +6,10 @@ What is packed: if the file sits in a package (a folder with ``__init__.py``), t
 package; otherwise the whole folder holding the file. Every file goes in, not only ``.py`` files, so the
 configs and small data files a task or a ``script=`` reads (``Path(__file__).parent / "config.json"``)
 travel with the code. Left out: hidden files and folders (``.git``, ``.env``: secrets must not end up
-in the artifact store), virtual environments (any folder holding a ``pyvenv.cfg``), caches and build
-outputs (:data:`SKIP_DIRS`), compiled ``.pyc`` files, anything that is not a regular file (a FIFO would
+in the artifact store), virtual environments (any folder holding a ``pyvenv.cfg``), a ``gangflow dev`` state
+folder (any holding :data:`DEV_STATE_MARK`: every run's history, the agents' logs and the artifact store, which
+would otherwise travel with the code when ``--state-dir`` is inside the project, and make each bundle new), caches
+and build outputs (:data:`SKIP_DIRS`), compiled ``.pyc`` files, anything that is not a regular file (a FIFO would
 block the read), and what the ``.gangflowignore`` file at the bundle root lists (gitignore-like lines).
 
 Two caps keep a mistake cheap: at most :data:`MAX_BUNDLE_FILES` files are walked (``gangflow run`` from
@@ -28,6 +30,7 @@ from pathlib import Path
 from engine.errors import InputError
 
 __all__ = [
+    "DEV_STATE_MARK",
     "EXECUTABLE",
     "IGNORE_FILE",
     "MAX_BUNDLE_BYTES",
@@ -42,6 +45,8 @@ __all__ = [
 IGNORE_FILE = ".gangflowignore"
 #: folder names never packed (hidden folders and virtual environments are left out as well)
 SKIP_DIRS = frozenset({"__pycache__", "node_modules", "venv", "site-packages", "build", "dist"})
+#: the file that makes a folder a ``gangflow dev`` state folder (Temporal's database), never packed
+DEV_STATE_MARK = "temporal.sqlite"
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 _MB = 1024 * 1024
 MAX_BUNDLE_BYTES = 20 * _MB
@@ -119,6 +124,7 @@ def _skip_dir(path: Path, name: str) -> bool:
         or name in SKIP_DIRS
         or name.endswith(".egg-info")
         or (path / "pyvenv.cfg").exists()  # a virtual environment, whatever its name
+        or (path / DEV_STATE_MARK).exists()  # a dev stack's state, whatever its name
     )
 
 

@@ -207,7 +207,7 @@ def test_code_errors_name_the_problem(tmp_path, store):
 
 
 # -- what a bundle holds ------------------------------------------------------------------------------
-def test_every_file_is_packed_except_hidden_venvs_caches_builds_and_ignored(tmp_path):
+def test_every_file_is_packed_except_hidden_venvs_dev_state_caches_builds_and_ignored(tmp_path):
     project = tmp_path / "full"
     files = {
         "flow.py": "",
@@ -237,6 +237,10 @@ def test_every_file_is_packed_except_hidden_venvs_caches_builds_and_ignored(tmp_
         "dist/pkg.whl": "",
         "pkg.egg-info/PKG-INFO": "",
         "node_modules/x.js": "",
+        # gangflow dev --state-dir state inside the project: Temporal's database, logs, the artifact store
+        "state/temporal.sqlite": "",
+        "state/node-0.log": "",
+        "state/artifacts/cas/ab/abcd": "",
     }
     for name, text in files.items():
         (project / name).parent.mkdir(parents=True, exist_ok=True)
