@@ -294,7 +294,6 @@ class Schedules:
             catchup_window=schedule.policy.catchup_window,
             running=[r.workflow_id for r in info.running_actions],
             runs_started=info.num_actions,
-            target=((await desc.memo()).get("gangflow") or {}).get("target"),
             inputs=envelope.inputs if envelope else None,
             code=(
                 f"{envelope.code.module}.{envelope.code.qualname}"
@@ -320,6 +319,7 @@ class Schedules:
             recent_runs=_recent(info.recent_actions),
             tenant=desc.typed_search_attributes.get(TENANT),
             time_zone=schedule.spec.time_zone_name or None,
+            target=memo.get("target"),
         )
 
     async def _envelope(self, action: Any) -> Envelope | None:
