@@ -68,6 +68,8 @@ OVERLAP_POLICIES: dict[str, ScheduleOverlapPolicy] = {
     "terminate-other": ScheduleOverlapPolicy.TERMINATE_OTHER,
     "allow-all": ScheduleOverlapPolicy.ALLOW_ALL,
 }
+#: how many schedules ``Schedules.list`` describes at once
+_DESCRIBES_AT_ONCE = 16
 #: Temporal refuses a shorter catch-up window (it would miss runs due while a server restarts)
 MIN_CATCHUP_WINDOW = timedelta(seconds=10)
 #: the schedule's name starts each of its run ids, and runs ids go into file paths and visibility queries
@@ -271,15 +273,24 @@ class Schedules:
 
         Which schedules exist comes from Temporal's visibility store; each one's state from the schedule itself:
         visibility is eventually consistent, and a list right after ``pause`` showed the schedule running."""
-        found = []
-        async for entry in await self.client.temporal.list_schedules():
-            if entry.typed_search_attributes.get(PIPELINE) is None:
-                continue
-            try:
-                desc = await self._handle(entry.id).call(lambda h: h.describe())
-            except ScheduleNotFoundError:  # deleted since the visibility store listed it
-                continue
-            found.append(await self._info(entry.id, desc))
+        names = [
+            entry.id
+            async for entry in await self.client.temporal.list_schedules()
+            if entry.typed_search_attributes.get(PIPELINE) is not None
+        ]
+        # one describe per schedule, a few at a time: a namespace's hundred schedules against a remote server
+        # take a few round trips, not a hundred in a row
+        limit = asyncio.Semaphore(_DESCRIBES_AT_ONCE)
+
+        async def one(name: str) -> ScheduleInfo | None:
+            async with limit:
+                try:
+                    desc = await self._handle(name).call(lambda h: h.describe())
+                except ScheduleNotFoundError:  # deleted since the visibility store listed it
+                    return None
+                return await self._info(name, desc)
+
+        found = [info for info in await asyncio.gather(*map(one, names)) if info is not None]
         return sorted(found, key=lambda s: s.name)
 
     async def describe(self, name: str) -> ScheduleInfo:
