@@ -155,8 +155,7 @@ def _walk(
                 and (queued.placed_shape in failed_shapes or policy.inventory.free_gpus < vec[0])
             ):
                 continue
-            refusals = refused.get(queued.ledger)
-            if quick[4] or (refusals and any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refusals)):
+            if quick[4] or _no_bigger(vec, refused.get(queued.ledger, ())):
                 continue  # stopped as a protected gang (it searches no victims), or a smaller gang was refused
             failed = queued.failed_search
             if failed is not None and failed[0] == policy._pversion and now < failed[1]:
@@ -202,11 +201,7 @@ def _walk(
                 # fleet trace, each choosing among its flavors for nothing
             flavors.choose(policy, queued, (reserved if blocker is not None else frozenset()) | held)
         vec, ledger = queued.vec, queued.ledger  # its tenant on its flavor (its name without flavors)
-        if (
-            queued.reason
-            and not queued.victims
-            and any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refused.get(ledger, ()))
-        ):
+        if queued.reason and not queued.victims and _no_bigger(vec, refused.get(ledger, ())):
             continue
         blocked = policy.tenancy.blocked(ledger, vec, not queued.preemptible)
         root = policy.tenancy.root(ledger)
@@ -319,11 +314,15 @@ def _refused_everywhere(policy: Policy, queued: Queued, refused: dict[str, list[
     which forgets it there (``flavors.choose``)."""
     vec, tenant = queued.vec, queued.request.tenant
     for flavor in queued.candidates:
-        refusals = refused.get(ledger_key(tenant, flavor))
-        if not refusals or not any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refusals):
+        if not _no_bigger(vec, refused.get(ledger_key(tenant, flavor), ())):
             return False
-    lenders = policy.lenders.by_root.get(policy.tenancy.root(queued.ledger) or "")
-    return not (lenders and queued.request.gang_id in lenders)
+    return not policy.lenders.waits(policy.tenancy.root(queued.ledger), queued.request.gang_id)
+
+
+def _no_bigger(vec: Vec, refusals: list[Vec] | tuple[()]) -> bool:
+    """Whether a demand no bigger than ``vec`` is among the tenant's refusals of this cycle: then ``vec`` is
+    refused too."""
+    return any(vec[0] >= s[0] and vec[1] >= s[1] and vec[2] >= s[2] for s in refusals)
 
 
 def _stopped_alike(policy: Policy, queued: Queued, quick: QuotaText) -> bool:

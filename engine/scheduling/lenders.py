@@ -38,6 +38,11 @@ class Lenders:
             if not lenders:
                 del self.by_root[root]
 
+    def waits(self, root: str | None, gang_id: str) -> bool:
+        """Whether the gang is a lender waiting in the root cohort."""
+        lenders = self.by_root.get(root) if root is not None else None
+        return lenders is not None and gang_id in lenders
+
     def waiting(self, root: str | None) -> bool:
         """Whether a lender of the root cohort waits (then nothing new borrows from it)."""
         return root is not None and root in self.by_root
