@@ -221,17 +221,24 @@ def test_server_restart_mid_run_completes(artifacts, tmp_path):
 def test_cancel_stops_the_run(server, worker, artifacts, tmp_path):
     async def main() -> None:
         client = await make_client(server, artifacts)
-        run_id = await client.start(flows.steps, {"marker_dir": str(tmp_path), "count": 5, "seconds": 2.0})
+        run_id = await client.start(flows.steps, {"marker_dir": str(tmp_path), "count": 5, "seconds": 8.0})
         while not list(tmp_path.glob("step0.*")):
             await _sleep(0.1)
         await client.cancel(run_id)
         with pytest.raises(WorkflowFailureError):
             await client.wait(run_id)
-        assert (await client.status(run_id)).status == "CANCELED"
+        info = await client.status(run_id)
+        assert info.status == "CANCELED"
+        # the task the cancel stopped says so (its own end is never in the run's history)
+        assert [(t.name, t.status) for t in info.tasks][-1] == ("step", "cancelled")
+        return run_id
 
-    run(main())
-    time.sleep(3)
+    run_id = run(main())
+    time.sleep(7)  # past the task's next heartbeat (every 5 s at most), which learns that the run is gone
     assert not list(tmp_path.glob("step1.*"))
+    # the task's activity learnt of the cancel (its run gone) without a traceback in the worker's log, where it
+    # read as the task's own failure
+    assert f"'workflow_id': '{run_id}'" not in worker.log.read_text(errors="replace")
 
 
 async def _sleep(seconds: float) -> None:

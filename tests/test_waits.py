@@ -6,7 +6,11 @@ expects; a value sent before its wait is kept."""
 from __future__ import annotations
 
 import asyncio
+import os
+import queue
+import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -96,6 +100,34 @@ def test_input_and_approval_through_the_cli(server, worker, artifacts):
         assert f"run '{run_id}' is COMPLETED: it waits for nothing" in late.stderr
 
     run(main())
+
+
+def test_gangflow_run_says_what_its_run_waits_for(server, worker, artifacts):
+    """``gangflow run`` follows its run: where the output is a script's log (no spinner is drawn there), it still
+    names the run and, once each, what the run waits for with the command that answers it, rather than
+    looking hung until someone answers."""
+    env = dict(os.environ, GANGFLOW_ADDRESS=server.address, GANGFLOW_ARTIFACTS=artifacts, COLUMNS="200")
+    cmd = [sys.executable, "-m", "engine.cli", "run", "examples/approval_pipeline.py:pipeline", "--name", "vit"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
+    try:
+        started = lines.get(timeout=60)
+        assert started.startswith("started pipeline-") and "Ctrl-C stops following it, not the run" in started
+        run_id = started.split()[1].rstrip(";")
+        asked = lines.get(timeout=60)
+        assert asked.startswith("waiting for input 'threshold' (float) since "), asked
+        assert asked.rstrip().endswith(f"(gangflow input {run_id} threshold VALUE)"), asked
+        assert gangflow_cli("input", run_id, "threshold", "0.5", env=env).returncode == 0
+        asked = lines.get(timeout=60)
+        assert asked.startswith("waiting for approval: promote vit (accuracy 0.93)? (since "), asked
+        assert asked.rstrip().endswith(f"; gangflow approve {run_id})"), asked
+        assert gangflow_cli("approve", run_id, "--reject", "--comment", "stale", env=env).returncode == 0
+        assert proc.wait(timeout=60) == 1
+        assert "rejected by" in (proc.stderr.read() if proc.stderr else "")
+        assert lines.empty()  # each wait was said once, not at every poll
+    finally:
+        proc.kill()
 
 
 def test_reject_fails_the_run_with_the_comment(server, worker, artifacts):

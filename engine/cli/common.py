@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from temporalio.service import RPCError
 
 from engine.client import Client
@@ -18,7 +19,7 @@ from engine.runtime import Endpoint, connect
 from engine.runtime.connection import CredentialsRefused, call_refused, token_problem
 from engine.scheduling.config import QueueConfig, QueueConfigError, load_queue_config
 
-from .render import console
+from .render import console, waiting_lines
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -152,15 +153,25 @@ async def until_signalled() -> None:
 
 
 async def follow(client: Client, run_id: str, quiet: bool) -> Any:
-    """Wait for the result, showing live progress; returns wire data or raises WorkflowFailureError."""
+    """Wait for the result, showing live progress; returns wire data or raises WorkflowFailureError.
+
+    What the run waits for (``engine.approve``, ``engine.wait_for_input``) is printed once as a line with the
+    command that answers it, not only in the spinner: the spinner is gone after Ctrl-C and never drawn where
+    the output is not a terminal (a script's log), and a run that waits for a person would look hung."""
     waiter = asyncio.ensure_future(client.wait(run_id))
     if quiet:
         return await waiter
+    told: set[str] = set()
     with console.status(f"{run_id}: starting") as spinner:
         while not waiter.done():
             progress = await client.progress(run_id)
             if progress:
+                for line in waiting_lines(progress, run_id):
+                    if line not in told:
+                        told.add(line)
+                        console.print(escape(line), soft_wrap=True)  # one line: it ends in a command to paste
                 running = ", ".join(progress["running"]) or "—"
-                spinner.update(f"{run_id}: running [bold]{running}[/] · {progress['done']} done")
+                waits = " · waiting for an answer" if progress.get("waiting") else ""
+                spinner.update(f"{run_id}: running [bold]{escape(running)}[/] · {progress['done']} done{waits}")
             await asyncio.wait({waiter}, timeout=0.5)
     return waiter.result()

@@ -56,6 +56,8 @@ async def cmd_run(args: argparse.Namespace, argv: RunArgv, options: dict[str, bo
         else:
             console.print(f"started [bold]{run_id}[/]; follow it with: gangflow status {run_id}")
         return EXIT_OK
+    if not args.json:  # the id stays on screen (the spinner does not after Ctrl-C, nor in a script's log)
+        console.print(f"started [bold]{run_id}[/]; Ctrl-C stops following it, not the run", soft_wrap=True)
     try:
         data = await follow(client, run_id, quiet=args.json)
     except WorkflowFailureError:

@@ -20,7 +20,7 @@ from typing import IO
 
 from temporalio import activity
 from temporalio.common import RawValue
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from engine.artifacts.store import ArtifactStore
 from engine.core.wire import Envelope
@@ -130,4 +130,12 @@ async def run_task(args: Sequence[RawValue]) -> bytes:
             activity.heartbeat()
     except asyncio.CancelledError:
         await asyncio.shield(asyncio.to_thread(child.stop))
+        details = activity.cancellation_details()
+        if details is not None and details.not_found:
+            # the run is gone (cancelled or terminated: a run does not wait for its tasks' cancel), and the
+            # server drops what this activity answers; benign, so the SDK does not log it as a task's failure
+            # with a traceback at every cancelled run
+            raise ApplicationError(
+                "the run ended: its task was stopped", non_retryable=True, category=ApplicationErrorCategory.BENIGN
+            ) from None
         raise

@@ -226,6 +226,12 @@ async def read_tasks(
                 rec.error = format_failure(await _open(closed.failure, codec))
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
             failure = format_failure(await _open(event.workflow_execution_failed_event_attributes.failure, codec))
+        elif et in _RUN_ENDED:
+            # the run was cancelled, terminated or timed out with calls open: their own end is never recorded
+            # here (the run does not wait for it), and they were stopped with it, not left "scheduled"
+            for rec in records.values():
+                if rec.status in ("scheduled", "running"):
+                    rec.status, rec.finished = _RUN_ENDED[et], when
     tasks = list({id(r): r for r in records.values()}.values())
     _name_calls(tasks, handle.id)
     return tasks, failure
@@ -283,6 +289,12 @@ _CHILD_CLOSED = {
         "terminated",
         "child_workflow_execution_terminated_event_attributes",
     ),
+}
+#: how a run's open calls end when the run itself ends so (``read_tasks``)
+_RUN_ENDED = {
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED: "cancelled",
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED: "terminated",
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT: "timed out",
 }
 _NEXUS_CLOSED = {
     EventType.EVENT_TYPE_NEXUS_OPERATION_COMPLETED: ("completed", "nexus_operation_completed_event_attributes"),
