@@ -100,6 +100,11 @@ def test_logs_says_which_of_unknown_run_unknown_task_or_silent_task(server, runs
 
     chatty = cli(server.address, "logs", runs["talk"], "--task", "chatty")
     assert chatty.returncode == 0 and "chatty says 1" in chatty.stdout
+    # into a pipe (no $COLUMNS: lines are never wrapped there), each file's header rule stays 100 wide
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    piped = gangflow_cli("logs", runs["talk"], "--task", "chatty", env=env, GANGFLOW_ADDRESS=server.address)
+    assert "chatty says 1" in piped.stdout and "chatty." in piped.stdout.splitlines()[0], piped.stdout
+    assert max(len(line) for line in piped.stdout.splitlines()) == 100
 
     no_rank = cli(server.address, "logs", runs["talk"], "--task", "chatty", "--rank", "1")
     assert no_rank.returncode == 1 and "--rank is for distributed tasks" in " ".join(no_rank.stderr.split())

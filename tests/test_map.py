@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import failure_of, make_client, run, until
+from conftest import failure_of, gangflow_cli, make_client, run, until
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -37,8 +37,19 @@ def test_map_keeps_input_order_across_chunks_and_leaves_a_failed_slot_none(serve
         assert statuses == [WorkflowExecutionStatus.COMPLETED] * 3 + [None]
         info = await client.status(run_id)  # gangflow status reads a map run's history
         assert info.status == "COMPLETED"
+        # each chunk under its items' task, as the author wrote it (not the MapChunk workflow type)
+        assert [(t.name, t.kind, t.status, t.detail) for t in info.tasks] == [
+            ("square", "map", "completed", f"chunk {c}") for c in range(3)
+        ]
+        return run_id
 
-    run(main())
+    run_id = run(main())
+    # its items printed nothing: the task is known by that name, and said to have run
+    said = gangflow_cli(
+        "logs", run_id, "--task", "square", GANGFLOW_ADDRESS=server.address, GANGFLOW_ARTIFACTS=artifacts
+    )
+    assert said.returncode == 0, said.stderr
+    assert "task 'square' of run" in said.stderr and "printed nothing" in said.stderr, said.stderr
 
 
 def test_map_below_its_success_ratio_fails_naming_the_item_and_its_error(server, worker, artifacts):

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rich.markup import escape
+from rich.rule import Rule
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
@@ -35,6 +36,8 @@ from .render import console, err_console
 
 __all__ = ["LogTail", "add_follow_option", "cmd_logs", "wanted"]
 
+#: the width of a log file's header rule where the output is not a terminal
+_RULE_WIDTH = 100
 #: how often the log folder is listed and the files' sizes looked at
 POLL_S = 0.5
 #: how often ``--task`` asks the run's history whether that task's calls have ended (a whole history read)
@@ -130,15 +133,17 @@ async def cmd_logs(args: argparse.Namespace) -> int:
         err_console.print(escape(await _why_no_output(client, args, bool(files))))
         return EXIT_OK
     for name, text in files:
-        console.rule(escape(name))
+        _header(name)
         sys.stdout.write(text)
     sys.stdout.flush()
     return EXIT_OK
 
 
 def _header(name: str) -> None:
+    """A rule naming the log file: as wide as a terminal, ``_RULE_WIDTH`` in a pipe or a file (whose console is
+    as wide as the longest line, ``render._console``: a rule there would be 10,000 characters)."""
     sys.stdout.flush()
-    console.rule(escape(name))
+    console.print(Rule(escape(name)), width=console.width if console.is_terminal else _RULE_WIDTH)
 
 
 def _write(text: str) -> None:

@@ -23,7 +23,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHandle
 from temporalio.converter import DataConverter, PayloadCodec
 
-from engine.core.protocol import CACHE_HIT, CACHE_LOOKUP, CACHE_RECORD, GANG_GOODPUT, parse_hit_id
+from engine.core.protocol import CACHE_HIT, CACHE_LOOKUP, CACHE_RECORD, GANG_GOODPUT, MAP_CHUNK_TYPE, parse_hit_id
 
 __all__ = ["TaskRecord", "failure_attempts", "format_failure", "read_tasks"]
 
@@ -31,7 +31,7 @@ __all__ = ["TaskRecord", "failure_attempts", "format_failure", "read_tasks"]
 @dataclass
 class TaskRecord:
     name: str
-    kind: str  # "task", "lightweight" or "workflow"
+    kind: str  # "task", "lightweight", "gang", "map" (an engine.map chunk: ``name`` is its items' task) or "workflow"
     status: str = "scheduled"  # scheduled, running, completed, failed, timed out, cancelled
     attempt: int = 0  # 0-based: the try (plain task) or gang attempt (distributed task) that ran last
     scheduled: datetime | None = None
@@ -194,7 +194,11 @@ async def read_tasks(
             child = event.start_child_workflow_execution_initiated_event_attributes
             task = child.memo.fields.get("gangflow_task")
             name, kind = (json.loads(task.data), "gang") if task is not None else (child.workflow_type.name, "workflow")
-            records[event.event_id] = TaskRecord(name, kind, scheduled=when, child_id=child.workflow_id)
+            chunk = _MAP_CHUNK_ID.search(child.workflow_id) if name == MAP_CHUNK_TYPE else None
+            if chunk:  # an engine.map chunk: named after its items' task, as the author wrote it and its logs are
+                name, kind = chunk["task"], "map"
+            detail = f"chunk {chunk['chunk']}" if chunk else None
+            records[event.event_id] = TaskRecord(name, kind, scheduled=when, child_id=child.workflow_id, detail=detail)
             if kind == "gang":
                 first = child.input.payloads[0] if child.input.payloads else None
                 records[event.event_id].priority = await _spec_priority(first, codec, nexus=False)
@@ -268,6 +272,8 @@ def failure_attempts(error: str | None) -> list[dict[str, Any]]:
     return [found[a] for a in sorted(found)]
 
 
+#: an engine.map chunk's workflow id: ``<run>.map-<task>-<n>.<chunk>`` (``workflows.mapping``)
+_MAP_CHUNK_ID = re.compile(r"\.map-(?P<task>.+)-\d+\.(?P<chunk>\d+)$")
 _CHILD_CLOSED = {
     EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED: (
         "completed",
