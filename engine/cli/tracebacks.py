@@ -60,4 +60,27 @@ def readable(error: str, *, verbose: bool = False) -> str:
         keep = True
         if line.strip() not in _WRAPPERS:
             out.append(line)
-    return "\n".join(out)
+    return "\n".join(_without_repeats(out))
+
+
+#: a cause's line: ``Type: message`` (the type a Python class or an ApplicationError's type)
+_CAUSE = re.compile(r"^[A-Za-z_][\w.]*: (.+)$")
+
+
+def _without_repeats(lines: list[str]) -> list[str]:
+    """Without a cause that says again what another one says and shows none of the author's frames: an error
+    raised through gangflow comes back as its task's failure, gangflow's error and the original exception, each
+    with the same message ("SecretNotFound: ...", "SecretNotFoundError: ...")."""
+    blocks: list[list[str]] = []
+    for line in lines:
+        if line.startswith(" ") and blocks:
+            blocks[-1].append(line)
+        else:
+            blocks.append([line])
+    kept = list(blocks)
+    for block in blocks:
+        cause = _CAUSE.match(block[0])
+        said = cause.group(1) if cause else block[0]
+        if len(block) == 1 and any(other is not block and said in other[0] for other in kept):
+            kept.remove(block)
+    return [line for block in kept for line in block]
