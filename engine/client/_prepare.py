@@ -14,6 +14,7 @@ import inspect
 import os
 import sys
 import sysconfig
+import traceback
 import types
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -71,12 +72,35 @@ def load_workflow_file(target: str) -> WorkflowDefinition:
         raise InputError(f"{file}: no such file")
     bundle = pack_code(file)
     _import_from(Path(bundle.root))
-    module = importlib.import_module(bundle.module)
+    try:
+        module = importlib.import_module(bundle.module)
+    except Exception as exc:  # the author's code: their error and frames, not gangflow's and importlib's
+        raise InputError(f"{file} could not be imported:\n{_import_failure(exc, Path(bundle.root))}") from None
     defn = definition_of(getattr(module, name, None))
     if not isinstance(defn, WorkflowDefinition):
         found = sorted(k for k, v in vars(module).items() if isinstance(definition_of(v), WorkflowDefinition))
         raise InputError(f"{file} has no @workflow named {name!r}; it has: {', '.join(found) or 'none'}")
     return defn
+
+
+def _import_failure(exc: Exception, root: Path) -> str:
+    """``exc`` raised importing a project as a traceback of the project's own frames (paths from ``root``),
+    where the line a SyntaxError points at is one of them."""
+    root = root.resolve()
+
+    def frame(filename: str, lineno: int | None, where: str, line: str | None) -> list[str]:
+        path = Path(filename).resolve()  # "<frozen importlib._bootstrap>" is no file
+        if not path.is_file() or not path.is_relative_to(root):
+            return []
+        return [f'  File "{path.relative_to(root)}", line {lineno}{where}'] + ([f"    {line.strip()}"] if line else [])
+
+    lines = []
+    for f in traceback.extract_tb(exc.__traceback__):
+        lines += frame(f.filename, f.lineno, f", in {f.name}", f.line)
+    if isinstance(exc, SyntaxError) and exc.filename:
+        lines += frame(exc.filename, exc.lineno, "", exc.text)
+        return "\n".join([*lines, f"{type(exc).__name__}: {exc.msg}"])
+    return "\n".join([*lines, f"{type(exc).__name__}: {exc}"])
 
 
 def _installed() -> list[Path]:

@@ -77,3 +77,34 @@ def test_output_to_a_pipe_is_not_wrapped_at_80_columns():
     rows = done.stdout.splitlines()
     assert len(rows) == 4 and all(row.split()[0] in {"jax", "mpi", "pytorch", "xgboost"} for row in rows), rows
     assert max(map(len, rows)) > 80  # one line each, however long
+
+
+def test_a_workflow_file_that_fails_to_import_is_bad_input_shown_in_the_authors_frames(tmp_path: Path):
+    """A typo in an import, a syntax error or a module that raises as it loads: exit 2 before anything starts,
+    with the author's own frames under the paths they wrote (not gangflow's and importlib's traceback, exit 1)."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "__init__.py").write_text("")
+    (tmp_path / "lib" / "boom.py").write_text("def f():\n    return 1 / 0\n\n\nX = f()\n")
+    (tmp_path / "deep.py").write_text("from engine import workflow\nimport lib.boom\n")
+    (tmp_path / "typo.py").write_text("from lib.nothere import x\n")
+    (tmp_path / "syntax.py").write_text(
+        "from engine import workflow\n\n@workflow\nasync def w() -> int\n    return 1\n"
+    )
+    done = _cli("run", "deep.py:w", cwd=tmp_path)  # a real process, the entry point included
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.splitlines() == [
+        "error: deep.py could not be imported:",
+        '  File "deep.py", line 2, in <module>',
+        "    import lib.boom",
+        '  File "lib/boom.py", line 5, in <module>',
+        "    X = f()",
+        '  File "lib/boom.py", line 2, in f',
+        "    return 1 / 0",
+        "ZeroDivisionError: division by zero",
+    ]
+    typo = gangflow_main("run", "typo.py:w", cwd=tmp_path, GANGFLOW_ADDRESS="127.0.0.1:9")
+    assert typo.returncode == 2
+    assert "typo.py could not be imported:" in typo.stderr and "No module named 'lib.nothere'" in typo.stderr
+    syntax = gangflow_main("run", "syntax.py:w", cwd=tmp_path, GANGFLOW_ADDRESS="127.0.0.1:9")
+    assert syntax.returncode == 2
+    assert "  File \"syntax.py\", line 4\n    async def w() -> int\nSyntaxError: expected ':'" in syntax.stderr
