@@ -23,6 +23,11 @@ from . import render
 __all__ = ["show_drain", "show_queue", "show_queues"]
 
 
+#: ``gangflow cluster`` before any node agent registered
+_NO_NODES = (
+    "no nodes registered: distributed tasks wait for one (gangflow dev --nodes N starts N node agents; on a "
+    "cluster, gangflow node --node-id ID on each GPU server)"
+)
 _MEM_UNITS = (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10))
 
 
@@ -324,7 +329,8 @@ def _nodes_table(data: Mapping[str, Any]) -> None:
             + (f" (flavor {escape(str(n['flavor']))})" if n.get("flavor") else ""),
             ", ".join(n["gangs"]),
         )
-    render.console.print(nodes if data.get("nodes") else "no nodes registered")
+    # the first thing a new stack shows: say how a node comes (distributed tasks wait for one until then)
+    render.console.print(nodes if data.get("nodes") else _NO_NODES)
 
 
 def _tenant_view_header(data: Mapping[str, Any]) -> None:

@@ -101,5 +101,8 @@ def test_cluster_and_queues_print_a_tenants_view_as_one(monkeypatch: pytest.Monk
     assert "no nodes registered" not in text and "team-a:r2.train-1" in text and "behind a gang of team-b" in text
     empty = _printed(monkeypatch, render_queues.show_queue, own_cluster({"tenants": {}, "totals": {}}, "team-c"))
     assert "no gang of team-c is running or pending" in empty
+    # the platform's own view of a stack no node agent joined yet says how one joins
+    bare = _printed(monkeypatch, render_queues.show_queue, {"nodes": [], "tenants": {}, "totals": {}})
+    assert "no nodes registered: distributed tasks wait for one (gangflow dev --nodes N" in bare
     queues = _printed(monkeypatch, render_queues.show_queues, own_queues({"tenants": {"team-a": ROW_A}}, "team-a"))
     assert "team-a's queue, through its Nexus endpoint" in queues and "team-b" not in queues
