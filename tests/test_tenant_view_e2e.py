@@ -10,7 +10,6 @@ Temporal refused them, never "are node agents running?"; the platform's credenti
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import statistics
 import subprocess
@@ -49,12 +48,18 @@ async def _platform(stack: AuthStack) -> Client:
 
 async def _idle(stack: AuthStack) -> None:
     platform = await _platform(stack)
+    last: dict[str, Any] = {}
 
     async def idle() -> bool | None:
-        q = await platform.queue()
-        return True if q["totals"]["gpus_free"] == 4 and not q["running"] and not q["pending"] else None
+        last.update(await platform.queue())
+        return True if last["totals"]["gpus_free"] == 4 and not last["running"] and not last["pending"] else None
 
-    await until("every GPU free", idle, timeout=120)
+    try:
+        await until("every GPU free", idle, timeout=120)
+    except AssertionError as exc:  # what still held or waited: a stuck cancel says which gang and why
+        held = [(g["gang_id"], g.get("preemption") or g.get("nodes")) for g in last.get("running", [])]
+        waiting = [(g["gang_id"], g.get("reason")) for g in last.get("pending", [])]
+        raise AssertionError(f"{exc}; running {held}; pending {waiting}; totals {last.get('totals')}") from None
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +75,10 @@ def stack(auth_stack: AuthStack) -> Any:
     async def stop() -> None:
         a = await auth_stack.client("gf-team-a", auth_stack.token("team-a"))
         for run_id in [*HOLDERS, WAITER]:
-            with contextlib.suppress(Exception):  # finished already, or never started
+            try:
                 await a.get_workflow_handle(run_id).cancel()
+            except Exception as exc:  # finished already, or never started: said, should the GPUs stay held
+                print(f"cancel of {run_id}: {exc!r}")
         await _idle(auth_stack)
 
     run(stop())
