@@ -8,6 +8,8 @@
 pinned to its own GPU slot); the process group is ready before the body starts. Each rank trains on its
 own shard; DDP averages the gradients, so all replicas stay identical, and rank 0's return value (the
 model, saved as a File, and its metrics) is the task's result. On real GPUs the same code uses NCCL.
+Each rank reports its step and loss (`engine.report`): `gangflow status <run-id>` shows them per rank, and
+the attempt's goodput.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from engine import Directory, File, Resources, task, workflow
+from engine import Directory, File, Resources, report, task, workflow
 from plugins.pytorch import PyTorch
 
 
@@ -82,13 +84,16 @@ def train(data: Directory, epochs: int = 3, lr: float = 0.003, batch_size: int =
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     loss_fn = torch.nn.CrossEntropyLoss()
     generator = torch.Generator().manual_seed(rank)
-    started = time.perf_counter()
+    started, step = time.perf_counter(), 0
     for epoch in range(epochs):
         for batch in torch.randperm(per_rank, generator=generator).split(batch_size):
             opt.zero_grad()
             loss = loss_fn(model(x[batch]), y[batch])
             loss.backward()
             opt.step()
+            step += 1
+            # gangflow status's rank table and the run's goodput read it (written at most every few seconds)
+            report(step, loss=loss.item(), epoch=epoch)
         mean_loss = loss.detach().clone()
         dist.all_reduce(mean_loss)
         if rank == 0:

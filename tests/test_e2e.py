@@ -239,6 +239,9 @@ def test_cancel_stops_the_run(server, worker, artifacts, tmp_path):
     # the task's activity learnt of the cancel (its run gone) without a traceback in the worker's log, where it
     # read as the task's own failure
     assert f"'workflow_id': '{run_id}'" not in worker.log.read_text(errors="replace")
+    # a run that has ended: nothing to cancel, said (Temporal takes the request and does nothing with it)
+    again = _gangflow("cancel", run_id, server=server, artifacts=artifacts)
+    assert again.returncode == 1 and f"run {run_id!r} is CANCELED: there is nothing to cancel" in again.stderr
 
 
 async def _sleep(seconds: float) -> None:

@@ -65,6 +65,17 @@ def test_ddp_pipeline_example_end_to_end(server, worker, cluster, artifacts):
         timeout=60,
     )
     assert "epoch 2/2" in logs.stdout
+    # its ranks report their steps (engine.report): the attempt says how far it got, its goodput is known
+    status = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "status", out["run_id"], "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+    [attempt] = next(t for t in json.loads(status.stdout)["tasks"] if t["name"] == "train")["attempts"]
+    assert attempt["last_step"] > 1, attempt
 
 
 def test_rank_exception_fails_the_gang_with_rank_and_log_tail(server, worker, cluster, artifacts):

@@ -107,6 +107,10 @@ async def cmd_list(args: argparse.Namespace) -> int:
 async def cmd_cancel(args: argparse.Namespace) -> int:
     client = await client_for(args)
     try:
+        # Temporal takes a cancel request for a run that has ended and does nothing with it: say so instead
+        status = (await client.status(args.run_id, with_tasks=False)).status
+        if status != "RUNNING":
+            raise CliError(f"run {args.run_id!r} is {status}: there is nothing to cancel")
         await client.cancel(args.run_id)
     except RPCError as exc:
         raise CliError(f"run {args.run_id!r}: {exc.message}") from None
