@@ -195,9 +195,9 @@ async def read_tasks(
             task = child.memo.fields.get("gangflow_task")
             name, kind = (json.loads(task.data), "gang") if task is not None else (child.workflow_type.name, "workflow")
             chunk = _MAP_CHUNK_ID.search(child.workflow_id) if name == MAP_CHUNK_TYPE else None
+            detail = None
             if chunk:  # an engine.map chunk: named after its items' task, as the author wrote it and its logs are
-                name, kind = chunk["task"], "map"
-            detail = f"chunk {chunk['chunk']}" if chunk else None
+                name, kind, detail = chunk["task"], "map", f"chunk {chunk['chunk']}"
             records[event.event_id] = TaskRecord(name, kind, scheduled=when, child_id=child.workflow_id, detail=detail)
             if kind == "gang":
                 first = child.input.payloads[0] if child.input.payloads else None
